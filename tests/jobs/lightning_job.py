@@ -1,0 +1,79 @@
+"""A tiny real Lightning training job, run under mpirun by the tests; prints one JSON line per rank."""
+
+import argparse
+import importlib
+import json
+import socket
+
+import torch
+from torch.utils.data import Dataset
+
+from lightning_mpi_env import MPIClusterEnvironment
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--namespace", choices=["lightning.pytorch", "pytorch_lightning"], default="lightning.pytorch")
+parser.add_argument("--devices", type=int, default=2)
+parser.add_argument("--num-nodes", type=int, default=2)
+parser.add_argument("--samples", type=int, default=64)
+args = parser.parse_args()
+pl = importlib.import_module(args.namespace)
+
+
+class Indexed(Dataset):
+    def __len__(self):
+        return args.samples
+
+    def __getitem__(self, index):
+        x = torch.full((4,), float(index))
+        return index, x, x.sum(dim=0, keepdim=True) * 0.5
+
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(4, 1)
+        self.seen = []
+
+    def training_step(self, batch, batch_index):
+        index, x, y = batch
+        self.seen += index.tolist()
+        return torch.nn.functional.mse_loss(self.layer(x) / 100, y / 100)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(Indexed(), batch_size=4)
+
+
+environment = MPIClusterEnvironment()
+trainer = pl.Trainer(
+    accelerator="cpu",
+    devices=args.devices,
+    num_nodes=args.num_nodes,
+    strategy=pl.strategies.DDPStrategy(process_group_backend="gloo"),
+    plugins=[environment],
+    max_epochs=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
+model = Model()
+trainer.fit(model)
+print(
+    "RESULT "
+    + json.dumps(
+        {
+            "global_rank": trainer.global_rank,
+            "local_rank": trainer.local_rank,
+            "node_rank": trainer.node_rank,
+            "world_size": trainer.world_size,
+            "hostname": socket.gethostname(),
+            "seen": model.seen,
+            "weights": [round(v, 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()],
+        }
+    ),
+    flush=True,
+)
