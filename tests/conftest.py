@@ -1,0 +1,32 @@
+"""Shared fixtures; real-MPI tests may not skip in CI."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
+
+from lightning_mpi_env.simcluster import SimulatedCluster
+
+JOBS = Path(__file__).parent / "jobs"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "mpi: runs a real mpirun job; in CI (CI set) a skip of it is a failure")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and item.get_closest_marker("mpi") is not None and os.environ.get("CI"):
+        report.outcome = "failed"
+        report.longrepr = f"real-MPI test skipped in CI (CI={os.environ['CI']!r}); it must run: {report.longrepr}"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> SimulatedCluster:
+    """Two simulated nodes (127.0.0.2, 127.0.0.3) with two slots each."""
+    return SimulatedCluster(tmp_path)
