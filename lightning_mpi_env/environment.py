@@ -79,10 +79,10 @@ class ClusterEnvironmentInterface(ABC):
     def node_rank(self) -> int:
         """Index of this process's node."""
 
-    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:  # noqa: B027 (optional, as in Lightning)
         """Check the Trainer's ``devices`` and ``num_nodes`` against the launched world."""
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 (optional, as in Lightning)
         """Clean up after the run."""
 
 

@@ -21,8 +21,9 @@ def layout_error(problem: str, hint: str) -> LayoutError:
     Returns:
         The error, ready to raise.
 
-    >>> str(layout_error("OMPI_COMM_WORLD_RANK='x' is not an integer.", "Launch with mpirun."))
-    "OMPI_COMM_WORLD_RANK='x' is not an integer.\\nHINT: Launch with mpirun."
+    >>> print(layout_error("OMPI_COMM_WORLD_RANK='x' is not an integer.", "Launch with mpirun."))
+    OMPI_COMM_WORLD_RANK='x' is not an integer.
+    HINT: Launch with mpirun.
     """
     return LayoutError(f"{problem}\nHINT: {hint}")
 

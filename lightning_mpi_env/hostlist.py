@@ -72,7 +72,7 @@ def _expand_one(item: str, nodelist: str, variable: str) -> list[str]:
 
 
 def _expand_brackets(brackets: str, nodelist: str, variable: str) -> list[str]:
-    names = []
+    names: list[str] = []
     for piece in brackets.split(","):
         match = _RANGE.match(piece.strip())
         if match is None:

@@ -231,7 +231,8 @@ class _LayoutParser:
         if row.local_size is not None:
             return self._integer(row.local_size, "local_size", minimum=1)
         # Slurm: the count for this node out of the step's compressed per-node counts.
-        assert row.tasks_per_node is not None and row.node_rank is not None
+        assert row.tasks_per_node is not None
+        assert row.node_rank is not None
         counts = expand_tasks_per_node(self.env[row.tasks_per_node], variable=row.tasks_per_node)
         node = self._integer(row.node_rank, "node_rank")
         if node >= len(counts):
@@ -296,7 +297,9 @@ class _LayoutParser:
         assert row.node_rank is not None
         node = self._integer(row.node_rank, "node_rank")
         if row.tasks_per_node is not None:
-            num_nodes: int | None = len(expand_tasks_per_node(self.env[row.tasks_per_node], variable=row.tasks_per_node))
+            num_nodes: int | None = len(
+                expand_tasks_per_node(self.env[row.tasks_per_node], variable=row.tasks_per_node)
+            )
             self.sources["num_nodes"] = f"len({row.tasks_per_node})"
         else:
             num_nodes = world_size // local_size if world_size % local_size == 0 else None

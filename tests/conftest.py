@@ -11,6 +11,8 @@ import pytest
 from lightning_mpi_env.simcluster import SimulatedCluster
 
 JOBS = Path(__file__).parent / "jobs"
+# Job scripts run under mpirun; they are programs, not test modules (doctest collection would execute them).
+collect_ignore_glob = ["jobs/*"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -101,7 +101,9 @@ def test_validate_settings_refuses_uneven_ranks_per_node():
     }
     environment = MPIClusterEnvironment(env)
     assert environment.layout.launcher is SLURM
-    with pytest.raises(LayoutError, match=r"Slurm srun placed ranks unevenly.*SLURM_STEP_TASKS_PER_NODE\[SLURM_NODEID\]=3"):
+    with pytest.raises(
+        LayoutError, match=r"Slurm srun placed ranks unevenly.*SLURM_STEP_TASKS_PER_NODE\[SLURM_NODEID\]=3"
+    ):
         environment.validate_settings(num_devices=4, num_nodes=3)
 
 

@@ -197,23 +197,50 @@ def open_mpi(**overrides: str | None) -> dict[str, str]:
         (open_mpi(MASTER_ADDR=None, SLURM_JOB_NODELIST="gpu[08-07]"), r"the range '08-07' runs backwards"),
         (open_mpi(MASTER_ADDR=None, LSB_MCPU_HOSTS="hostA four"), r"LSB_MCPU_HOSTS='hostA four' \(LSF\)"),
         (
-            {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "5", "SLURM_LOCALID": "1",
-             "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", **ADDRESS},
+            {
+                "SLURM_STEP_ID": "0",
+                "SLURM_PROCID": "1",
+                "SLURM_NTASKS": "5",
+                "SLURM_LOCALID": "1",
+                "SLURM_NODEID": "0",
+                "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+                **ADDRESS,
+            },
             r"SLURM_STEP_TASKS_PER_NODE='2\(x2\)' adds up to 4 tasks but SLURM_NTASKS=5",
         ),
         (
-            {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
-             "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", **ADDRESS},
+            {
+                "SLURM_STEP_ID": "0",
+                "SLURM_PROCID": "1",
+                "SLURM_NTASKS": "4",
+                "SLURM_LOCALID": "1",
+                "SLURM_NODEID": "2",
+                "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+                **ADDRESS,
+            },
             r"SLURM_NODEID=2 but SLURM_STEP_TASKS_PER_NODE='2\(x2\)' lists only 2 node",
         ),
         (
-            {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
-             "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "two", **ADDRESS},
+            {
+                "SLURM_STEP_ID": "0",
+                "SLURM_PROCID": "1",
+                "SLURM_NTASKS": "4",
+                "SLURM_LOCALID": "1",
+                "SLURM_NODEID": "0",
+                "SLURM_STEP_TASKS_PER_NODE": "two",
+                **ADDRESS,
+            },
             r"SLURM_STEP_TASKS_PER_NODE='two' \(Slurm srun\) is not a list of task counts",
         ),
         (
-            {"PALS_RANKID": "1", "PMI_SIZE": "4", "PALS_LOCAL_RANKID": "1", "PMI_LOCAL_SIZE": "2",
-             "PALS_NODEID": "5", **ADDRESS},
+            {
+                "PALS_RANKID": "1",
+                "PMI_SIZE": "4",
+                "PALS_LOCAL_RANKID": "1",
+                "PMI_LOCAL_SIZE": "2",
+                "PALS_NODEID": "5",
+                **ADDRESS,
+            },
             r"Cray PALS: PALS_NODEID=5 but the job has only 2 node",
         ),
         ({"PMIX_RANK": "2", **ADDRESS}, r"PMIx variables are only partly set: PMIX_RANK='2' is set, but WORLD_SIZE"),
@@ -350,7 +377,12 @@ def test_property_ranks_unique_and_exact_node_pairs_unique(layout, launcher):
     seen_ranks, exact_pairs, worlds_seen = set(), set(), set()
     for rank, local_rank, node in processes(kind, counts):
         env = launcher_env(
-            launcher, rank=rank, world_size=world, local_rank=local_rank, local_size=counts[node], node=node,
+            launcher,
+            rank=rank,
+            world_size=world,
+            local_rank=local_rank,
+            local_size=counts[node],
+            node=node,
             num_nodes=len(counts),
         )
         resolved = from_env({**env, **ADDRESS})
@@ -383,8 +415,13 @@ def test_property_slurm_node_ranks_are_always_exact(layout, data):
     env_counts = ",".join(str(count) for count in counts)
     rank, local_rank, node = data.draw(st.sampled_from(processes("block", counts)))
     env = {
-        "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(world), "SLURM_LOCALID": str(local_rank),
-        "SLURM_NODEID": str(node), "SLURM_STEP_TASKS_PER_NODE": env_counts, **ADDRESS,
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(rank),
+        "SLURM_NTASKS": str(world),
+        "SLURM_LOCALID": str(local_rank),
+        "SLURM_NODEID": str(node),
+        "SLURM_STEP_TASKS_PER_NODE": env_counts,
+        **ADDRESS,
     }
     resolved = from_env(env)
     assert (resolved.rank, resolved.node_rank, resolved.local_size) == (rank, node, counts[node])
@@ -404,8 +441,13 @@ BREAKAGES = st.sampled_from(["text", "negative", "rank_too_big", "local_too_big"
 def test_property_every_invalid_layout_raises_layout_error(launcher, nodes, per_node, data, breakage):
     rank = data.draw(st.integers(0, nodes * per_node - 1))
     env = launcher_env(
-        launcher, rank=rank, world_size=nodes * per_node, local_rank=rank % per_node, local_size=per_node,
-        node=rank // per_node, num_nodes=nodes,
+        launcher,
+        rank=rank,
+        world_size=nodes * per_node,
+        local_rank=rank % per_node,
+        local_size=per_node,
+        node=rank // per_node,
+        num_nodes=nodes,
     )
     env.update(ADDRESS)
     target = data.draw(st.sampled_from([launcher.rank, launcher.world_size, launcher.local_rank]))
