@@ -2,4 +2,5 @@
 
 from lightning_mpi_env.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":
+    raise SystemExit(main())

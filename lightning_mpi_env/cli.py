@@ -13,7 +13,6 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
 
 from lightning_mpi_env import __version__
 from lightning_mpi_env.doctor import Level, diagnose
@@ -285,21 +284,23 @@ def _exec(args: argparse.Namespace) -> int:
             f"Unset {' '.join(conflicts)} in the job script, or pass `exec --overwrite` to replace them.",
         )
     os.environ.update(exported)
-    _execvp(command[0], command)
+    return _execvp(command[0], command)
 
 
-def _execvp(file: str, argv: list[str]) -> NoReturn:
+def _execvp(file: str, argv: list[str]) -> int:
+    """Replace this process with ``argv`` (no shell); returns only when that fails, with the shell's status."""
     try:
         os.execvp(file, argv)
     except FileNotFoundError:
         _error(f"exec: command not found: {file!r}.\nHINT: Check the command's name and PATH on every node.")
-        sys.exit(EXIT_NOT_FOUND)
+        return EXIT_NOT_FOUND
     except PermissionError:
         _error(f"exec: {file!r} is not executable.\nHINT: chmod +x it, or run it through its interpreter.")
-        sys.exit(EXIT_NOT_EXECUTABLE)
+        return EXIT_NOT_EXECUTABLE
     except OSError as error:
         _error(f"exec: cannot run {file!r}: {error}.\nHINT: Check the command and its interpreter line.")
-        sys.exit(EXIT_NOT_EXECUTABLE)
+        return EXIT_NOT_EXECUTABLE
+    return EXIT_OK  # not reached: execvp does not return
 
 
 # --- torchrun-args ------------------------------------------------------------------------------------------------
