@@ -411,6 +411,6 @@ def test_mpirun_show_json_one_line_per_rank(tmp_path):
         (3, 1, 1),
     ]
     assert {(row["launcher"], row["main_address"]) for row in shown} == {("openmpi", "127.0.0.2")}
-    # Rank 0 fits block and round-robin placement alike; the others only round-robin.
-    assert [row["placement"] for row in shown[1:]] == ["round_robin"] * 3
+    # Ranks 0 and 3 fit block and round-robin placement alike (same node); ranks 1 and 2 only round-robin.
+    assert [row["placement"] for row in shown] == ["block", "round_robin", "round_robin", "block"]
     assert len({row["main_port"] for row in shown}) == 1
