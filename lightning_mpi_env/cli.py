@@ -217,11 +217,21 @@ def _simulate(args: argparse.Namespace) -> int:
         print(json.dumps([row.as_dict() for row in result.ranks], indent=1))
     else:
         _print_table(result)
-    for warning in result.warnings:
-        print(f"{PROG} simulate: warning: {warning}", file=sys.stderr)
-    for problem in result.problems:
-        print(f"{PROG} simulate: problem: {problem}", file=sys.stderr)
+    _print_capped("warning", result.warnings, SHOWN_WARNINGS)
+    _print_capped("problem", result.problems, SHOWN_PROBLEMS)
     return EXIT_OK if result.ok else EXIT_PROBLEM
+
+
+SHOWN_WARNINGS = 5
+SHOWN_PROBLEMS = 20
+
+
+def _print_capped(kind: str, messages: Sequence[str], limit: int) -> None:
+    """The first ``limit`` messages on stderr, then how many more there are (a large job repeats itself)."""
+    for message in messages[:limit]:
+        print(f"{PROG} simulate: {kind}: {message}", file=sys.stderr)
+    if len(messages) > limit:
+        print(f"{PROG} simulate: ... and {len(messages) - limit} more {kind}(s) like these.", file=sys.stderr)
 
 
 def _print_table(result: Simulation) -> None:
@@ -279,8 +289,7 @@ def _exec(args: argparse.Namespace) -> int:
         listed = ", ".join(f"{name}={os.environ[name]!r} (resolved: {value!r})" for name, value in conflicts.items())
         resolver = layout.launcher.name if layout.launcher is not None else "the single-process layout (no launcher)"
         raise layout_error(
-            f"Refusing to overwrite {listed}, already set in the environment and different from what "
-            f"{resolver} gives.",
+            f"Refusing to overwrite {listed}, already set in the environment and different from what {resolver} gives.",
             f"Unset {' '.join(conflicts)} in the job script, or pass `exec --overwrite` to replace them.",
         )
     os.environ.update(exported)

@@ -229,7 +229,7 @@ def _scheduler_environment(scheduler: str, hosts: Sequence[str], ppn: int) -> tu
 
 
 def compress_nodelist(hosts: Sequence[str]) -> str:
-    """A Slurm node list for :func:`host_names`' hosts: ``node[001-004]``.
+    """A Slurm node list for consecutive hosts from :func:`host_names`: ``node[001-004]``.
 
     >>> compress_nodelist(["node001", "node002"])
     'node[001-002]'
@@ -251,7 +251,7 @@ def _launcher_variables(
     """The variables one launcher's row names, plus the identity variables that launcher also exports."""
     row: Launcher = LAUNCHERS_BY_KEY["mpich" if key == "intelmpi" else key]
     # Slurm and PALS number only the nodes the step uses.
-    node_index = used_nodes.index(slot.node)
+    node_index = used_nodes.index(slot.node) if len(used_nodes) < len(hosts) else slot.node
     values = {row.rank: slot.rank, row.world_size: world_size, row.local_rank: slot.local_rank}
     if row.local_size is not None:
         values[row.local_size] = slot.local_size
@@ -270,7 +270,7 @@ def _launcher_variables(
                 "SLURM_STEP_ID": "0",
                 "SLURM_STEP_NUM_TASKS": str(world_size),
                 "SLURM_STEP_NUM_NODES": str(len(step_hosts)),
-                "SLURM_STEP_NODELIST": ",".join(step_hosts),
+                "SLURM_STEP_NODELIST": compress_nodelist(step_hosts),  # a prefix of the hosts: one range
                 "SLURM_DISTRIBUTION": "block" if map_by is MapBy.SLOT else "cyclic",
                 "SLURM_JOB_ID": JOB_ID,
             }
@@ -362,13 +362,15 @@ def check_table(ranks: Sequence[SimulatedRank]) -> list[str]:
     for (node, local), count in sorted(pairs.items()):
         if count > 1:
             problems.append(f"{count} processes resolved to node {node}, local rank {local}.")
+    # Nodes that run no rank are not part of the job: index the others in order.
+    node_index = {node: index for index, node in enumerate(sorted({row.slot.node for row in ranks}))}
     for row, layout in resolved:
         wrong = [
             f"{name} {got} (launched as {want})"
             for name, got, want in (
                 ("global rank", layout.rank, row.slot.rank),
                 ("local rank", layout.local_rank, row.slot.local_rank),
-                ("node rank", layout.node_rank, _node_index(row, ranks)),
+                ("node rank", layout.node_rank, node_index[row.slot.node]),
             )
             if got != want
         ]
@@ -388,11 +390,6 @@ def check_table(ranks: Sequence[SimulatedRank]) -> list[str]:
         spread = ", ".join(f"{host}: {count}" for host, count in sorted(per_node.items()))
         problems.append(f"nodes run different numbers of ranks ({spread}); Lightning needs the same on every node.")
     return problems
-
-
-def _node_index(row: SimulatedRank, ranks: Sequence[SimulatedRank]) -> int:
-    """The index of ``row``'s node among the nodes that run ranks (empty nodes are not part of the job)."""
-    return sorted({other.slot.node for other in ranks}).index(row.slot.node)
 
 
 def require_ok(simulation: Simulation) -> None:

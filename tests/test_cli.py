@@ -114,7 +114,10 @@ def test_show_single_process(capsys, environ):
         ({**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_RANK": "-1"}, "OMPI_COMM_WORLD_RANK='-1' (Open MPI) is negative."),
         ({"OMPI_COMM_WORLD_RANK": "0"}, "Open MPI variables are only partly set"),
         ({**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_RANK": "9"}, "OMPI_COMM_WORLD_RANK=9 is out of range"),
-        ({**OPEN_MPI_RANK_5, "MASTER_ADDR": ""}, "Open MPI started 8 ranks on 2 nodes (4 on this node), but MASTER_ADDR is not set"),
+        (
+            {**OPEN_MPI_RANK_5, "MASTER_ADDR": ""},
+            "Open MPI started 8 ranks on 2 nodes (4 on this node), but MASTER_ADDR is not set",
+        ),
         ({**OPEN_MPI_RANK_5, "MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not a port number"),
         ({**OPEN_MPI_RANK_5, "WORLD_SIZE": "4"}, "WORLD_SIZE='4' disagrees with Open MPI"),
     ],

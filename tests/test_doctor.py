@@ -71,7 +71,9 @@ def test_stale_node_rank():
 
 
 def test_lightning_and_mpi4py_installed():
-    findings = _diagnose(OPEN_MPI_RANK_0, module_available=lambda name: True, loaded_modules=("lightning", "pytorch_lightning"))
+    findings = _diagnose(
+        OPEN_MPI_RANK_0, module_available=lambda name: True, loaded_modules=("lightning", "pytorch_lightning")
+    )
     messages = [str(finding) for finding in findings]
     assert any("both `lightning` and `pytorch_lightning` are installed" in message for message in messages)
     assert any(message.startswith("[warn] lightning: both") and "imported" in message for message in messages)

@@ -141,9 +141,17 @@ def test_jax_local_device_ids(visible, expected):
 
 
 def test_jax_kwargs_refuse_too_few_devices():
-    with pytest.raises(LayoutError, match=r"CUDA_VISIBLE_DEVICES=.0,1. lists 2 devices, but this process has local rank 3"):
-        jax_distributed_kwargs({**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_RANK": "7",
-                                "CUDA_VISIBLE_DEVICES": "0,1"})
+    with pytest.raises(
+        LayoutError, match=r"CUDA_VISIBLE_DEVICES=.0,1. lists 2 devices, but this process has local rank 3"
+    ):
+        jax_distributed_kwargs(
+            {
+                **OPEN_MPI_RANK_5,
+                "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+                "OMPI_COMM_WORLD_RANK": "7",
+                "CUDA_VISIBLE_DEVICES": "0,1",
+            }
+        )
 
 
 def test_jax_coordinator_brackets_ipv6():
@@ -165,10 +173,16 @@ def test_interop_imports_neither_jax_nor_torch():
         "import json, sys, lightning_mpi_env as m\n"
         "kwargs = m.jax_distributed_kwargs({'PMI_RANK': '1', 'PMI_SIZE': '2', 'MPI_LOCALRANKID': '1',"
         " 'MPI_LOCALNRANKS': '2'})\n"
-        "print(json.dumps([kwargs, m.torch_env({}), sorted(k for k in ('jax', 'torch', 'mpi4py') if k in sys.modules)]))"
+        "imported = sorted(name for name in ('jax', 'torch', 'mpi4py') if name in sys.modules)\n"
+        "print(json.dumps([kwargs, m.torch_env({}), imported]))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     kwargs, exported, imported = json.loads(result.stdout)
-    assert kwargs == {"coordinator_address": "127.0.0.1:29500", "num_processes": 2, "process_id": 1, "local_device_ids": [1]}
+    assert kwargs == {
+        "coordinator_address": "127.0.0.1:29500",
+        "num_processes": 2,
+        "process_id": 1,
+        "local_device_ids": [1],
+    }
     assert exported["WORLD_SIZE"] == "1"
     assert imported == []

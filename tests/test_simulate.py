@@ -48,7 +48,7 @@ HAND_BUILT_RANK_3 = {
         "SLURM_LOCALID": "1",
         "SLURM_NODEID": "1",
         "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
-        "SLURM_STEP_NODELIST": "node001,node002",
+        "SLURM_STEP_NODELIST": "node[001-002]",
         "SLURM_JOB_ID": "12345",
     },
     "pals": {
@@ -107,7 +107,11 @@ def test_two_nodes_resolve_exactly_for_every_launcher(launcher, map_by):
 def test_round_robin_slurm_sets_cyclic_distribution():
     row = simulate("slurm", nodes=3, ppn=2, map_by="node").ranks[4]
     assert row.env["SLURM_DISTRIBUTION"] == "cyclic"
-    assert (row.env["SLURM_NODEID"], row.env["SLURM_LOCALID"], row.env["SLURM_STEP_TASKS_PER_NODE"]) == ("1", "1", "2(x3)")
+    assert (row.env["SLURM_NODEID"], row.env["SLURM_LOCALID"], row.env["SLURM_STEP_TASKS_PER_NODE"]) == (
+        "1",
+        "1",
+        "2(x3)",
+    )
     assert row.layout.placement is Placement.LAUNCHER
 
 
