@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from typing import TypedDict
 
-from lightning_mpi_env.errors import layout_error
+from lightning_mpi_env.errors import LayoutWarning, layout_error
 from lightning_mpi_env.layout import RankLayout, from_env
 
 TORCH_VARIABLES: tuple[str, ...] = (
@@ -47,7 +48,10 @@ class JaxDistributedKwargs(TypedDict):
 
 def _layout(env: Mapping[str, str] | None) -> tuple[RankLayout, Mapping[str, str]]:
     environ = os.environ if env is None else env
-    return from_env(environ), environ
+    layout = from_env(environ)
+    for message in layout.warnings:  # as the Lightning plugin does
+        warnings.warn(message, LayoutWarning, stacklevel=3)
+    return layout, environ
 
 
 def torch_layout_env(layout: RankLayout) -> dict[str, str]:

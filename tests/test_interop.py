@@ -5,7 +5,7 @@ import sys
 import pytest
 
 import lightning_mpi_env
-from lightning_mpi_env.errors import LayoutError
+from lightning_mpi_env.errors import LayoutError, LayoutWarning
 from lightning_mpi_env.interop import (
     TORCH_VARIABLES,
     jax_distributed_kwargs,
@@ -84,6 +84,16 @@ def test_torch_env_passes_a_resolved_environment_through():
 def test_torch_env_refuses_bad_layouts(env, match):
     with pytest.raises(LayoutError, match=match):
         torch_env(env)
+
+
+def test_approximate_node_rank_warns():
+    # 3 nodes x 2 ranks: rank 2 (local 0) fits block (node 1) and round-robin (node 2) placement.
+    env = {**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "6",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}  # fmt: skip
+    with pytest.warns(LayoutWarning, match="Node rank 1 is approximate"):
+        assert torch_env(env)["GROUP_RANK"] == "1"
+    with pytest.warns(LayoutWarning, match="is approximate"):
+        jax_distributed_kwargs(env)
 
 
 def test_torchrun_args_one_process_per_node():
