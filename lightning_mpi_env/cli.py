@@ -92,6 +92,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "exec",
         parents=[common],
+        usage=f"{PROG} exec [-h] [--debug] [--overwrite] -- CMD [ARGS ...]",
         help="export RANK, WORLD_SIZE, MASTER_ADDR, ... and run a command",
         description="Export torchrun's variables (" + ", ".join(TORCH_VARIABLES) + ") resolved from the "
         "launcher, then replace this process with CMD (no shell). Example: "

@@ -16,6 +16,7 @@ from enum import Enum
 from pathlib import Path
 
 from lightning_mpi_env.errors import LayoutError
+from lightning_mpi_env.hostlist import first_host
 from lightning_mpi_env.interop import visible_devices
 from lightning_mpi_env.launchers import LAUNCHERS, detect_launcher
 from lightning_mpi_env.layout import RankLayout, from_env
@@ -144,6 +145,20 @@ def _torchrun_findings(env: Mapping[str, str], layout: RankLayout) -> list[Findi
                     f"unset {variable} in the job script, or use `lightning-mpi-env exec --overwrite`.",
                 )
             )
+    address = env.get("MASTER_ADDR")
+    try:
+        listed = first_host(env)
+    except LayoutError:
+        listed = None  # an unreadable host list does not matter while MASTER_ADDR is set
+    if address and listed is not None and listed[0] != address:
+        findings.append(
+            Finding(
+                Level.WARN,
+                "stale variable",
+                f"MASTER_ADDR={address!r} overrides the scheduler's first host {listed[0]!r} ({listed[1]}).",
+                f"Make sure rank 0 runs on {address}, or unset MASTER_ADDR to use the host list.",
+            )
+        )
     return findings
 
 

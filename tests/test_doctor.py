@@ -70,6 +70,15 @@ def test_stale_node_rank():
     assert _by_topic(findings, "stale variable")[0].level is Level.WARN
 
 
+def test_master_addr_overriding_host_list():
+    findings = _diagnose({**OPEN_MPI_RANK_0, "SLURM_JOB_NODELIST": "gpu[01-02]"})
+    (finding,) = _by_topic(findings, "stale variable")
+    assert finding.message == "MASTER_ADDR='nodea' overrides the scheduler's first host 'gpu01' (SLURM_JOB_NODELIST)."
+    assert not _by_topic(_diagnose({**OPEN_MPI_RANK_0, "SLURM_JOB_NODELIST": "nodea"}), "stale variable")
+    # An unreadable host list is ignored while MASTER_ADDR is set.
+    assert not _by_topic(_diagnose({**OPEN_MPI_RANK_0, "PBS_NODEFILE": "/nonexistent"}), "stale variable")
+
+
 def test_lightning_and_mpi4py_installed():
     findings = _diagnose(
         OPEN_MPI_RANK_0, module_available=lambda name: True, loaded_modules=("lightning", "pytorch_lightning")

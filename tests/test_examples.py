@@ -1,6 +1,7 @@
 """The examples run: on the simulated cluster where they can, and through `simulate`/`from_env` for schedulers
 that are absent here (PBS, LSF, Slurm), with the variables those schedulers set."""
 
+import ast
 import json
 import os
 import re
@@ -184,3 +185,27 @@ def test_lsf_hosts():
         "LSB_JOBID": "31",
     }
     assert from_env(env).main_address == "batch1"
+
+
+def _static_pieces(node):
+    """The literal text of a message argument (an f-string's constant parts), in order."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.JoinedStr):
+        return [value.value for value in node.values if isinstance(value, ast.Constant)]
+    if isinstance(node, ast.BinOp):
+        return _static_pieces(node.left) + _static_pieces(node.right)
+    return []
+
+
+def test_troubleshooting_covers_every_layout_error():
+    text = README.read_text().split("### Troubleshooting", 1)[1]
+    missing = []
+    for module in sorted((ROOT / "lightning_mpi_env").glob("*.py")):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "layout_error" and node.args:
+                pieces = [piece.strip(" .:,'()") for piece in _static_pieces(node.args[0])]
+                words = [piece for piece in pieces if len(piece) >= 8]
+                if words and not any(piece in text for piece in words):
+                    missing.append(f"{module.name}:{node.lineno}: {words}")
+    assert not missing, "troubleshooting rows missing for:\n" + "\n".join(missing)
