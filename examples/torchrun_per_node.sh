@@ -3,8 +3,8 @@
 #
 #   sh examples/torchrun_per_node.sh [WORKERS_PER_NODE] [NODES]
 #
-# Inside a scheduler job (SGE/PBS/LSF/Slurm) the main address comes from the job's host list; for a plain mpirun,
-# export MASTER_ADDR=<first host> first. `sh -c` delays the $(...) until each node runs it.
+# Under Slurm or LSF the main address comes from the job's host list (SLURM_JOB_NODELIST, LSB_MCPU_HOSTS); for a
+# plain mpirun, SGE or PBS, export MASTER_ADDR=<first host> first. `sh -c` delays the $(...) until each node runs it.
 set -eu
 WORKERS_PER_NODE="${1:-4}"
 NODES="${2:-2}"
