@@ -1,0 +1,17 @@
+#!/bin/sh
+# SGE / ABCI: qsub -g <group> examples/jobs/sge_abci.sh
+#$ -l rt_F=2
+#$ -l h_rt=0:30:00
+#$ -j y
+#$ -cwd
+# SGE_JOB_HOSTLIST (one host per line) names rank 0's host and JOB_ID gives the port. The host file may exist
+# only on this (the first) node, so rank 0's host is read here and passed on as MASTER_ADDR.
+set -eu
+PER_NODE="${PER_NODE:-4}"
+NODES=$(wc -l < "$SGE_JOB_HOSTLIST")
+MPIRUN="${MPIRUN:-mpirun}"
+export MASTER_ADDR="${MASTER_ADDR:-$(head -n 1 "$SGE_JOB_HOSTLIST")}"
+lightning-mpi-env simulate --nodes "$NODES" --ppn "$PER_NODE" --scheduler sge > /dev/null  # rank math check
+$MPIRUN -np $((NODES * PER_NODE)) --hostfile "$SGE_JOB_HOSTLIST" --map-by "ppr:$PER_NODE:node" \
+  -x MASTER_ADDR -x JOB_ID -x PATH \
+  python examples/train.py --devices "$PER_NODE" --num-nodes "$NODES"

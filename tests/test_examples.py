@@ -1,0 +1,211 @@
+"""The examples run: on the simulated cluster where they can, and through `simulate`/`from_env` for schedulers
+that are absent here (PBS, LSF, Slurm), with the variables those schedulers set."""
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_mpi_env import from_env
+from lightning_mpi_env.layout import Placement
+from lightning_mpi_env.simcluster import RSH_AGENT, SimulatedCluster
+from lightning_mpi_env.simulate import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+README = ROOT / "docs" / "readme-5.md"
+BIN = Path(sys.executable).parent
+MPI_TIMEOUT = 180
+JOB_SCRIPTS = sorted(path for path in (EXAMPLES / "jobs").iterdir()) + [EXAMPLES / "torchrun_per_node.sh"]
+
+
+def _results(stdout):
+    return [json.loads(line[len("RESULT ") :]) for line in stdout.splitlines() if line.startswith("RESULT ")]
+
+
+def test_every_example_is_documented_and_exists():
+    text = README.read_text()
+    mentioned = set(re.findall(r"examples/[\w/.-]+\.(?:py|sh|sbatch|bsub)", text))
+    present = {str(path.relative_to(ROOT)) for path in EXAMPLES.rglob("*") if path.is_file()}
+    assert mentioned == present
+
+
+@pytest.mark.parametrize("script", JOB_SCRIPTS, ids=lambda path: path.name)
+def test_job_scripts_parse(script):
+    subprocess.run(["sh", "-n", str(script)], check=True, timeout=60)
+
+
+def _job_script_environment(**variables):
+    """What a scheduler's job script would see, pointed at the simulated cluster's `mpirun`."""
+    env = {
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PRTE_MCA_prte_ssh_agent": str(RSH_AGENT),  # `mpirun` reaches the simulated nodes through the agent
+        "OMP_NUM_THREADS": "1",
+        **variables,
+    }
+    if os.geteuid() == 0:
+        env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    return env
+
+
+def test_sge_abci_job_script_trains_on_two_simulated_nodes(tmp_path):
+    # The job script runs unchanged; SGE's host list and job id are the simulated cluster's.
+    cluster = SimulatedCluster(tmp_path)
+    env = _job_script_environment(**cluster.job_environment(), PER_NODE="2")
+    result = subprocess.run(
+        ["sh", str(EXAMPLES / "jobs" / "sge_abci.sh")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=MPI_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = sorted(_results(result.stdout), key=lambda row: row["global_rank"])
+    assert [(r["global_rank"], r["node_rank"], r["local_rank"], r["world_size"]) for r in results] == [
+        (0, 0, 0, 4),
+        (1, 0, 1, 4),
+        (2, 1, 0, 4),
+        (3, 1, 1, 4),
+    ]
+    assert len({r["weight_sum"] for r in results}) == 1  # DDP kept the replicas identical
+
+
+def test_fabric_example_one_rank_per_node(tmp_path):
+    cluster = SimulatedCluster(tmp_path)
+    result = cluster.run(
+        [sys.executable, str(EXAMPLES / "fabric_train.py"), "--devices", "1", "--num-nodes", "2"],
+        timeout=MPI_TIMEOUT,
+        np=2,
+        map_by="node",
+        export=cluster.job_environment(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = sorted(_results(result.stdout), key=lambda row: row["global_rank"])
+    assert [(r["global_rank"], r["node_rank"], r["world_size"], r["all_reduce"]) for r in results] == [
+        (0, 0, 2, 1.0),
+        (1, 1, 2, 1.0),
+    ]
+
+
+def test_jax_example_without_jax_prints_its_arguments():
+    env = {
+        "PATH": os.environ["PATH"],
+        "OMPI_COMM_WORLD_RANK": "3",
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "PMIX_NAMESPACE": "prterun-nodea-1@1",
+        "SLURM_JOB_NODELIST": "gpu[12-13]",
+    }
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "jax_distributed.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    if "JAX is not installed" in result.stdout:
+        kwargs = json.loads(result.stdout.split("would get: ", 1)[1])
+        assert kwargs["coordinator_address"].startswith("gpu12:")
+        assert (kwargs["num_processes"], kwargs["process_id"], kwargs["local_device_ids"]) == (4, 3, [1])
+
+
+# --- schedulers absent here: their variables, resolved by the plugin's code ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "script"), [("pbs", "pbs.sh"), ("lsf", "lsf.bsub"), ("slurm", "slurm_mpirun.sbatch")]
+)
+def test_scheduler_job_scripts_rank_math(scheduler, script):
+    assert (EXAMPLES / "jobs" / script).exists()
+    for map_by in ("slot", "node"):
+        result = simulate("openmpi", nodes=2, ppn=4, map_by=map_by, scheduler=scheduler)
+        assert result.ok, result.problems
+        assert {row.layout.main_address for row in result.ranks} == {"node001"}
+
+
+def test_pbs_nodefile_one_line_per_slot(tmp_path):
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("x1001c0s0b0n0\n" * 4 + "x1001c0s0b1n0\n" * 4)
+    env = {
+        "OMPI_COMM_WORLD_RANK": "6",
+        "OMPI_COMM_WORLD_SIZE": "8",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "2",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+        "PBS_NODEFILE": str(nodefile),
+        "PBS_JOBID": "4242.pbs01",
+    }
+    layout = from_env(env)
+    assert (layout.node_rank, layout.main_address, layout.sources["main_address"]) == (
+        1,
+        "x1001c0s0b0n0",
+        "PBS_NODEFILE (first host)",
+    )
+
+
+def test_slurm_mpirun_inside_sbatch_ignores_the_batch_step():
+    # Ranks started by Open MPI inside sbatch inherit the batch script's and the daemon step's SLURM_* variables.
+    env = {
+        "SLURM_JOB_ID": "777",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "SLURM_STEP_NODELIST": "gpu[07-08]",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+        "OMPI_COMM_WORLD_RANK": "5",
+        "OMPI_COMM_WORLD_SIZE": "8",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+    }
+    layout = from_env(env)
+    assert (layout.launcher.key, layout.rank, layout.node_rank, layout.main_address) == ("openmpi", 5, 1, "gpu07")
+    assert layout.placement is Placement.BLOCK
+
+
+def test_lsf_hosts():
+    env = {
+        "PMI_RANK": "0",
+        "PMI_SIZE": "8",
+        "MPI_LOCALRANKID": "0",
+        "MPI_LOCALNRANKS": "4",
+        "LSB_MCPU_HOSTS": "batch1 4 batch2 4",
+        "LSB_JOBID": "31",
+    }
+    assert from_env(env).main_address == "batch1"
+
+
+def _static_pieces(node):
+    """The literal text of a message argument (an f-string's constant parts), in order."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.JoinedStr):
+        return [value.value for value in node.values if isinstance(value, ast.Constant)]
+    if isinstance(node, ast.BinOp):
+        return _static_pieces(node.left) + _static_pieces(node.right)
+    return []
+
+
+def test_troubleshooting_covers_every_layout_error():
+    text = README.read_text().split("### Troubleshooting", 1)[1]
+    missing = []
+    for module in sorted((ROOT / "lightning_mpi_env").glob("*.py")):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "layout_error" and node.args:
+                pieces = [piece.strip(" .:,'()") for piece in _static_pieces(node.args[0])]
+                words = [piece for piece in pieces if len(piece) >= 8]
+                if words and not any(piece in text for piece in words):
+                    missing.append(f"{module.name}:{node.lineno}: {words}")
+    assert not missing, "troubleshooting rows missing for:\n" + "\n".join(missing)
