@@ -18,7 +18,7 @@ from lightning_mpi_env.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-README = ROOT / "docs" / "readme-5.md"
+README = ROOT / "README.md"
 BIN = Path(sys.executable).parent
 MPI_TIMEOUT = 180
 JOB_SCRIPTS = sorted(path for path in (EXAMPLES / "jobs").iterdir()) + [EXAMPLES / "torchrun_per_node.sh"]
