@@ -5,7 +5,22 @@ from lightning_mpi_env.errors import LayoutError as LayoutError
 from lightning_mpi_env.layout import Placement as Placement
 from lightning_mpi_env.layout import RankLayout as RankLayout
 from lightning_mpi_env.layout import from_env as from_env
+from lightning_mpi_env.mixed_imports import MixedImportError as MixedImportError
+from lightning_mpi_env.mixed_imports import MixedImportWarning as MixedImportWarning
+from lightning_mpi_env.mixed_imports import check_mixed_imports as check_mixed_imports
+from lightning_mpi_env.mixed_imports import unify_imports as unify_imports
 
 __version__ = "0.1.0"
 
-__all__ = ["LayoutError", "MPIClusterEnvironment", "Placement", "RankLayout", "__version__", "from_env"]
+__all__ = [
+    "LayoutError",
+    "MPIClusterEnvironment",
+    "MixedImportError",
+    "MixedImportWarning",
+    "Placement",
+    "RankLayout",
+    "__version__",
+    "check_mixed_imports",
+    "from_env",
+    "unify_imports",
+]
