@@ -222,6 +222,7 @@ def _guess_sites(namespace: str, limit: int = 3) -> list[ImportSite]:
 
 def _first_reference(module: ModuleType, namespace: str) -> str | None:
     for value in list(vars(module).values()):
+        owner: object
         if isinstance(value, ModuleType):
             owner = value.__name__
         elif isinstance(value, (type, FunctionType)):
