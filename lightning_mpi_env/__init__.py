@@ -7,16 +7,24 @@ from lightning_mpi_env.interop import torch_env as torch_env
 from lightning_mpi_env.layout import Placement as Placement
 from lightning_mpi_env.layout import RankLayout as RankLayout
 from lightning_mpi_env.layout import from_env as from_env
+from lightning_mpi_env.mixed_imports import MixedImportError as MixedImportError
+from lightning_mpi_env.mixed_imports import MixedImportWarning as MixedImportWarning
+from lightning_mpi_env.mixed_imports import check_mixed_imports as check_mixed_imports
+from lightning_mpi_env.mixed_imports import unify_imports as unify_imports
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LayoutError",
     "MPIClusterEnvironment",
+    "MixedImportError",
+    "MixedImportWarning",
     "Placement",
     "RankLayout",
     "__version__",
+    "check_mixed_imports",
     "from_env",
     "jax_distributed_kwargs",
     "torch_env",
+    "unify_imports",
 ]

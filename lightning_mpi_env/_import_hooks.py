@@ -1,16 +1,24 @@
-"""Run a callback right after a named module finishes importing, at the cost of one dict lookup per import."""
+"""Run a callback right after a named module finishes importing, at the cost of one dict lookup per import.
+
+The same finder also serves module aliases (:func:`alias_modules`), so that ``import old.name`` can give the very
+module object of ``new.name``; the fast path for every other import stays one lookup.
+"""
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 
 ImportCallback = Callable[[ModuleType], None]
 
 _callbacks: dict[str, list[ImportCallback]] = {}
+_aliases: dict[str, str] = {}
+# Every name the finder acts on, callbacks and aliases together: the one lookup on the fast path.
+_watched: dict[str, None] = {}
 
 
 def when_imported(module_name: str, callback: ImportCallback) -> None:
@@ -18,13 +26,37 @@ def when_imported(module_name: str, callback: ImportCallback) -> None:
 
     Args:
         module_name: The module's full dotted name.
-        callback: Receives the module object; runs while the importing statement is still on the stack.
+        callback: Receives the module object; runs while the importing statement is still on the stack, so it
+            may walk ``sys._getframe()`` outwards to find the importer.
     """
     module = sys.modules.get(module_name)
     if module is not None:
         callback(module)
         return
     _callbacks.setdefault(module_name, []).append(callback)
+    _watched[module_name] = None
+    _install_finder()
+
+
+def alias_modules(aliases: Mapping[str, str]) -> None:
+    """Make ``import alias`` give the module object of ``target``, for each ``alias -> target`` pair.
+
+    Aliases whose target is already imported are put in ``sys.modules`` at once; the others resolve on import,
+    which then imports the target (never a second copy of it).
+
+    Args:
+        aliases: Full dotted alias name -> full dotted target name.
+    """
+    for alias, target in aliases.items():
+        module = sys.modules.get(target)
+        if module is not None:
+            sys.modules[alias] = module
+        _aliases[alias] = target
+        _watched[alias] = None
+    _install_finder()
+
+
+def _install_finder() -> None:
     if not any(isinstance(finder, _PostImportFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _PostImportFinder())
 
@@ -35,6 +67,11 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _watched:
+            return None
+        alias_target = _aliases.get(fullname)
+        if alias_target is not None:
+            return importlib.machinery.ModuleSpec(fullname, _AliasLoader(alias_target))
         if fullname not in _callbacks:
             return None
         for finder in sys.meta_path:
@@ -62,5 +99,25 @@ class _NotifyingLoader(importlib.abc.Loader):
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
-        for callback in _callbacks.pop(self._fullname, []):
+        callbacks = _callbacks.pop(self._fullname, [])
+        if self._fullname not in _aliases:
+            _watched.pop(self._fullname, None)
+        for callback in callbacks:
             callback(module)
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Loads an alias by importing its target and handing back that same module object."""
+
+    def __init__(self, target: str) -> None:
+        self._target = target
+        self._target_spec: importlib.machinery.ModuleSpec | None = None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = importlib.import_module(self._target)
+        self._target_spec = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The import system set ``__spec__`` to the alias's spec; the target keeps its own.
+        module.__spec__ = self._target_spec

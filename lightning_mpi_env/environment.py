@@ -22,6 +22,7 @@ from lightning_mpi_env._import_hooks import when_imported
 from lightning_mpi_env.errors import LayoutWarning, layout_error
 from lightning_mpi_env.launchers import detect_launcher
 from lightning_mpi_env.layout import RankLayout, from_env
+from lightning_mpi_env.mixed_imports import check_launching_trainer
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,10 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
         Raises:
             LayoutError: Naming the launched world, the Trainer's settings and the fix.
+            MixedImportError: The Trainer holds a callback, logger, plugin or datamodule of the other namespace.
         """
+        # Lightning's launcher calls this before the first step, with the Trainer on the stack.
+        check_launching_trainer()
         layout = self._layout
         if layout.launcher is None:
             return
