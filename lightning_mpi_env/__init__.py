@@ -9,3 +9,17 @@ from lightning_mpi_env.layout import from_env as from_env
 __version__ = "0.1.0"
 
 __all__ = ["LayoutError", "MPIClusterEnvironment", "Placement", "RankLayout", "__version__", "from_env"]
+
+# MPIDDPStrategy ("ddp_mpi"): registered in each Lightning namespace as it is imported; imports neither itself.
+import lightning_mpi_env.strategy as _strategy  # noqa: E402
+from lightning_mpi_env.strategy import strategy_class as strategy_class  # noqa: E402
+
+
+def __getattr__(name: str) -> type:
+    """``MPIDDPStrategy``: the class of the one Lightning namespace imported (see :mod:`lightning_mpi_env.strategy`)."""
+    if name == "MPIDDPStrategy":
+        return _strategy.loaded_strategy_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ += ["strategy_class"]
