@@ -262,8 +262,8 @@ def missing_message(
             ranks = format_ranks(rank for rank in missing if expected_node(rank) == node)
             hosts = sorted(hosts_of_node.get(node, ()))
             on = f"host {', '.join(hosts)}" if hosts else "a node from which no rank arrived at all"
-            places.append(f"{ranks} on node {node} ({on})")
-        where = f"; they were expected as {'; '.join(places)}"
+            places.append(f"on node {node} ({on}): {ranks}" if len(missing) > 1 else f"on node {node} ({on})")
+        where = f"; {'they were' if len(missing) > 1 else 'it was'} expected {'; '.join(places)}"
     return str(
         rendezvous_error(
             f"{format_ranks(missing).capitalize()} of {world_size} never arrived within the rendezvous timeout of "
