@@ -66,13 +66,13 @@ def loaded_strategy_class() -> type:
         raise ImportError(
             "lightning_mpi_env.MPIDDPStrategy subclasses the DDPStrategy of the Lightning namespace you use, but "
             "neither lightning.pytorch nor pytorch_lightning is imported yet.\nHINT: Import your Lightning "
-            "namespace first (`import lightning.pytorch as pl`), pass `strategy=\"ddp_mpi\"` to the Trainer, or "
-            "use `lightning_mpi_env.strategy.strategy_class(\"lightning.pytorch\")`."
+            'namespace first (`import lightning.pytorch as pl`), pass `strategy="ddp_mpi"` to the Trainer, or '
+            'use `lightning_mpi_env.strategy.strategy_class("lightning.pytorch")`.'
         )
     raise ImportError(
         "lightning_mpi_env.MPIDDPStrategy is ambiguous: both lightning.pytorch and pytorch_lightning are imported, "
-        "and each has its own DDPStrategy.\nHINT: Use `strategy=\"ddp_mpi\"`, or name the namespace: "
-        "`lightning_mpi_env.strategy.strategy_class(\"pytorch_lightning\")`."
+        'and each has its own DDPStrategy.\nHINT: Use `strategy="ddp_mpi"`, or name the namespace: '
+        '`lightning_mpi_env.strategy.strategy_class("pytorch_lightning")`.'
     )
 
 

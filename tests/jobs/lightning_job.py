@@ -3,6 +3,7 @@
 import argparse
 import importlib
 import json
+import os
 import socket
 import time
 
@@ -17,6 +18,7 @@ parser.add_argument("--devices", type=int, default=2)
 parser.add_argument("--num-nodes", type=int, default=2)
 parser.add_argument("--samples", type=int, default=64)
 parser.add_argument("--strategy", choices=["ddp", "ddp_mpi"], default="ddp")
+parser.add_argument("--vanish-rank", type=int, help="this rank exits with status 0 at its second step")
 parser.add_argument("--plain-ddp", action="store_true", help="Lightning's DDPStrategy with its own environment")
 args = parser.parse_args()
 pl = importlib.import_module(args.namespace)
@@ -42,6 +44,9 @@ class Model(pl.LightningModule):
         index, x, y = batch
         if batch_index == 0 and not self.seen:
             print(f"FIRST_STEP rank={self.global_rank} time={time.time()!r}", flush=True)
+        if batch_index == 1 and self.global_rank == args.vanish_rank:
+            print(f"VANISH: rank {self.global_rank} exits with status 0 in the middle of training", flush=True)
+            os._exit(0)
         self.seen += index.tolist()
         return torch.nn.functional.mse_loss(self.layer(x) / 100, y / 100)
 
