@@ -176,3 +176,23 @@ def test_mpirun_fault_ends_the_whole_job_with_a_named_error(cluster, fault, expe
     assert "RESULT" not in result.stdout
     for text in expected:
         assert text in result.stderr, result.stderr[-3000:]
+
+
+def test_no_launcher_lightning_starts_the_workers(tmp_path):
+    # `python train.py` on a workstation: one node, Lightning starts the second worker itself.
+    result = subprocess.run(
+        [sys.executable, JOB, "--strategy", "ddp_mpi", "--devices", "2", "--num-nodes", "1"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = _results(result.stdout)
+    assert sorted((r["global_rank"], r["local_rank"], r["node_rank"], r["world_size"]) for r in results) == [
+        (0, 0, 0, 2),
+        (1, 1, 0, 2),
+    ]
+    assert sorted(index for r in results for index in r["seen"]) == list(range(SAMPLES))
