@@ -14,6 +14,10 @@ from lightning_mpi_env.mixed_imports import unify_imports as unify_imports
 
 __version__ = "0.1.0"
 
+# MPIDDPStrategy ("ddp_mpi"): registered in each Lightning namespace as it is imported; imports neither itself.
+import lightning_mpi_env.strategy as _strategy  # noqa: E402
+from lightning_mpi_env.strategy import strategy_class as strategy_class  # noqa: E402
+
 __all__ = [
     "LayoutError",
     "MPIClusterEnvironment",
@@ -25,6 +29,14 @@ __all__ = [
     "check_mixed_imports",
     "from_env",
     "jax_distributed_kwargs",
+    "strategy_class",
     "torch_env",
     "unify_imports",
 ]
+
+
+def __getattr__(name: str) -> type:
+    """``MPIDDPStrategy``: the class of the one Lightning namespace imported (see :mod:`lightning_mpi_env.strategy`)."""
+    if name == "MPIDDPStrategy":
+        return _strategy.loaded_strategy_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -21,10 +22,13 @@ from typing_extensions import override
 from lightning_mpi_env._import_hooks import when_imported
 from lightning_mpi_env.errors import LayoutWarning, layout_error
 from lightning_mpi_env.launchers import detect_launcher
-from lightning_mpi_env.layout import RankLayout, from_env
+from lightning_mpi_env.layout import RankLayout, from_env, parse_count
 from lightning_mpi_env.mixed_imports import check_launching_trainer
 
 log = logging.getLogger(__name__)
+
+LIGHTNING_SPAWN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+"""What Lightning's subprocess launcher exports to the local workers it starts (``_call_children_scripts``)."""
 
 CLUSTER_ENVIRONMENT_MODULES = (
     "lightning.fabric.plugins.environments.cluster_environment",
@@ -111,16 +115,55 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
       ``SLURM_JOB_ID``+``SLURM_STEP_ID``, ``JOB_ID``, ``PBS_JOBID`` or ``LSB_JOBID``, else 29500.
     - Checked for agreement: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``.
 
+    Three ways to run:
+
+    - **One launcher process per rank** (``mpirun -np 8`` with ``Trainer(devices=4, num_nodes=2)``): the launcher's
+      ranks are the truth; Lightning's proposals (``set_global_rank``/``set_world_size``) are ignored.
+    - **One launcher process per node** (``mpirun -npernode 1`` with ``Trainer(devices=N, num_nodes=M)``, M = the
+      launcher's world size): Lightning starts the N local workers itself; node rank = the launcher's rank, world =
+      M x N. The workers are recognised by the launcher's variables with a local size of 1 plus Lightning's own
+      ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK`` (= the launcher's rank), ``LOCAL_RANK`` and ``WORLD_SIZE``
+      (a multiple of the launcher's world size); a ``LOCAL_RANK``/``WORLD_SIZE`` that fits no such pattern is still
+      rejected as stale. Not available with Slurm, which exports no local size.
+    - **No launcher** (``python train.py``): one node, Lightning starts the local workers and sets ``LOCAL_RANK``
+      and ``NODE_RANK`` (read here), like Lightning's own ``LightningEnvironment``; a free port is picked when
+      ``MASTER_PORT`` and every job identity are unset.
+
     Args:
         environ: The environment to read; ``os.environ`` by default.
     """
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        self._layout = from_env(os.environ if environ is None else environ)
+        env = os.environ if environ is None else environ
+        spawned = _is_lightning_worker_under_launcher(env)
+        # Lightning's own variables in its workers are not stale: keep them out of the core's stale check.
+        own = ("LOCAL_RANK", "WORLD_SIZE")
+        self._layout = from_env({k: v for k, v in env.items() if k not in own} if spawned else env)
         for message in self._layout.warnings:
             warnings.warn(message, LayoutWarning, stacklevel=2)
+        layout = self._layout
+        # Lightning, not the launcher, decides global ranks when it starts the local workers itself.
+        self._per_node = spawned
+        self._managed_local_rank: int | None = None
+        self._managed_node_rank = 0
+        self._assigned: tuple[int, int, int] | None = None  # (node rank, local rank, num nodes) from the rendezvous
+        self._free_port: int | None = None
+        if spawned:
+            self._managed_local_rank = parse_count(env["LOCAL_RANK"], variable="LOCAL_RANK", launcher=None)
+            self._managed_node_rank = layout.rank
+            self._world_size = parse_count(env["WORLD_SIZE"], variable="WORLD_SIZE", launcher=None, minimum=1)
+            per_node = self._world_size // layout.world_size
+            self._global_rank = layout.rank * per_node + self._managed_local_rank
+        elif layout.launcher is None:
+            if "LOCAL_RANK" in env:
+                self._managed_local_rank = parse_count(env["LOCAL_RANK"], variable="LOCAL_RANK", launcher=None)
+            node = env.get("NODE_RANK") or env.get("GROUP_RANK")
+            self._managed_node_rank = 0 if node is None else parse_count(node, variable="NODE_RANK", launcher=None)
+            self._world_size, self._global_rank = 1, 0
+        else:
+            self._world_size, self._global_rank = layout.world_size, layout.rank
         # Right from the start, so rank-zero-only logging is right before the Trainer sets ranks up.
-        rank_zero_only.rank = self._layout.rank  # type: ignore[attr-defined]
+        rank_zero_only.rank = self._global_rank  # type: ignore[attr-defined]
 
     @property
     def layout(self) -> RankLayout:
@@ -128,9 +171,17 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         return self._layout
 
     @property
+    def managed_by_lightning(self) -> bool:
+        """Whether Lightning starts the local workers and sets global ranks (one process per node, no launcher)."""
+        return self._per_node or self._layout.launcher is None
+
+    @property
     @override
     def creates_processes_externally(self) -> bool:
-        return self._layout.launcher is not None
+        if self.managed_by_lightning:
+            # Lightning's workers carry LOCAL_RANK; the process that starts them does not.
+            return self._managed_local_rank is not None
+        return True
 
     @property
     @override
@@ -140,6 +191,12 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     @property
     @override
     def main_port(self) -> int:
+        if self._layout.launcher is None and self._layout.sources.get("main_port") == "default":
+            # On a workstation several jobs may run at once: like LightningEnvironment, take a free port. The
+            # workers Lightning starts inherit it as MASTER_PORT.
+            if self._free_port is None:
+                self._free_port = _find_free_port()
+            return self._free_port
         return self._layout.main_port
 
     @staticmethod
@@ -150,29 +207,59 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     @override
     def world_size(self) -> int:
-        return self._layout.world_size
+        return self._world_size
 
     @override
     def set_world_size(self, size: int) -> None:
-        if size != self._layout.world_size:
-            log.debug(f"Keeping the launcher's world size {self._layout.world_size}; Lightning proposed {size}.")
+        if self.managed_by_lightning:
+            self._world_size = size
+        elif size != self._world_size:
+            log.debug(f"Keeping the launcher's world size {self._world_size}; Lightning proposed {size}.")
 
     @override
     def global_rank(self) -> int:
-        return self._layout.rank
+        return self._global_rank
 
     @override
     def set_global_rank(self, rank: int) -> None:
-        if rank != self._layout.rank:
-            log.debug(f"Keeping the launcher's global rank {self._layout.rank}; Lightning proposed {rank}.")
+        if self.managed_by_lightning:
+            self._global_rank = rank
+            rank_zero_only.rank = rank  # type: ignore[attr-defined]
+        elif rank != self._global_rank:
+            log.debug(f"Keeping the launcher's global rank {self._global_rank}; Lightning proposed {rank}.")
 
     @override
     def local_rank(self) -> int:
-        return self._layout.local_rank
+        if self._assigned is not None:
+            return self._assigned[1]
+        if self._managed_local_rank is not None:
+            return self._managed_local_rank
+        return self._layout.local_rank if not self.managed_by_lightning else 0
 
     @override
     def node_rank(self) -> int:
-        return self._layout.node_rank
+        if self._assigned is not None:
+            return self._assigned[0]
+        return self._managed_node_rank if self.managed_by_lightning else self._layout.node_rank
+
+    @property
+    def num_nodes(self) -> int | None:
+        """Number of nodes: from the rendezvous once it ran, else from the launcher (``None`` when uneven)."""
+        if self._assigned is not None:
+            return self._assigned[2]
+        return self._layout.num_nodes
+
+    def assign_nodes(self, node_rank: int, local_rank: int, num_nodes: int) -> None:
+        """Take the node and local rank found by exchanging host names (``MPIDDPStrategy``'s rendezvous).
+
+        They are exact under every placement, where the launcher's variables alone may only allow a guess.
+        """
+        if (node_rank, local_rank) != (self.node_rank(), self.local_rank()):
+            log.debug(
+                f"Host names place rank {self._global_rank} on node {node_rank} as local rank {local_rank}; the "
+                f"environment alone said node {self.node_rank()}, local rank {self.local_rank()}."
+            )
+        self._assigned = (node_rank, local_rank, num_nodes)
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
@@ -185,7 +272,12 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         # Lightning's launcher calls this before the first step, with the Trainer on the stack.
         check_launching_trainer()
         layout = self._layout
-        if layout.launcher is None:
+        if layout.launcher is None or self._per_node:
+            return
+        if layout.local_size == 1 and num_devices > 1 and num_nodes == layout.world_size:
+            # One launcher process per node: Lightning starts the `num_devices` workers on each node itself.
+            self._per_node = True
+            self._managed_node_rank = layout.rank
             return
         trainer = f"Trainer(devices={num_devices}, num_nodes={num_nodes})"
         if not layout.is_even:
@@ -213,6 +305,32 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     def __repr__(self) -> str:
         return f"MPIClusterEnvironment({self._layout!r})"
+
+
+def _is_lightning_worker_under_launcher(env: Mapping[str, str]) -> bool:
+    """Whether Lightning started this process as a local worker of a one-process-per-node launch."""
+    launcher = detect_launcher(env)
+    if launcher is None or launcher.local_size is None or not all(name in env for name in LIGHTNING_SPAWN_VARIABLES):
+        return False
+    world, node, local = env.get(launcher.world_size, ""), env["NODE_RANK"], env["LOCAL_RANK"]
+    size = env["WORLD_SIZE"]
+    if not all(value.isascii() and value.isdigit() for value in (world, node, local, size)) or int(world) == 0:
+        return False
+    per_node, remainder = divmod(int(size), int(world))
+    return (
+        env.get(launcher.local_size) == "1"
+        and node == env.get(launcher.rank)
+        and remainder == 0
+        and per_node > 1
+        and int(local) < per_node
+    )
+
+
+def _find_free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def _register_virtual_subclass(module: ModuleType) -> None:

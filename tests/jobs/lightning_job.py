@@ -3,7 +3,9 @@
 import argparse
 import importlib
 import json
+import os
 import socket
+import time
 
 import torch
 from torch.utils.data import Dataset
@@ -15,6 +17,10 @@ parser.add_argument("--namespace", choices=["lightning.pytorch", "pytorch_lightn
 parser.add_argument("--devices", type=int, default=2)
 parser.add_argument("--num-nodes", type=int, default=2)
 parser.add_argument("--samples", type=int, default=64)
+parser.add_argument("--strategy", choices=["ddp", "ddp_mpi"], default="ddp")
+parser.add_argument("--tag", help="ignored: marks the processes of one run")
+parser.add_argument("--vanish-rank", type=int, help="this rank exits with status 0 at its second step")
+parser.add_argument("--plain-ddp", action="store_true", help="Lightning's DDPStrategy with its own environment")
 args = parser.parse_args()
 pl = importlib.import_module(args.namespace)
 
@@ -37,6 +43,11 @@ class Model(pl.LightningModule):
 
     def training_step(self, batch, batch_index):
         index, x, y = batch
+        if batch_index == 0 and not self.seen:
+            print(f"FIRST_STEP rank={self.global_rank} time={time.time()!r}", flush=True)
+        if batch_index == 1 and self.global_rank == args.vanish_rank:
+            print(f"VANISH: rank {self.global_rank} exits with status 0 in the middle of training", flush=True)
+            os._exit(0)
         self.seen += index.tolist()
         return torch.nn.functional.mse_loss(self.layer(x) / 100, y / 100)
 
@@ -47,13 +58,20 @@ class Model(pl.LightningModule):
         return torch.utils.data.DataLoader(Indexed(), batch_size=4)
 
 
-environment = MPIClusterEnvironment()
+if args.strategy == "ddp_mpi":
+    import lightning_mpi_env  # noqa: F401  (registers "ddp_mpi")
+
+    strategy, plugins = "ddp_mpi", []
+elif args.plain_ddp:  # Lightning's own DDP and environment: the torchrun-style variables must be right already
+    strategy, plugins = pl.strategies.DDPStrategy(process_group_backend="gloo"), []
+else:
+    strategy, plugins = pl.strategies.DDPStrategy(process_group_backend="gloo"), [MPIClusterEnvironment()]
 trainer = pl.Trainer(
     accelerator="cpu",
     devices=args.devices,
     num_nodes=args.num_nodes,
-    strategy=pl.strategies.DDPStrategy(process_group_backend="gloo"),
-    plugins=[environment],
+    strategy=strategy,
+    plugins=plugins,
     max_epochs=1,
     logger=False,
     enable_checkpointing=False,
@@ -70,6 +88,8 @@ print(
             "local_rank": trainer.local_rank,
             "node_rank": trainer.node_rank,
             "world_size": trainer.world_size,
+            "strategy": type(trainer.strategy).__name__,
+            "strategy_module": type(trainer.strategy).__mro__[1].__module__,
             "hostname": socket.gethostname(),
             "seen": model.seen,
             "weights": [round(v, 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()],

@@ -1,0 +1,37 @@
+"""Fault injection under mpirun: tamper one rank's environment, then run the real command in its place.
+
+Usage: python tamper.py [--rank R (--claim C | --exit)] [--torch-env] -- COMMAND...
+
+On the process whose launcher rank is R, ``--claim C`` makes it claim rank C (a duplicate), and ``--exit`` makes it
+exit with status 0 before anything starts (a rank that never arrives, while mpirun waits for the others).
+``--torch-env`` then exports what a job script for Lightning's own environment would (``LOCAL_RANK``,
+``NODE_RANK`` for block placement), computed from the (tampered) Open MPI variables.
+"""
+
+import argparse
+import os
+import sys
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--rank", type=int)
+fault = parser.add_mutually_exclusive_group()
+fault.add_argument("--claim", type=int)
+fault.add_argument("--exit", action="store_true")
+parser.add_argument("--torch-env", action="store_true")
+parser.add_argument("command", nargs=argparse.REMAINDER)
+args = parser.parse_args()
+command = args.command[1:] if args.command[:1] == ["--"] else args.command
+
+if args.rank is not None and int(os.environ["OMPI_COMM_WORLD_RANK"]) == args.rank:
+    if args.exit:
+        print(f"TAMPER: rank {args.rank} exits before the rendezvous", flush=True)
+        sys.exit(0)
+    if args.claim is not None:
+        print(f"TAMPER: rank {args.rank} claims rank {args.claim}", flush=True)
+        os.environ["OMPI_COMM_WORLD_RANK"] = str(args.claim)
+        os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(args.claim % int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"]))
+if args.torch_env:
+    local_size = int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"])
+    os.environ["LOCAL_RANK"] = os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]
+    os.environ["NODE_RANK"] = str(int(os.environ["OMPI_COMM_WORLD_RANK"]) // local_size)
+os.execv(command[0], command)

@@ -1,0 +1,198 @@
+"""MPIDDPStrategy: registration in both namespaces (in subprocesses) and real mpirun jobs on two simulated nodes."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lightning_mpi_env.simcluster import SimulatedCluster
+
+JOBS = Path(__file__).parent / "jobs"
+JOB = str(JOBS / "lightning_job.py")
+TAMPER = str(JOBS / "tamper.py")
+SAMPLES = 64
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", **env},
+    )
+
+
+def test_import_registers_nothing_and_imports_neither_namespace_nor_torch():
+    result = _python(
+        """
+        import sys
+        import lightning_mpi_env
+        assert not {"torch", "lightning", "pytorch_lightning"} & set(sys.modules), sorted(sys.modules)
+        try:
+            lightning_mpi_env.MPIDDPStrategy
+        except ImportError as error:
+            assert "neither lightning.pytorch nor pytorch_lightning is imported" in str(error), error
+        else:
+            raise AssertionError("no error")
+        print("OK")
+        """
+    )
+    assert result.stdout.strip() == "OK", result.stderr
+
+
+@pytest.mark.parametrize("order", ["plugin first", "lightning first"])
+def test_ddp_mpi_in_both_namespaces(order):
+    imports = (
+        "import lightning_mpi_env\nimport lightning.pytorch as L"
+        if order == "plugin first"
+        else "import lightning.pytorch as L\nimport lightning_mpi_env"
+    )
+    result = _python(
+        imports
+        + """
+from datetime import timedelta
+import sys
+from lightning_mpi_env.strategy import strategy_class
+from lightning_mpi_env import MPIClusterEnvironment
+assert "pytorch_lightning" not in sys.modules
+Lcls = lightning_mpi_env.MPIDDPStrategy  # only lightning.pytorch is loaded: unambiguous
+assert issubclass(Lcls, L.strategies.DDPStrategy)
+trainer = L.Trainer(strategy="ddp_mpi", accelerator="cpu", devices=2, num_nodes=1, logger=False)
+assert type(trainer.strategy) is Lcls
+assert isinstance(trainer.strategy.cluster_environment, MPIClusterEnvironment)
+assert trainer.strategy.rendezvous_timeout == 20.0  # from LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT
+
+import pytorch_lightning as pl
+PLcls = strategy_class("pytorch_lightning")
+assert issubclass(PLcls, pl.strategies.DDPStrategy) and not issubclass(PLcls, L.strategies.DDPStrategy)
+trainer = pl.Trainer(strategy="ddp_mpi", accelerator="cpu", devices=2, logger=False)
+assert type(trainer.strategy) is PLcls
+strategy = PLcls(timeout=timedelta(seconds=7), find_unused_parameters=True, process_group_backend="gloo",
+                 rendezvous_timeout=3)
+assert strategy._timeout == timedelta(seconds=7)
+assert strategy._ddp_kwargs == {"find_unused_parameters": True}
+assert strategy._process_group_backend == "gloo" and strategy.rendezvous_timeout == 3.0
+try:
+    lightning_mpi_env.MPIDDPStrategy
+except ImportError as error:
+    assert "ambiguous" in str(error)
+else:
+    raise AssertionError("no error")
+print("OK")
+""",
+        LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT="20",
+    )
+    assert result.stdout.strip().endswith("OK"), result.stderr[-3000:]
+
+
+# --- real mpirun jobs on two simulated nodes ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    return SimulatedCluster(tmp_path)
+
+
+def _results(stdout: str) -> list[dict]:
+    # Workers that Lightning starts share mpirun's pipe with their parent, so lines may run into each other.
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(part)[0] for part in stdout.split("RESULT ")[1:]]
+
+
+def _check_training(results: list[dict], namespace: str, hosts: dict[int, str]) -> None:
+    assert sorted(r["global_rank"] for r in results) == [0, 1, 2, 3]
+    assert {r["strategy"] for r in results} == {"MPIDDPStrategy"}
+    assert {r["strategy_module"] for r in results} == {f"{namespace}.strategies.ddp"}
+    for r in results:
+        assert r["world_size"] == 4
+        assert r["hostname"] == hosts[r["global_rank"]]
+        assert r["node_rank"] == ["127.0.0.2", "127.0.0.3"].index(r["hostname"])
+    # Local ranks are unique per host; data shards are disjoint and cover the data; weights agree.
+    assert len({(r["hostname"], r["local_rank"]) for r in results}) == 4
+    seen = [index for r in results for index in r["seen"]]
+    assert sorted(seen) == list(range(SAMPLES))
+    assert len({tuple(r["weights"]) for r in results}) == 1
+
+
+@pytest.mark.parametrize(
+    ("map_by", "namespace", "hosts"),
+    [
+        ("slot", "lightning.pytorch", {0: "127.0.0.2", 1: "127.0.0.2", 2: "127.0.0.3", 3: "127.0.0.3"}),
+        ("node", "pytorch_lightning", {0: "127.0.0.2", 1: "127.0.0.3", 2: "127.0.0.2", 3: "127.0.0.3"}),
+    ],
+)
+def test_mpirun_ddp_mpi_trains(cluster, map_by, namespace, hosts):
+    result = cluster.run(
+        [sys.executable, JOB, "--strategy", "ddp_mpi", "--namespace", namespace, "--samples", str(SAMPLES)],
+        timeout=180,
+        map_by=map_by,
+        export=cluster.job_environment(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _check_training(_results(result.stdout), namespace, hosts)
+
+
+def test_mpirun_one_process_per_node(cluster):
+    # 2 launcher ranks, one per node; Lightning starts the 2 local workers on each node itself.
+    result = cluster.run(
+        [sys.executable, JOB, "--strategy", "ddp_mpi", "--samples", str(SAMPLES)],
+        timeout=180,
+        np=2,
+        map_by="node",
+        export=cluster.job_environment(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _check_training(
+        _results(result.stdout),
+        "lightning.pytorch",
+        {0: "127.0.0.2", 1: "127.0.0.2", 2: "127.0.0.3", 3: "127.0.0.3"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        (["--claim", "1"], ["Duplicate rank 1", "host 127.0.0.2", "host 127.0.0.3", "HINT: The launcher's rank"]),
+        (
+            ["--exit"],
+            ["Rank 3 of 4 never arrived within the rendezvous timeout of 20 s", "on node 1 (host 127.0.0.3)"],
+        ),
+    ],
+)
+def test_mpirun_fault_ends_the_whole_job_with_a_named_error(cluster, fault, expected):
+    # Rank 3's environment is tampered with; mpirun must end (not hang) with the error text, well within the timeout.
+    environment = {**cluster.job_environment(), "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"}
+    result = cluster.run(
+        [sys.executable, TAMPER, "--rank", "3", *fault, "--", sys.executable, JOB, "--strategy", "ddp_mpi"],
+        timeout=150,
+        export=environment,
+    )
+    assert result.returncode != 0
+    assert "RESULT" not in result.stdout
+    for text in expected:
+        assert text in result.stderr, result.stderr[-3000:]
+
+
+def test_no_launcher_lightning_starts_the_workers(tmp_path):
+    # `python train.py` on a workstation: one node, Lightning starts the second worker itself.
+    result = subprocess.run(
+        [sys.executable, JOB, "--strategy", "ddp_mpi", "--devices", "2", "--num-nodes", "1"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = _results(result.stdout)
+    assert sorted((r["global_rank"], r["local_rank"], r["node_rank"], r["world_size"]) for r in results) == [
+        (0, 0, 0, 2),
+        (1, 1, 0, 2),
+    ]
+    assert sorted(index for r in results for index in r["seen"]) == list(range(SAMPLES))
