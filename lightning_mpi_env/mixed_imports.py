@@ -20,7 +20,6 @@ Nothing here imports torch or Lightning.
 from __future__ import annotations
 
 import enum
-import importlib.metadata
 import importlib.util
 import linecache
 import os
@@ -29,10 +28,13 @@ import sys
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType, FunctionType, ModuleType
+from typing import TYPE_CHECKING
 
 from lightning_mpi_env._import_hooks import alias_modules, when_imported
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 MODE_VARIABLE = "LIGHTNING_MPI_ENV_MIXED_IMPORTS"
 """Environment variable choosing what a mixed import does: ``warn``, ``error`` or ``ignore``."""
@@ -561,6 +563,8 @@ def check_launching_trainer(trainer: object | None = None, *objects: object, max
 
 
 def _installed_version(distribution: str) -> str | None:
+    import importlib.metadata  # Here, not at the top: it costs milliseconds at every import of the package.
+
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -618,6 +622,8 @@ def unify_imports() -> None:
                 f"{distribution} {other} may not run on lightning {version}.\n"
                 f"HINT: `pip install lightning=={other}` or `pip install {distribution}=={version}` so both match."
             )
+    from pathlib import Path
+
     root = Path(next(iter(spec.submodule_search_locations)))
     aliases: dict[str, str] = {}
     for alias_root in _ROOTS[STANDALONE]:

@@ -531,3 +531,11 @@ def test_unify_refuses_missing_or_different_versions(tmp_path, versions, match):
     result = run(tmp_path, code)
     assert match in result.stdout, result.stdout + result.stderr
     assert result.stdout.strip().endswith("False")
+
+
+def test_validate_settings_outside_a_trainer_checks_nothing():
+    from lightning_mpi_env import MPIClusterEnvironment
+
+    trainer = "not a Trainer"  # a local of that name, as the launcher has, but no Trainer
+    assert MPIClusterEnvironment(environ={}).validate_settings(1, 1) is None
+    assert trainer == "not a Trainer"
