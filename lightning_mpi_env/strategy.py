@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import warnings
 from datetime import timedelta
 from types import ModuleType
 from typing import Any
@@ -26,6 +27,7 @@ from typing_extensions import override
 
 from lightning_mpi_env._import_hooks import when_imported
 from lightning_mpi_env.environment import MPIClusterEnvironment
+from lightning_mpi_env.errors import LayoutWarning
 from lightning_mpi_env.layout import Placement
 
 log = logging.getLogger(__name__)
@@ -108,7 +110,11 @@ def _build(namespace: str, strategies: ModuleType) -> type:
             from lightning_mpi_env.rendezvous import resolve_timeout
 
             if cluster_environment is None:
-                cluster_environment = MPIClusterEnvironment()
+                with warnings.catch_warnings():
+                    # The rendezvous resolves node ranks exactly: the core's "approximate node rank" warning
+                    # (which recommends this very strategy) does not apply here.
+                    warnings.filterwarnings("ignore", message=r"Node rank \d+ is approximate", category=LayoutWarning)
+                    cluster_environment = MPIClusterEnvironment()
             super().__init__(cluster_environment=cluster_environment, **kwargs)
             self.rendezvous_timeout = resolve_timeout(rendezvous_timeout, os.environ)
 

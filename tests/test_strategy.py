@@ -196,3 +196,32 @@ def test_no_launcher_lightning_starts_the_workers(tmp_path):
         (1, 1, 0, 2),
     ]
     assert sorted(index for r in results for index in r["seen"]) == list(range(SAMPLES))
+
+
+def test_ddp_mpi_does_not_warn_about_approximate_node_ranks():
+    # A rankfile placement that fits neither block nor round-robin: the core warns, but ddp_mpi resolves it exactly.
+    env = {
+        "OMPI_COMM_WORLD_RANK": "3",
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "MASTER_ADDR": "nodea",
+    }
+    result = _python(
+        """
+        import warnings
+        import lightning.pytorch as L
+        import lightning_mpi_env
+        from lightning_mpi_env.errors import LayoutWarning
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lightning_mpi_env.MPIClusterEnvironment()
+            assert any("approximate" in str(w.message) for w in caught), "the core should warn"
+            caught.clear()
+            L.Trainer(strategy="ddp_mpi", accelerator="cpu", devices=2, num_nodes=2, logger=False)
+        assert not [w for w in caught if issubclass(w.category, LayoutWarning)], [str(w.message) for w in caught]
+        print("OK")
+        """,
+        **env,
+    )
+    assert result.stdout.strip().endswith("OK"), result.stderr[-3000:]

@@ -12,88 +12,93 @@ from torch.utils.data import Dataset
 
 from lightning_mpi_env import MPIClusterEnvironment
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--namespace", choices=["lightning.pytorch", "pytorch_lightning"], default="lightning.pytorch")
-parser.add_argument("--devices", type=int, default=2)
-parser.add_argument("--num-nodes", type=int, default=2)
-parser.add_argument("--samples", type=int, default=64)
-parser.add_argument("--strategy", choices=["ddp", "ddp_mpi"], default="ddp")
-parser.add_argument("--tag", help="ignored: marks the processes of one run")
-parser.add_argument("--vanish-rank", type=int, help="this rank exits with status 0 at its second step")
-parser.add_argument("--plain-ddp", action="store_true", help="Lightning's DDPStrategy with its own environment")
-args = parser.parse_args()
-pl = importlib.import_module(args.namespace)
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--namespace", choices=["lightning.pytorch", "pytorch_lightning"], default="lightning.pytorch")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--num-nodes", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--strategy", choices=["ddp", "ddp_mpi"], default="ddp")
+    parser.add_argument("--tag", help="ignored: marks the processes of one run")
+    parser.add_argument("--vanish-rank", type=int, help="this rank exits with status 0 at its second step")
+    parser.add_argument("--plain-ddp", action="store_true", help="Lightning's DDPStrategy with its own environment")
+    args = parser.parse_args()
+    pl = importlib.import_module(args.namespace)
+
+    class Indexed(Dataset):
+        def __len__(self):
+            return args.samples
+
+        def __getitem__(self, index):
+            x = torch.full((4,), float(index))
+            return index, x, x.sum(dim=0, keepdim=True) * 0.5
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(4, 1)
+            self.seen = []
+
+        def training_step(self, batch, batch_index):
+            index, x, y = batch
+            if batch_index == 0 and not self.seen:
+                print(f"FIRST_STEP rank={self.global_rank} time={time.time()!r}", flush=True)
+            if batch_index == 1 and self.global_rank == args.vanish_rank:
+                print(f"VANISH: rank {self.global_rank} exits with status 0 in the middle of training", flush=True)
+                os._exit(0)
+            self.seen += index.tolist()
+            return torch.nn.functional.mse_loss(self.layer(x) / 100, y / 100)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(Indexed(), batch_size=4)
+
+    if args.strategy == "ddp_mpi":
+        import lightning_mpi_env  # noqa: F401  (registers "ddp_mpi")
+
+        strategy, plugins = "ddp_mpi", []
+    elif args.plain_ddp:  # Lightning's own DDP and environment: the torchrun-style variables must be right already
+        strategy, plugins = pl.strategies.DDPStrategy(process_group_backend="gloo"), []
+    else:
+        strategy, plugins = pl.strategies.DDPStrategy(process_group_backend="gloo"), [MPIClusterEnvironment()]
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=args.devices,
+        num_nodes=args.num_nodes,
+        strategy=strategy,
+        plugins=plugins,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    model = Model()
+    trainer.fit(model)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "global_rank": trainer.global_rank,
+                "local_rank": trainer.local_rank,
+                "node_rank": trainer.node_rank,
+                "world_size": trainer.world_size,
+                "strategy": type(trainer.strategy).__name__,
+                "strategy_module": type(trainer.strategy).__mro__[1].__module__,
+                "hostname": socket.gethostname(),
+                "seen": model.seen,
+                "weights": [
+                    round(v, 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+                ],
+            }
+        ),
+        flush=True,
+    )
 
 
-class Indexed(Dataset):
-    def __len__(self):
-        return args.samples
-
-    def __getitem__(self, index):
-        x = torch.full((4,), float(index))
-        return index, x, x.sum(dim=0, keepdim=True) * 0.5
-
-
-class Model(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = torch.nn.Linear(4, 1)
-        self.seen = []
-
-    def training_step(self, batch, batch_index):
-        index, x, y = batch
-        if batch_index == 0 and not self.seen:
-            print(f"FIRST_STEP rank={self.global_rank} time={time.time()!r}", flush=True)
-        if batch_index == 1 and self.global_rank == args.vanish_rank:
-            print(f"VANISH: rank {self.global_rank} exits with status 0 in the middle of training", flush=True)
-            os._exit(0)
-        self.seen += index.tolist()
-        return torch.nn.functional.mse_loss(self.layer(x) / 100, y / 100)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def train_dataloader(self):
-        return torch.utils.data.DataLoader(Indexed(), batch_size=4)
-
-
-if args.strategy == "ddp_mpi":
-    import lightning_mpi_env  # noqa: F401  (registers "ddp_mpi")
-
-    strategy, plugins = "ddp_mpi", []
-elif args.plain_ddp:  # Lightning's own DDP and environment: the torchrun-style variables must be right already
-    strategy, plugins = pl.strategies.DDPStrategy(process_group_backend="gloo"), []
-else:
-    strategy, plugins = pl.strategies.DDPStrategy(process_group_backend="gloo"), [MPIClusterEnvironment()]
-trainer = pl.Trainer(
-    accelerator="cpu",
-    devices=args.devices,
-    num_nodes=args.num_nodes,
-    strategy=strategy,
-    plugins=plugins,
-    max_epochs=1,
-    logger=False,
-    enable_checkpointing=False,
-    enable_progress_bar=False,
-    enable_model_summary=False,
-)
-model = Model()
-trainer.fit(model)
-print(
-    "RESULT "
-    + json.dumps(
-        {
-            "global_rank": trainer.global_rank,
-            "local_rank": trainer.local_rank,
-            "node_rank": trainer.node_rank,
-            "world_size": trainer.world_size,
-            "strategy": type(trainer.strategy).__name__,
-            "strategy_module": type(trainer.strategy).__mro__[1].__module__,
-            "hostname": socket.gethostname(),
-            "seen": model.seen,
-            "weights": [round(v, 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()],
-        }
-    ),
-    flush=True,
-)
+if __name__ == "__main__":  # not when pytest imports it to look for doctests
+    main()

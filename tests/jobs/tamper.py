@@ -12,26 +12,32 @@ import argparse
 import os
 import sys
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--rank", type=int)
-fault = parser.add_mutually_exclusive_group()
-fault.add_argument("--claim", type=int)
-fault.add_argument("--exit", action="store_true")
-parser.add_argument("--torch-env", action="store_true")
-parser.add_argument("command", nargs=argparse.REMAINDER)
-args = parser.parse_args()
-command = args.command[1:] if args.command[:1] == ["--"] else args.command
 
-if args.rank is not None and int(os.environ["OMPI_COMM_WORLD_RANK"]) == args.rank:
-    if args.exit:
-        print(f"TAMPER: rank {args.rank} exits before the rendezvous", flush=True)
-        sys.exit(0)
-    if args.claim is not None:
-        print(f"TAMPER: rank {args.rank} claims rank {args.claim}", flush=True)
-        os.environ["OMPI_COMM_WORLD_RANK"] = str(args.claim)
-        os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(args.claim % int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"]))
-if args.torch_env:
-    local_size = int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"])
-    os.environ["LOCAL_RANK"] = os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]
-    os.environ["NODE_RANK"] = str(int(os.environ["OMPI_COMM_WORLD_RANK"]) // local_size)
-os.execv(command[0], command)
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int)
+    fault = parser.add_mutually_exclusive_group()
+    fault.add_argument("--claim", type=int)
+    fault.add_argument("--exit", action="store_true")
+    parser.add_argument("--torch-env", action="store_true")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+
+    if args.rank is not None and int(os.environ["OMPI_COMM_WORLD_RANK"]) == args.rank:
+        if args.exit:
+            print(f"TAMPER: rank {args.rank} exits before the rendezvous", flush=True)
+            sys.exit(0)
+        if args.claim is not None:
+            print(f"TAMPER: rank {args.rank} claims rank {args.claim}", flush=True)
+            os.environ["OMPI_COMM_WORLD_RANK"] = str(args.claim)
+            os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(args.claim % int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"]))
+    if args.torch_env:
+        local_size = int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"])
+        os.environ["LOCAL_RANK"] = os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]
+        os.environ["NODE_RANK"] = str(int(os.environ["OMPI_COMM_WORLD_RANK"]) // local_size)
+    os.execv(command[0], command)
+
+
+if __name__ == "__main__":  # not when pytest imports it to look for doctests
+    main()
