@@ -23,7 +23,7 @@ from lightning_mpi_env._import_hooks import when_imported
 from lightning_mpi_env.errors import LayoutWarning, layout_error
 from lightning_mpi_env.launchers import detect_launcher
 from lightning_mpi_env.layout import RankLayout, from_env, parse_count
-from lightning_mpi_env.mixed_imports import check_launching_trainer
+from lightning_mpi_env.mixed_imports import check_launching_trainer, guard_constructing_trainer
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +222,9 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     @override
     def set_global_rank(self, rank: int) -> None:
+        # Lightning calls this from inside Trainer(...): the one moment to reach the Trainer before fit() rejects a
+        # model of the other namespace with a message that does not say so.
+        guard_constructing_trainer()
         if self.managed_by_lightning:
             self._global_rank = rank
             rank_zero_only.rank = rank  # type: ignore[attr-defined]

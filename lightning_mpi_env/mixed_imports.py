@@ -20,13 +20,14 @@ Nothing here imports torch or Lightning.
 from __future__ import annotations
 
 import enum
+import functools
 import importlib.util
 import linecache
 import os
 import re
 import sys
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import FrameType, FunctionType, ModuleType
 from typing import TYPE_CHECKING
@@ -284,6 +285,8 @@ def _report(frame: FrameType | None) -> None:
         warnings.warn(message, MixedImportWarning, stacklevel=2)
         return
     # Attribute the warning to the importing line, as ``warnings.warn(stacklevel=...)`` would.
+    # No ``module_globals``: for ``python -c`` the loader is BuiltinImporter, whose get_source
+    # raises ImportError instead of letting the warning be shown.
     registry = frame.f_globals.setdefault("__warningregistry__", {})
     warnings.warn_explicit(
         message,
@@ -292,7 +295,6 @@ def _report(frame: FrameType | None) -> None:
         frame.f_lineno,
         module=frame.f_globals.get("__name__"),
         registry=registry,
-        module_globals=frame.f_globals,
     )
 
 
@@ -476,6 +478,11 @@ def check_mixed_imports(*objects: object, trainer: object | None = None) -> None
         MixedImportError: Listing every offender: role and class, the namespace of its Lightning base, the file
             that defines it, the Trainer's namespace, and the fix.
     """
+    _check(trainer, [("object", obj) for obj in objects])
+
+
+def _check(trainer: object | None, given: Iterable[tuple[str, object]]) -> None:
+    """:func:`check_mixed_imports` on ``(role, object)`` pairs, so that the message can say what each object is."""
     held: list[tuple[str, object]] = []
     reference: str | None = None
     reference_name = ""
@@ -484,7 +491,7 @@ def check_mixed_imports(*objects: object, trainer: object | None = None) -> None
         trainer_package = next((package_of(b.__module__) for b in _lightning_bases(type(trainer))), None)
         reference_name = f"the Trainer's namespace `{trainer_package}`"
         held.extend(held_by(trainer))
-    held.extend(("object", obj) for obj in objects)
+    held.extend(given)
     if reference is None:
         for role, obj in held:
             reference = _namespace_of_object(obj)
@@ -557,6 +564,66 @@ def check_launching_trainer(trainer: object | None = None, *objects: object, max
         depth += 1
     if trainer is not None:
         check_mixed_imports(*extra, trainer=trainer)
+
+
+_ENTRY_POINTS = ("fit", "validate", "test", "predict")
+_GUARDED = "_lightning_mpi_env_guarded"
+
+
+def _both_namespaces_loaded() -> bool:
+    return bool(_loaded_roots(STANDALONE)) and bool(_loaded_roots(UNIFIED))
+
+
+def _guarded_entry_point(trainer: object, name: str) -> Callable[..., object]:
+    import inspect  # Here, not at the top: the package's own import stays light.
+
+    entry = getattr(trainer, name)
+    signature = inspect.signature(entry)
+
+    @functools.wraps(entry)
+    def guarded(*args: object, **kwargs: object) -> object:
+        if mode() is not Mode.IGNORE and _both_namespaces_loaded():
+            try:
+                given = signature.bind_partial(*args, **kwargs).arguments.items()
+            except TypeError:  # Lightning's own call reports wrong arguments better
+                given = {}.items()
+            _check(trainer, [(role, obj) for role, obj in given if obj is not None])
+        return entry(*args, **kwargs)
+
+    return guarded
+
+
+def guard_trainer(trainer: object) -> None:
+    """Check ``fit``/``validate``/``test``/``predict`` arguments (model, datamodule, ...) before Lightning does.
+
+    Lightning checks the model's class first thing in ``fit()``, and refuses a model of the other namespace with
+    "`model` must be a `LightningModule` ..., got `M`", which does not say why. The guard, set on this one Trainer
+    instance, runs :func:`check_mixed_imports` on the arguments and on what the Trainer holds first, so the error
+    names the class, its namespace, its file and the fix. It costs nothing unless both namespaces are loaded, and
+    honors ``LIGHTNING_MPI_ENV_MIXED_IMPORTS=ignore``.
+
+    Args:
+        trainer: A ``lightning.pytorch`` or ``pytorch_lightning`` Trainer; anything else is left alone.
+    """
+    if not _is_trainer(trainer) or getattr(trainer, _GUARDED, False):
+        return
+    for name in _ENTRY_POINTS:
+        setattr(trainer, name, _guarded_entry_point(trainer, name))
+    setattr(trainer, _GUARDED, True)
+
+
+def guard_constructing_trainer(max_depth: int = 12) -> None:
+    """:func:`guard_trainer` on the Trainer whose ``__init__`` is on the stack, if any (else nothing)."""
+    frame: FrameType | None = sys._getframe(1)
+    depth = 0
+    while frame is not None and depth < max_depth:
+        if frame.f_code.co_name == "__init__":
+            candidate = frame.f_locals.get("self")
+            if candidate is not None and _is_trainer(candidate):
+                guard_trainer(candidate)
+                return
+        frame = frame.f_back
+        depth += 1
 
 
 # --- unify --------------------------------------------------------------------------------------------------------

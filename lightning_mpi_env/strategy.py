@@ -29,6 +29,7 @@ from lightning_mpi_env._import_hooks import when_imported
 from lightning_mpi_env.environment import MPIClusterEnvironment
 from lightning_mpi_env.errors import LayoutWarning
 from lightning_mpi_env.layout import Placement
+from lightning_mpi_env.mixed_imports import guard_constructing_trainer
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,13 @@ def _build(namespace: str, strategies: ModuleType) -> type:
                     cluster_environment = MPIClusterEnvironment()
             super().__init__(cluster_environment=cluster_environment, **kwargs)
             self.rendezvous_timeout = resolve_timeout(rendezvous_timeout, os.environ)
+
+        @override
+        def set_world_ranks(self) -> None:
+            # Called from inside Trainer(...) also when a custom cluster environment is given: see
+            # MPIClusterEnvironment.set_global_rank.
+            guard_constructing_trainer()
+            super().set_world_ranks()
 
         @override
         def setup_distributed(self) -> None:

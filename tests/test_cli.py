@@ -354,6 +354,7 @@ def _results(stdout):
                   key=lambda result: result["rank"])  # fmt: skip
 
 
+@pytest.mark.mpi
 def test_mpirun_exec_plain_torch_ddp(tmp_path):
     cluster = SimulatedCluster(tmp_path)
     result = cluster.run(
@@ -376,6 +377,7 @@ def test_mpirun_exec_plain_torch_ddp(tmp_path):
     assert results[2]["hostname"] == results[3]["hostname"]
 
 
+@pytest.mark.mpi
 def test_mpirun_torchrun_args_one_process_per_node(tmp_path):
     cluster = SimulatedCluster(tmp_path)
     bin_dir = Path(sys.executable).parent
@@ -398,6 +400,7 @@ def test_mpirun_torchrun_args_one_process_per_node(tmp_path):
     assert {r["all_reduce"] for r in results} == {6.0}
 
 
+@pytest.mark.mpi
 def test_mpirun_show_json_one_line_per_rank(tmp_path):
     cluster = SimulatedCluster(tmp_path)
     result = cluster.run(

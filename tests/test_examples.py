@@ -54,6 +54,7 @@ def _job_script_environment(**variables):
     return env
 
 
+@pytest.mark.mpi
 def test_sge_abci_job_script_trains_on_two_simulated_nodes(tmp_path):
     # The job script runs unchanged; SGE's host list and job id are the simulated cluster's.
     cluster = SimulatedCluster(tmp_path)
@@ -78,6 +79,7 @@ def test_sge_abci_job_script_trains_on_two_simulated_nodes(tmp_path):
     assert len({r["weight_sum"] for r in results}) == 1  # DDP kept the replicas identical
 
 
+@pytest.mark.mpi
 def test_fabric_example_one_rank_per_node(tmp_path):
     cluster = SimulatedCluster(tmp_path)
     result = cluster.run(

@@ -164,6 +164,28 @@ def test_every_import_order_warns_once_naming_both_importers(tmp_path, code, war
     assert "unify_imports()" in result.stderr
 
 
+@pytest.mark.parametrize("how", ["-c", "stdin"])
+def test_warns_in_a_program_without_a_source_file(tmp_path, how):
+    # ``python -c`` and ``python - < script`` run __main__ from no file (BuiltinImporter as loader);
+    # the warning must still be shown instead of failing the import.
+    code = "import lightning_mpi_env\nimport lightning.pytorch\nimport pytorch_lightning\nprint('OK')\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_MPI_ENV")}
+    result = subprocess.run(
+        [sys.executable, *(("-c", code) if how == "-c" else ("-",))],
+        input=None if how == "-c" else code,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "OK"
+    assert warnings_of(result) == 1, result.stderr
+    assert ":3: MixedImportWarning: Both Lightning namespaces are imported" in result.stderr
+
+
 def test_late_import_in_third_party_function_is_named(tmp_path):
     (tmp_path / "tp_lazy.py").write_text("def load():\n    x = 1\n    import pytorch_lightning\n    return x\n")
     result = run(tmp_path, "import lightning_mpi_env\nimport lightning.pytorch\nimport tp_lazy\ntp_lazy.load()\n")
@@ -427,6 +449,44 @@ def test_fit_refuses_a_foreign_datamodule_before_the_first_step(tmp_path):
     assert result.returncode == 1
     assert "TRAINING STEP" not in result.stdout
     assert "`ThirdPartyData` inherits `pytorch_lightning.core.datamodule.LightningDataModule`" in result.stderr
+
+
+IMPORT_ENVIRONMENT = "from lightning.pytorch.plugins.environments import LightningEnvironment"
+FOREIGN_MODEL_STRATEGY = (
+    "lightning_mpi_env.strategy_class('lightning.pytorch')(process_group_backend='gloo', "
+    "cluster_environment=LightningEnvironment())"
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "trainer_package", "model_base"),
+    [
+        # MPIClusterEnvironment as a plugin of Lightning's DDP.
+        ("make_trainer(L).fit(make_model(pl))", "lightning.pytorch", "pytorch_lightning.core.module"),
+        ("make_trainer(L).validate(make_model(pl))", "lightning.pytorch", "pytorch_lightning.core.module"),
+        ("make_trainer(pl).fit(make_model(L))", "pytorch_lightning", "lightning.pytorch.core.module"),
+        # ddp_mpi with another cluster environment.
+        (
+            "L.Trainer(accelerator='cpu', devices=1, logger=False, strategy=" + FOREIGN_MODEL_STRATEGY + ")"
+            ".fit(make_model(pl))",
+            "lightning.pytorch",
+            "pytorch_lightning.core.module",
+        ),
+    ],
+)
+def test_a_foreign_model_is_named_before_lightning_rejects_it(tmp_path, body, trainer_package, model_base):
+    # Lightning's own check says only "`model` must be a `LightningModule` ..., got `Model`".
+    code = FIT.format(body=f"import pytorch_lightning as pl\n{IMPORT_ENVIRONMENT}\n{body}")
+    result = run(tmp_path, code)
+    assert result.returncode == 1
+    assert "TRAINING STEP" not in result.stdout
+    assert "must be a `LightningModule`" not in result.stderr
+    assert "MixedImportError: 1 object(s)" in result.stderr, result.stderr[-3000:]
+    assert f"model `make_model.<locals>.Model` inherits `{model_base}.LightningModule`" in result.stderr
+    assert f"not the Trainer's `{trainer_package}`), defined in {tmp_path / 'models.py'}:5" in result.stderr
+    ignored = run(tmp_path, code, mode_value="ignore")
+    assert "must be a `LightningModule`" in ignored.stderr, ignored.stderr[-3000:]
+    assert "MixedImport" not in ignored.stderr
 
 
 def test_fit_runs_clean_program_and_ignore_mode_skips_the_check(tmp_path):

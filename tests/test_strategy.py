@@ -119,6 +119,7 @@ def _check_training(results: list[dict], namespace: str, hosts: dict[int, str]) 
     assert len({tuple(r["weights"]) for r in results}) == 1
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize(
     ("map_by", "namespace", "hosts"),
     [
@@ -137,6 +138,7 @@ def test_mpirun_ddp_mpi_trains(cluster, map_by, namespace, hosts):
     _check_training(_results(result.stdout), namespace, hosts)
 
 
+@pytest.mark.mpi
 def test_mpirun_one_process_per_node(cluster):
     # 2 launcher ranks, one per node; Lightning starts the 2 local workers on each node itself.
     result = cluster.run(
@@ -154,6 +156,7 @@ def test_mpirun_one_process_per_node(cluster):
     )
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize(
     ("fault", "expected"),
     [
