@@ -44,7 +44,9 @@ print(
             "hostname": socket.gethostname(),
             "all_reduce": total.item(),
         }
-    ),
+    )
+    + "\n",  # newline included: one write, so lines of ranks sharing stdout never merge
+    end="",
     flush=True,
 )
 dist.destroy_process_group()

@@ -49,6 +49,8 @@ print(
             "hostname": socket.gethostname(),
             "all_reduce": float(total),
         }
-    ),
+    )
+    + "\n",  # newline included: one write, so lines of ranks sharing stdout never merge
+    end="",
     flush=True,
 )

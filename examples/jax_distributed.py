@@ -13,7 +13,9 @@ from lightning_mpi_env import jax_distributed_kwargs
 
 kwargs = jax_distributed_kwargs()
 if importlib.util.find_spec("jax") is None:
-    print("JAX is not installed; jax.distributed.initialize would get: " + json.dumps(kwargs), flush=True)
+    print(
+        "JAX is not installed; jax.distributed.initialize would get: " + json.dumps(kwargs) + "\n", end="", flush=True
+    )
     raise SystemExit(0)
 
 import jax  # noqa: E402  (optional dependency, imported only when present)
@@ -21,6 +23,7 @@ import jax  # noqa: E402  (optional dependency, imported only when present)
 jax.distributed.initialize(**kwargs)
 print(
     f"process {jax.process_index()}/{jax.process_count()}: {jax.local_device_count()} local device(s), "
-    f"{jax.device_count()} in all",
+    f"{jax.device_count()} in all\n",
+    end="",
     flush=True,
 )

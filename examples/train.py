@@ -74,6 +74,8 @@ print(
             "loss": round(float(trainer.callback_metrics["train_loss"]), 6),
             "weight_sum": round(float(model.layer.weight.detach().sum()), 6),
         }
-    ),
+    )
+    + "\n",  # newline included: one write, so lines of ranks sharing stdout never merge
+    end="",
     flush=True,
 )

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from lightning_mpi_env import __version__
 from lightning_mpi_env.doctor import Level, diagnose
@@ -156,13 +157,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
 
 
+def _emit(line: str, stream: TextIO | None = None) -> None:
+    """Print one line, newline included, in one write.
+
+    Under ``mpirun`` every rank shares the output, and ``print()`` writes the newline separately when Python runs
+    unbuffered (``PYTHONUNBUFFERED=1``), so the lines of two ranks could merge.
+    """
+    print(line + "\n", end="", file=stream or sys.stdout, flush=True)
+
+
 def _error(message: str) -> None:
-    print(f"{PROG}: error: {' '.join(message.splitlines())}", file=sys.stderr, flush=True)
+    _emit(f"{PROG}: error: {' '.join(message.splitlines())}", sys.stderr)
 
 
 def _print_warnings(layout: RankLayout) -> None:
     for warning in layout.warnings:
-        print(f"{PROG}: warning: {warning}", file=sys.stderr, flush=True)
+        _emit(f"{PROG}: warning: {warning}", sys.stderr)
 
 
 # --- show ---------------------------------------------------------------------------------------------------------
@@ -194,14 +204,14 @@ def _show(args: argparse.Namespace) -> int:
     layout = from_env(os.environ)
     _print_warnings(layout)
     if args.json:
-        print(json.dumps(layout_as_dict(layout)), flush=True)
+        _emit(json.dumps(layout_as_dict(layout)))
         return EXIT_OK
     fields = " ".join(
         f"{name}={getattr(layout, name) if getattr(layout, name) is not None else '?'}"
         f" ({layout.sources.get(name, '?')})"
         for name in SHOWN_FIELDS
     )
-    print(f"{socket.gethostname()}: {layout.launcher_name}, {layout.placement.value}: {fields}", flush=True)
+    _emit(f"{socket.gethostname()}: {layout.launcher_name}, {layout.placement.value}: {fields}")
     return EXIT_OK
 
 
@@ -331,7 +341,7 @@ def _doctor(args: argparse.Namespace) -> int:
     if launcher is not None:  # under mpirun every rank prints: say whose line it is
         prefix = f"rank {os.environ.get(launcher.rank, '?')} on {socket.gethostname()}: "
     for finding in findings:
-        print(f"{prefix}{finding}", flush=True)
+        _emit(f"{prefix}{finding}")
     return EXIT_PROBLEM if any(finding.level is Level.ERROR for finding in findings) else EXIT_OK
 
 

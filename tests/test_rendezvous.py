@@ -1,6 +1,12 @@
+import json
+import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -204,3 +210,64 @@ def test_rendezvous_uneven_hosts():
     for result in results.values():
         assert isinstance(result, RendezvousError)
         assert "spread unevenly" in str(result)
+
+
+# --- a duplicate rank 0 on another host ---------------------------------------------------------------------------
+
+CLAIM = str(Path(__file__).parent / "jobs" / "rendezvous_claim.py")
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair (10.213.0.1 and .2): two hosts, each with its own ports.
+
+    The simulated cluster's nodes share one port space, so a second rank 0 there cannot even bind; on two real
+    hosts it can. Needs root and iproute2; the host's own network is not touched.
+    """
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 (`ip`) for network namespaces")
+    tag = f"lme{os.getpid() % 100000}"
+    names = (f"{tag}a", f"{tag}b")
+    commands = [
+        *(["ip", "netns", "add", name] for name in names),
+        ["ip", "link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb"],
+    ]
+    for name, end, address in zip(names, ("va", "vb"), ("10.213.0.1/24", "10.213.0.2/24"), strict=True):
+        commands += [
+            ["ip", "link", "set", f"{tag}{end}", "netns", name],
+            ["ip", "-n", name, "addr", "add", address, "dev", f"{tag}{end}"],
+            ["ip", "-n", name, "link", "set", f"{tag}{end}", "up"],
+            ["ip", "-n", name, "link", "set", "lo", "up"],
+        ]
+    try:
+        for command in commands:
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                pytest.skip(f"cannot make network namespaces here: {' '.join(command)}: {done.stderr.strip()}")
+        yield names
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", f"{tag}va"], capture_output=True, check=False)
+
+
+def test_duplicate_rank_zero_on_another_host_is_caught_at_once(two_hosts):
+    # A world of 3 where the launcher's rank 2, on node-b, claims rank 0. It serves its own store on its own host,
+    # but its store client connects to the main address: its claim lands in the real store, where the duplicate is
+    # seen, long before the timeout (else the real ranks would report rank 2 as missing after it).
+    host_a, host_b = two_hosts
+    timeout = 60
+    processes = []
+    for netns, rank, host in ((host_a, 0, "node-a"), (host_b, 0, "node-b"), (host_a, 1, "node-a")):
+        command = [sys.executable, CLAIM, str(rank), "3", host, "10.213.0.1", "29777", str(timeout)]
+        processes.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", netns, *command], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            )
+        )
+    outcomes = [json.loads(process.communicate(timeout=timeout + 30)[0]) for process in processes]
+    for outcome in outcomes:
+        assert not outcome["ok"], outcome
+        assert "Duplicate rank 0: it is claimed by host node-a" in outcome["error"], outcome
+        assert "and by host node-b" in outcome["error"], outcome
+        assert outcome["seconds"] < timeout / 2, outcome  # a bound on a hang, not a speed target

@@ -1,9 +1,15 @@
 """MPIDDPStrategy: registration in both namespaces (in subprocesses) and real mpirun jobs on two simulated nodes."""
 
 import json
+import os
+import queue
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -163,13 +169,13 @@ def test_mpirun_one_process_per_node(cluster):
         (["--claim", "1"], ["Duplicate rank 1", "host 127.0.0.2", "host 127.0.0.3", "HINT: The launcher's rank"]),
         (
             ["--exit"],
-            ["Rank 3 of 4 never arrived within the rendezvous timeout of 20 s", "on node 1 (host 127.0.0.3)"],
+            ["Rank 3 of 4 never arrived within the rendezvous timeout of 12 s", "on node 1 (host 127.0.0.3)"],
         ),
     ],
 )
 def test_mpirun_fault_ends_the_whole_job_with_a_named_error(cluster, fault, expected):
     # Rank 3's environment is tampered with; mpirun must end (not hang) with the error text, well within the timeout.
-    environment = {**cluster.job_environment(), "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"}
+    environment = {**cluster.job_environment(), "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "12"}
     result = cluster.run(
         [sys.executable, TAMPER, "--rank", "3", *fault, "--", sys.executable, JOB, "--strategy", "ddp_mpi"],
         timeout=150,
@@ -179,6 +185,76 @@ def test_mpirun_fault_ends_the_whole_job_with_a_named_error(cluster, fault, expe
     assert "RESULT" not in result.stdout
     for text in expected:
         assert text in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.mpi
+def test_mpirun_rank_that_dies_in_training_ends_the_job(cluster):
+    # Rank 3 exits with status 0 (which mpirun alone would not treat as a failure) at its second step.
+    result = cluster.run(
+        [sys.executable, JOB, "--strategy", "ddp_mpi", "--vanish-rank", "3", "--samples", str(SAMPLES)],
+        timeout=150,
+        export=cluster.job_environment(),
+    )
+    assert "VANISH: rank 3 exits" in result.stdout, result.stderr[-3000:]
+    assert result.returncode != 0
+    assert "RESULT" not in result.stdout
+    assert "Connection closed by peer" in result.stderr, result.stderr[-3000:]
+
+
+def _leftover(tag: str) -> list[str]:
+    listing = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in listing.splitlines() if tag in line and "ps -eo" not in line]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("phase", "signum", "target"),
+    [
+        ("rendezvous", signal.SIGTERM, "mpirun"),  # a scheduler ends a job that waits for a missing rank
+        ("training", signal.SIGINT, "mpirun"),  # ctrl-C
+        ("training", signal.SIGTERM, "ranks"),  # Slurm's scancel: SIGTERM to every process of the step
+    ],
+)
+def test_mpirun_interrupted_job_leaves_no_process(cluster, phase, signum, target):
+    tag = f"interrupt-{uuid.uuid4().hex[:10]}"
+    job = [sys.executable, JOB, "--strategy", "ddp_mpi", "--tag", tag, "--step-seconds", "1", "--samples", "400"]
+    if phase == "rendezvous":  # rank 3 never arrives; the others wait (timeout 120 s) in the rendezvous
+        job, ready, marker = [sys.executable, TAMPER, "--rank", "3", "--exit", "--", *job], 3, "FIT pid="
+    else:
+        ready, marker = 1, "FIRST_STEP"
+    environment = {**cluster.job_environment(), "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "120"}
+    process = subprocess.Popen(
+        cluster.mpirun(job, export=environment),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()  # type: ignore[union-attr]
+    try:
+        seen, output, deadline = 0, [], time.monotonic() + 120
+        while seen < ready:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            output.append(line)
+            seen += marker in line
+        time.sleep(2)  # well inside fit(): the rendezvous wait, or the second training step
+        if target == "mpirun":
+            process.send_signal(signum)
+        else:
+            ranks = [int(line.split()[0]) for line in _leftover(tag) if line.split()[1] == sys.executable]
+            assert len(ranks) == (3 if phase == "rendezvous" else 4), _leftover(tag)
+            for pid in ranks:
+                os.kill(pid, signum)
+        process.wait(timeout=60)  # a hang fails the test here
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    time.sleep(1)
+    assert _leftover(tag) == [], "".join(output)
+    assert "RESULT" not in "".join(output)
+    if target == "mpirun":
+        assert process.returncode != 0
 
 
 def test_no_launcher_lightning_starts_the_workers(tmp_path):

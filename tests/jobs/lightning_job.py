@@ -23,6 +23,7 @@ def main():
     parser.add_argument("--tag", help="ignored: marks the processes of one run")
     parser.add_argument("--vanish-rank", type=int, help="this rank exits with status 0 at its second step")
     parser.add_argument("--plain-ddp", action="store_true", help="Lightning's DDPStrategy with its own environment")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep in every training step (a long job)")
     args = parser.parse_args()
     pl = importlib.import_module(args.namespace)
 
@@ -44,11 +45,16 @@ def main():
         def training_step(self, batch, batch_index):
             index, x, y = batch
             if batch_index == 0 and not self.seen:
-                print(f"FIRST_STEP rank={self.global_rank} time={time.time()!r}", flush=True)
+                print(f"FIRST_STEP rank={self.global_rank} time={time.time()!r}\n", end="", flush=True)
             if batch_index == 1 and self.global_rank == args.vanish_rank:
-                print(f"VANISH: rank {self.global_rank} exits with status 0 in the middle of training", flush=True)
+                print(
+                    f"VANISH: rank {self.global_rank} exits with status 0 in the middle of training\n",
+                    end="",
+                    flush=True,
+                )
                 os._exit(0)
             self.seen += index.tolist()
+            time.sleep(args.step_seconds)
             return torch.nn.functional.mse_loss(self.layer(x) / 100, y / 100)
 
         def configure_optimizers(self):
@@ -78,6 +84,7 @@ def main():
         enable_model_summary=False,
     )
     model = Model()
+    print(f"FIT pid={os.getpid()}\n", end="", flush=True)
     trainer.fit(model)
     print(
         "RESULT "
@@ -95,7 +102,9 @@ def main():
                     round(v, 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
                 ],
             }
-        ),
+        )
+        + "\n",  # newline included: one write, so lines of ranks sharing stdout never merge
+        end="",
         flush=True,
     )
 

@@ -26,10 +26,10 @@ def main():
 
     if args.rank is not None and int(os.environ["OMPI_COMM_WORLD_RANK"]) == args.rank:
         if args.exit:
-            print(f"TAMPER: rank {args.rank} exits before the rendezvous", flush=True)
+            print(f"TAMPER: rank {args.rank} exits before the rendezvous\n", end="", flush=True)
             sys.exit(0)
         if args.claim is not None:
-            print(f"TAMPER: rank {args.rank} claims rank {args.claim}", flush=True)
+            print(f"TAMPER: rank {args.rank} claims rank {args.claim}\n", end="", flush=True)
             os.environ["OMPI_COMM_WORLD_RANK"] = str(args.claim)
             os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(args.claim % int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"]))
     if args.torch_env:

@@ -1,0 +1,28 @@
+"""Run one ddp_mpi rendezvous claim in this process and print how it ended, as one JSON line.
+
+Usage: python rendezvous_claim.py RANK WORLD_SIZE HOST MAIN_ADDRESS MAIN_PORT TIMEOUT
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def main():
+    from lightning_mpi_env.rendezvous import Claim, rendezvous
+
+    rank, world_size, host, address, port, timeout = sys.argv[1:]
+    claim = Claim(int(rank), int(world_size), host, 0, os.getpid(), address, int(port))
+    start = time.monotonic()
+    try:
+        result = rendezvous(claim, timeout=float(timeout))
+        outcome = {"ok": True, "hosts": list(result.hosts)}
+    except Exception as error:  # noqa: BLE001  (reported to the test)
+        outcome = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+    outcome["seconds"] = time.monotonic() - start
+    print(json.dumps(outcome) + "\n", end="", flush=True)
+
+
+if __name__ == "__main__":
+    main()
