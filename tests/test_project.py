@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).parents[1]
 
@@ -30,3 +34,13 @@ def test_changelog_has_an_unreleased_section():
     text = (ROOT / "CHANGELOG.md").read_text()
     assert "## [Unreleased]" in text
     assert "### Added" in text
+
+
+@pytest.mark.parametrize("command", [["ruff", "check", "."], ["ruff", "format", "--check", "."], ["mypy"]])
+def test_lint_format_and_strict_types_are_clean(command):
+    # The README promises it; the tools come with the `test` extra, next to this interpreter.
+    tool = Path(sys.executable).parent / command[0]
+    result = subprocess.run(
+        [str(tool), *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
