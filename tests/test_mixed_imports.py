@@ -74,18 +74,21 @@ def make_trainer(namespace, **kwargs):
 """
 
 
-def run(tmp_path, code, mode_value=None, flags=()):
-    """Run ``code`` as ``main.py`` in a fresh interpreter, next to the helper modules."""
+def run(tmp_path, code, mode_value=None, flags=(), how="file"):
+    """Run ``code`` in a fresh interpreter, next to the helper modules: as ``main.py``, or by ``-c`` or ``stdin``."""
     (tmp_path / "thirdparty.py").write_text(THIRD_PARTY)
     (tmp_path / "models.py").write_text(MODEL)
-    (tmp_path / "main.py").write_text(textwrap.dedent(code))
+    code = textwrap.dedent(code)
+    (tmp_path / "main.py").write_text(code)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "SLURM_", "LIGHTNING_MPI_ENV"))}
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(name, None)
     if mode_value is not None:
         env[MODE_VARIABLE] = mode_value
+    program = {"file": ["main.py"], "-c": ["-c", code], "stdin": ["-"]}[how]
     return subprocess.run(
-        [sys.executable, *flags, "main.py"],
+        [sys.executable, *flags, *program],
+        input=code if how == "stdin" else None,
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -169,17 +172,7 @@ def test_warns_in_a_program_without_a_source_file(tmp_path, how):
     # ``python -c`` and ``python - < script`` run __main__ from no file (BuiltinImporter as loader);
     # the warning must still be shown instead of failing the import.
     code = "import lightning_mpi_env\nimport lightning.pytorch\nimport pytorch_lightning\nprint('OK')\n"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_MPI_ENV")}
-    result = subprocess.run(
-        [sys.executable, *(("-c", code) if how == "-c" else ("-",))],
-        input=None if how == "-c" else code,
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
+    result = run(tmp_path, code, how=how)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "OK"
     assert warnings_of(result) == 1, result.stderr
