@@ -20,7 +20,7 @@ from lightning_utilities.core.rank_zero import rank_zero_only
 from typing_extensions import override
 
 from lightning_mpi_env._import_hooks import when_imported
-from lightning_mpi_env.errors import LayoutWarning, layout_error
+from lightning_mpi_env.errors import LayoutError, LayoutWarning, layout_error
 from lightning_mpi_env.launchers import detect_launcher
 from lightning_mpi_env.layout import RankLayout, from_env, parse_count
 from lightning_mpi_env.mixed_imports import check_launching_trainer, guard_constructing_trainer
@@ -148,6 +148,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         self._managed_node_rank = 0
         self._assigned: tuple[int, int, int] | None = None  # (node rank, local rank, num nodes) from the rendezvous
         self._free_port: int | None = None
+        self._made_in_pid = os.getpid()  # a copy in another process was forked or pickled there by Lightning
         if spawned:
             self._managed_local_rank = parse_count(env["LOCAL_RANK"], variable="LOCAL_RANK", launcher=None)
             self._managed_node_rank = layout.rank
@@ -228,8 +229,24 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         if self.managed_by_lightning:
             self._global_rank = rank
             rank_zero_only.rank = rank  # type: ignore[attr-defined]
-        elif rank != self._global_rank:
+            return
+        if os.getpid() != self._made_in_pid:
+            raise self._started_by_lightning_under_launcher()
+        if rank != self._global_rank:
             log.debug(f"Keeping the launcher's global rank {self._global_rank}; Lightning proposed {rank}.")
+
+    def _started_by_lightning_under_launcher(self) -> LayoutError:
+        layout = self._layout
+        return layout_error(
+            f"{layout.launcher_name} started this process as rank {layout.rank} of {layout.world_size} "
+            f"({layout.sources['rank']}={layout.rank}), and Lightning started worker processes from it again "
+            f"(pid {self._made_in_pid} made this environment, pid {os.getpid()} uses it): a strategy with the "
+            "start method spawn or fork ('ddp_spawn', 'ddp_fork', 'ddp_notebook'). Every such worker would "
+            f"claim rank {layout.rank}.",
+            "Under a launcher, use strategy='ddp' or 'ddp_mpi' (Lightning then starts no processes when the "
+            "launcher started one per device). To let Lightning start the workers on each node, launch one process "
+            "per node (`mpirun --map-by ppr:1:node`) with strategy='ddp' or 'ddp_mpi'.",
+        )
 
     @override
     def local_rank(self) -> int:
@@ -237,7 +254,12 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             return self._assigned[1]
         if self._managed_local_rank is not None:
             return self._managed_local_rank
-        return self._layout.local_rank if not self.managed_by_lightning else 0
+        if self.managed_by_lightning:
+            # ddp_spawn/ddp_fork/ddp_notebook set LOCAL_RANK in each worker after this object was made (and copied
+            # into the worker), as Lightning's own LightningEnvironment expects.
+            value = os.environ.get("LOCAL_RANK")
+            return 0 if value is None else parse_count(value, variable="LOCAL_RANK", launcher=None)
+        return self._layout.local_rank
 
     @override
     def node_rank(self) -> int:

@@ -20,14 +20,13 @@ Nothing here imports torch or Lightning.
 from __future__ import annotations
 
 import enum
-import functools
 import importlib.util
 import linecache
 import os
 import re
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import FrameType, FunctionType, ModuleType
 from typing import TYPE_CHECKING
@@ -574,23 +573,29 @@ def _both_namespaces_loaded() -> bool:
     return bool(_loaded_roots(STANDALONE)) and bool(_loaded_roots(UNIFIED))
 
 
-def _guarded_entry_point(trainer: object, name: str) -> Callable[..., object]:
-    import inspect  # Here, not at the top: the package's own import stays light.
+class _CheckedEntryPoint:
+    """``fit``/``validate``/``test``/``predict`` of one Trainer, with the mixed-import check first.
 
-    entry = getattr(trainer, name)
-    signature = inspect.signature(entry)
+    A class rather than a closure: ``ddp_spawn`` pickles the Trainer, and with it its instance attributes.
+    """
 
-    @functools.wraps(entry)
-    def guarded(*args: object, **kwargs: object) -> object:
+    def __init__(self, trainer: object, name: str) -> None:
+        self._trainer = trainer
+        self._name = name
+        self.__wrapped__ = getattr(type(trainer), name)
+        self.__doc__ = self.__wrapped__.__doc__
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        trainer, entry = self._trainer, self.__wrapped__
         if mode() is not Mode.IGNORE and _both_namespaces_loaded():
-            try:
-                given = signature.bind_partial(*args, **kwargs).arguments.items()
-            except TypeError:  # Lightning's own call reports wrong arguments better
-                given = {}.items()
-            _check(trainer, [(role, obj) for role, obj in given if obj is not None])
-        return entry(*args, **kwargs)
+            import inspect  # Here, not at the top: the package's own import stays light.
 
-    return guarded
+            try:
+                given = inspect.signature(entry).bind_partial(trainer, *args, **kwargs).arguments
+            except TypeError:  # Lightning's own call reports wrong arguments better
+                given = {}
+            _check(trainer, [(role, obj) for role, obj in list(given.items())[1:] if obj is not None])
+        return entry(trainer, *args, **kwargs)
 
 
 def guard_trainer(trainer: object) -> None:
@@ -608,7 +613,7 @@ def guard_trainer(trainer: object) -> None:
     if not _is_trainer(trainer) or getattr(trainer, _GUARDED, False):
         return
     for name in _ENTRY_POINTS:
-        setattr(trainer, name, _guarded_entry_point(trainer, name))
+        setattr(trainer, name, _CheckedEntryPoint(trainer, name))
     setattr(trainer, _GUARDED, True)
 
 

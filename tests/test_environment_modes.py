@@ -1,5 +1,9 @@
 """MPIClusterEnvironment's three ways to run: one launcher process per rank, per node, or no launcher at all."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from lightning_mpi_env import LayoutError, MPIClusterEnvironment
@@ -103,3 +107,83 @@ def test_assign_nodes_overrides_node_and_local_rank():
     environment.assign_nodes(node_rank=0, local_rank=1, num_nodes=2)
     assert (environment.node_rank(), environment.local_rank(), environment.num_nodes) == (0, 1, 2)
     assert environment.global_rank() == 2
+
+
+def test_no_launcher_local_rank_follows_lightning_spawned_workers(monkeypatch):
+    # ddp_spawn/ddp_fork set LOCAL_RANK in each worker after the environment was made in the parent.
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    environment = MPIClusterEnvironment({})
+    assert environment.local_rank() == 0
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert environment.local_rank() == 1
+    monkeypatch.setenv("LOCAL_RANK", "one")
+    with pytest.raises(LayoutError, match="LOCAL_RANK='one'"):
+        environment.local_rank()
+
+
+def test_a_copy_in_a_process_lightning_started_under_a_launcher_is_refused(mocker):
+    environment = MPIClusterEnvironment(_ompi(3, 4, 1, 2))
+    environment.set_global_rank(3)  # in the process the launcher started: fine
+    mocker.patch("lightning_mpi_env.environment.os.getpid", return_value=environment._made_in_pid + 1)
+    with pytest.raises(LayoutError) as caught:
+        environment.set_global_rank(3)
+    message = str(caught.value)
+    assert "Open MPI started this process as rank 3 of 4 (OMPI_COMM_WORLD_RANK=3)" in message
+    assert "'ddp_spawn'" in message
+    assert "HINT: Under a launcher, use strategy='ddp' or 'ddp_mpi'" in message
+    managed = MPIClusterEnvironment({})
+    managed.set_global_rank(1)  # without a launcher, Lightning's workers are expected
+    assert managed.global_rank() == 1
+
+
+SPAWN_JOB = """
+import sys, warnings
+warnings.simplefilter("ignore")
+import lightning_mpi_env
+import lightning.pytorch as L
+import torch
+import pytorch_lightning  # both namespaces: the Trainer's checked entry points must survive pickling
+from lightning_mpi_env import MPIClusterEnvironment
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, index):
+        print(f"STEP rank={self.global_rank} of {self.trainer.world_size}\\n", end="", flush=True)
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=4)
+
+
+if __name__ == "__main__":
+    trainer = L.Trainer(
+        strategy="ddp_spawn", plugins=[MPIClusterEnvironment()], accelerator="cpu", devices=2, num_nodes=1,
+        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(Model())
+"""
+
+
+@pytest.mark.parametrize("launcher", [None, "Open MPI"])
+def test_ddp_spawn_trains_without_a_launcher_and_is_refused_under_one(tmp_path, launcher):
+    (tmp_path / "job.py").write_text(SPAWN_JOB)
+    env = {"PATH": os.environ["PATH"]}
+    if launcher:
+        env.update(_ompi(0, 2, 0, 2))
+    result = subprocess.run(
+        [sys.executable, "job.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False
+    )
+    if launcher is None:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert sorted(set(result.stdout.split("\n")) - {""}) == ["STEP rank=0 of 2", "STEP rank=1 of 2"]
+    else:
+        assert result.returncode != 0
+        assert "STEP" not in result.stdout
+        assert "LayoutError: Open MPI started this process as rank 0 of 2" in result.stderr, result.stderr[-3000:]
