@@ -6,7 +6,8 @@ from one refuses, ignores or trips over a callback, logger, plugin or model buil
 - warns (:class:`MixedImportWarning`) as soon as both namespaces are loaded, naming the file and line that imported
   each (exact when the import happens after ``lightning_mpi_env``, a best guess from module globals otherwise);
 - checks the objects a Trainer holds (:func:`check_mixed_imports`), raising :class:`MixedImportError` that names
-  every offender and its fix; :class:`~lightning_mpi_env.MPIClusterEnvironment` runs it at launch;
+  every offender and its fix; :class:`~lightning_mpi_env.MPIClusterEnvironment` and ``"ddp_mpi"`` run it on the
+  arguments of ``fit``/``validate``/``test``/``predict`` (:func:`guard_trainer`) and again at launch;
 - aliases the old namespace to the new one (:func:`unify_imports`), so third-party code written for
   ``pytorch_lightning`` runs on ``lightning.pytorch`` unchanged.
 
@@ -581,7 +582,7 @@ class _CheckedEntryPoint:
 
     def __init__(self, trainer: object, name: str) -> None:
         self._trainer = trainer
-        self._name = name
+        self.__name__ = name
         self.__wrapped__ = getattr(type(trainer), name)
         self.__doc__ = self.__wrapped__.__doc__
 
