@@ -19,16 +19,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "mpi: runs a real mpirun job; in CI (CI set) a skip of it is a failure")
 
 
-MPIRUN_LANES = 2
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Real mpirun jobs (4 ranks each) go to at most two xdist workers, one job at a time on each: enough to keep
-    # a 2-core machine busy, few enough that the ranks of a job start together and the rendezvous timeouts of the
-    # fault tests keep their margin.
-    mpi_items = [item for item in items if item.get_closest_marker("mpi") is not None]
-    for index, item in enumerate(mpi_items):
-        item.add_marker(pytest.mark.xdist_group(f"mpirun-{index % MPIRUN_LANES}"))
+    # Real mpirun jobs (4 ranks each) run one at a time, on one xdist worker: concurrent jobs would share the
+    # simulated hosts, whose ports (derived from each job's id) could then clash, and would stretch the rendezvous
+    # timeouts of the fault tests. Measured: two lanes were no faster on 2 cores anyway.
+    for item in items:
+        if item.get_closest_marker("mpi") is not None:
+            item.add_marker(pytest.mark.xdist_group("mpirun"))
 
 
 @pytest.hookimpl(hookwrapper=True)
