@@ -158,6 +158,19 @@ def _loaded_roots(namespace: str) -> list[str]:
     return loaded
 
 
+def _both_namespaces_loaded() -> bool:
+    return bool(_loaded_roots(STANDALONE)) and bool(_loaded_roots(UNIFIED))
+
+
+def _frames_above(frame: FrameType | None, max_depth: int) -> Iterator[FrameType]:
+    """``frame`` and its callers, at most ``max_depth`` of them."""
+    for _ in range(max_depth):
+        if frame is None:
+            return
+        yield frame
+        frame = frame.f_back
+
+
 # --- where each namespace was imported --------------------------------------------------------------------------
 
 
@@ -320,7 +333,7 @@ def _watch_imports() -> None:
         for root in _ROOTS[namespace]:
             if root not in sys.modules:
                 when_imported(root, _on_namespace_imported)
-    if _loaded_roots(STANDALONE) and _loaded_roots(UNIFIED):
+    if _both_namespaces_loaded():
         _report(_importer_frame(sys._getframe(1))[0])
 
 
@@ -550,28 +563,22 @@ def check_launching_trainer(trainer: object | None = None, *objects: object, max
     if mode() is Mode.IGNORE:
         return
     extra = list(objects)
-    frame: FrameType | None = sys._getframe(1)
-    depth = 0
-    while trainer is None and frame is not None and depth < max_depth:
-        local = frame.f_locals
-        candidate = local.get("trainer")
-        if candidate is not None and _is_trainer(candidate):
-            trainer = candidate
-            arguments = local.get("args")
-            if frame.f_code.co_name == "launch" and isinstance(arguments, tuple):
-                extra.extend(arg for arg in arguments if arg is not None)
-        frame = frame.f_back
-        depth += 1
+    if trainer is None:
+        for frame in _frames_above(sys._getframe(1), max_depth):
+            local = frame.f_locals
+            candidate = local.get("trainer")
+            if candidate is not None and _is_trainer(candidate):
+                trainer = candidate
+                arguments = local.get("args")
+                if frame.f_code.co_name == "launch" and isinstance(arguments, tuple):
+                    extra.extend(arg for arg in arguments if arg is not None)
+                break
     if trainer is not None:
         check_mixed_imports(*extra, trainer=trainer)
 
 
 _ENTRY_POINTS = ("fit", "validate", "test", "predict")
 _GUARDED = "_lightning_mpi_env_guarded"
-
-
-def _both_namespaces_loaded() -> bool:
-    return bool(_loaded_roots(STANDALONE)) and bool(_loaded_roots(UNIFIED))
 
 
 class _CheckedEntryPoint:
@@ -620,16 +627,12 @@ def guard_trainer(trainer: object) -> None:
 
 def guard_constructing_trainer(max_depth: int = 12) -> None:
     """:func:`guard_trainer` on the Trainer whose ``__init__`` is on the stack, if any (else nothing)."""
-    frame: FrameType | None = sys._getframe(1)
-    depth = 0
-    while frame is not None and depth < max_depth:
+    for frame in _frames_above(sys._getframe(1), max_depth):
         if frame.f_code.co_name == "__init__":
             candidate = frame.f_locals.get("self")
             if candidate is not None and _is_trainer(candidate):
                 guard_trainer(candidate)
                 return
-        frame = frame.f_back
-        depth += 1
 
 
 # --- unify --------------------------------------------------------------------------------------------------------
