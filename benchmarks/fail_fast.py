@@ -33,7 +33,7 @@ import time
 import uuid
 from pathlib import Path
 
-from lightning_mpi_env.simcluster import SimulatedCluster
+from lightning_mpi_env.simcluster import SimulatedCluster, processes_with
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = str(ROOT / "tests" / "jobs" / "lightning_job.py")
@@ -48,12 +48,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.2", 0))
         return int(probe.getsockname()[1])
-
-
-def leftover(tag: str) -> int:
-    """Processes of this run still alive (found by the unique tag on their command line)."""
-    listing = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=False).stdout
-    return sum(tag in line and "ps -eo" not in line for line in listing.splitlines())
 
 
 def run_job(cluster: SimulatedCluster, strategy: str, fault: list[str], bound: float, timeout: float) -> dict:
@@ -93,7 +87,7 @@ def run_job(cluster: SimulatedCluster, strategy: str, fault: list[str], bound: f
             process.wait()
     reader.join(timeout=10)
     time.sleep(1)
-    left = leftover(tag)
+    left = len(processes_with(tag))
     text = "".join(line for _, line in lines)
     shown = [when - start for when, line in lines if ERROR_PATTERNS[strategy].search(line)]
     first_steps = [float(t) for t in re.findall(r"FIRST_STEP rank=0 time=([0-9.]+)", text)]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_mpi_env.simcluster import SimulatedCluster
+from lightning_mpi_env.simcluster import SimulatedCluster, processes_with
 
 JOBS = Path(__file__).parent / "jobs"
 JOB = str(JOBS / "lightning_job.py")
@@ -201,11 +201,6 @@ def test_mpirun_rank_that_dies_in_training_ends_the_job(cluster):
     assert "Connection closed by peer" in result.stderr, result.stderr[-3000:]
 
 
-def _leftover(tag: str) -> list[str]:
-    listing = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in listing.splitlines() if tag in line and "ps -eo" not in line]
-
-
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     ("phase", "signum", "target"),
@@ -242,8 +237,8 @@ def test_mpirun_interrupted_job_leaves_no_process(cluster, phase, signum, target
         if target == "mpirun":
             process.send_signal(signum)
         else:
-            ranks = [int(line.split()[0]) for line in _leftover(tag) if line.split()[1] == sys.executable]
-            assert len(ranks) == (3 if phase == "rendezvous" else 4), _leftover(tag)
+            ranks = [int(line.split()[0]) for line in processes_with(tag) if line.split()[1] == sys.executable]
+            assert len(ranks) == (3 if phase == "rendezvous" else 4), processes_with(tag)
             for pid in ranks:
                 os.kill(pid, signum)
         process.wait(timeout=60)  # a hang fails the test here
@@ -251,7 +246,7 @@ def test_mpirun_interrupted_job_leaves_no_process(cluster, phase, signum, target
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     time.sleep(1)
-    assert _leftover(tag) == [], "".join(output)
+    assert processes_with(tag) == [], "".join(output)
     assert "RESULT" not in "".join(output)
     if target == "mpirun":
         assert process.returncode != 0

@@ -31,6 +31,16 @@ def find_mpirun() -> str:
     return found
 
 
+def processes_with(text: str) -> list[str]:
+    """``"PID ARGS"`` of every process on this machine whose command line contains ``text``.
+
+    The simulated nodes are this machine, so a unique tag on a job's command line finds every rank of it, e.g. to
+    check that none is left after the job ended.
+    """
+    listing = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line.strip() for line in listing.splitlines()[1:] if text in line and "ps -ww -eo" not in line]
+
+
 @dataclass(frozen=True)
 class SimulatedCluster:
     """A set of simulated nodes, each a loopback address, with a number of slots each.
