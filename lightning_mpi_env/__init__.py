@@ -1,30 +1,54 @@
-"""Start PyTorch Lightning, plain PyTorch DDP, torchrun and JAX correctly under MPI, or fail fast saying why."""
+"""Start PyTorch Lightning, plain PyTorch DDP, torchrun and JAX correctly under MPI, or fail fast saying why.
 
-from lightning_mpi_env.environment import MPIClusterEnvironment as MPIClusterEnvironment
+Importing this package needs the standard library only. The Lightning parts (``MPIClusterEnvironment``,
+``"ddp_mpi"``) load on first use, and when a Lightning namespace is imported, before or after this package; the
+check for mixed Lightning namespaces is installed right away.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from lightning_mpi_env import _registration, import_sites, report
 from lightning_mpi_env.errors import LayoutError as LayoutError
-from lightning_mpi_env.interop import jax_distributed_kwargs as jax_distributed_kwargs
-from lightning_mpi_env.interop import torch_env as torch_env
+from lightning_mpi_env.errors import MixedImportError as MixedImportError
+from lightning_mpi_env.errors import MixedImportWarning as MixedImportWarning
+from lightning_mpi_env.errors import MpiEnvError as MpiEnvError
+from lightning_mpi_env.errors import RendezvousError as RendezvousError
 from lightning_mpi_env.layout import Placement as Placement
 from lightning_mpi_env.layout import RankLayout as RankLayout
 from lightning_mpi_env.layout import from_env as from_env
-from lightning_mpi_env.mixed_imports import MixedImportError as MixedImportError
-from lightning_mpi_env.mixed_imports import MixedImportWarning as MixedImportWarning
-from lightning_mpi_env.mixed_imports import check_mixed_imports as check_mixed_imports
-from lightning_mpi_env.mixed_imports import unify_imports as unify_imports
+
+if TYPE_CHECKING:
+    from lightning_mpi_env.class_check import check_mixed_imports as check_mixed_imports
+    from lightning_mpi_env.environment import MPIClusterEnvironment as MPIClusterEnvironment
+    from lightning_mpi_env.interop import jax_distributed_kwargs as jax_distributed_kwargs
+    from lightning_mpi_env.interop import torch_env as torch_env
+    from lightning_mpi_env.strategy import strategy_class as strategy_class
+    from lightning_mpi_env.unify import unify_imports as unify_imports
 
 __version__ = "0.1.0"
 
-# MPIDDPStrategy ("ddp_mpi"): registered in each Lightning namespace as it is imported; imports neither itself.
-import lightning_mpi_env.strategy as _strategy  # noqa: E402
-from lightning_mpi_env.strategy import strategy_class as strategy_class  # noqa: E402
+_LAZY = {
+    "MPIClusterEnvironment": "lightning_mpi_env.environment",
+    "strategy_class": "lightning_mpi_env.strategy",
+    "check_mixed_imports": "lightning_mpi_env.class_check",
+    "jax_distributed_kwargs": "lightning_mpi_env.interop",
+    "torch_env": "lightning_mpi_env.interop",
+    "unify_imports": "lightning_mpi_env.unify",
+}
+"""Public names whose modules load on first use (PEP 562): the Lightning-facing ones, and the rarely used."""
 
 __all__ = [
     "LayoutError",
     "MPIClusterEnvironment",
     "MixedImportError",
     "MixedImportWarning",
+    "MpiEnvError",
     "Placement",
     "RankLayout",
+    "RendezvousError",
     "__version__",
     "check_mixed_imports",
     "from_env",
@@ -35,8 +59,22 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> type:
-    """``MPIDDPStrategy``: the class of the one Lightning namespace imported (see :mod:`lightning_mpi_env.strategy`)."""
+def __getattr__(name: str) -> Any:
+    """The lazily loaded public names, and ``MPIDDPStrategy`` (the class of the one Lightning namespace imported)."""
     if name == "MPIDDPStrategy":
-        return _strategy.loaded_strategy_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return importlib.import_module("lightning_mpi_env.strategy").loaded_strategy_class()
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is an ordinary one
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, "MPIDDPStrategy"})
+
+
+report.install_excepthook()
+import_sites.watch_imports()
+_registration.watch_lightning()

@@ -7,11 +7,17 @@ module object of ``new.name``; the fast path for every other import stays one lo
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader as _Loader
+    from importlib.abc import MetaPathFinder as _Finder
+else:  # The import system needs no base classes, and importing importlib.abc costs ~10 ms.
+    _Loader = _Finder = object
 
 ImportCallback = Callable[[ModuleType], None]
 
@@ -61,7 +67,7 @@ def _install_finder() -> None:
         sys.meta_path.insert(0, _PostImportFinder())
 
 
-class _PostImportFinder(importlib.abc.MetaPathFinder):
+class _PostImportFinder(_Finder):
     """Finds nothing itself: for watched names, wraps the loader that the other finders return."""
 
     def find_spec(
@@ -85,8 +91,8 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         return None
 
 
-class _NotifyingLoader(importlib.abc.Loader):
-    def __init__(self, loader: importlib.abc.Loader, fullname: str) -> None:
+class _NotifyingLoader(_Loader):
+    def __init__(self, loader: _Loader, fullname: str) -> None:
         self._loader = loader
         self._fullname = fullname
 
@@ -106,7 +112,7 @@ class _NotifyingLoader(importlib.abc.Loader):
             callback(module)
 
 
-class _AliasLoader(importlib.abc.Loader):
+class _AliasLoader(_Loader):
     """Loads an alias by importing its target and handing back that same module object."""
 
     def __init__(self, target: str) -> None:

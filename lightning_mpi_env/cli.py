@@ -17,7 +17,7 @@ from typing import TextIO
 
 from lightning_mpi_env import __version__
 from lightning_mpi_env.doctor import Level, diagnose
-from lightning_mpi_env.errors import LayoutError, layout_error
+from lightning_mpi_env.errors import LayoutError, MpiEnvError
 from lightning_mpi_env.interop import TORCH_VARIABLES, torch_layout_env, torchrun_args
 from lightning_mpi_env.launchers import detect_launcher
 from lightning_mpi_env.layout import RankLayout, from_env
@@ -34,6 +34,10 @@ EXIT_NOT_FOUND = 127
 
 class UsageError(Exception):
     """A command line that parses but cannot be carried out (exit status 2)."""
+
+
+class CommandError(MpiEnvError):
+    """The command to run could not be started (exit status 126 or 127)."""
 
 
 def _positive(text: str) -> int:
@@ -146,10 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except LayoutError as error:
+    except MpiEnvError as error:
         if debug:
             raise
-        _error(str(error))
+        _error(error)
         return EXIT_PROBLEM
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
@@ -166,13 +170,13 @@ def _emit(line: str, stream: TextIO | None = None) -> None:
     print(line + "\n", end="", file=stream or sys.stdout, flush=True)
 
 
-def _error(message: str) -> None:
-    _emit(f"{PROG}: error: {' '.join(message.splitlines())}", sys.stderr)
+def _error(error: MpiEnvError) -> None:
+    _emit(f"{PROG}: error: {error.one_line()}", sys.stderr)
 
 
 def _print_warnings(layout: RankLayout) -> None:
     for warning in layout.warnings:
-        _emit(f"{PROG}: warning: {warning}", sys.stderr)
+        _emit(f"{PROG}: warning: {warning.one_line()}", sys.stderr)
 
 
 # --- show ---------------------------------------------------------------------------------------------------------
@@ -299,9 +303,11 @@ def _exec(args: argparse.Namespace) -> int:
     if conflicts and not args.overwrite:
         listed = ", ".join(f"{name}={os.environ[name]!r} (resolved: {value!r})" for name, value in conflicts.items())
         resolver = layout.launcher.name if layout.launcher is not None else "the single-process layout (no launcher)"
-        raise layout_error(
+        raise LayoutError(
             f"Refusing to overwrite {listed}, already set in the environment and different from what {resolver} gives.",
             f"Unset {' '.join(conflicts)} in the job script, or pass `exec --overwrite` to replace them.",
+            variable=next(iter(conflicts)),
+            value=os.environ[next(iter(conflicts))],
         )
     os.environ.update(exported)
     return _execvp(command[0], command)
@@ -312,13 +318,13 @@ def _execvp(file: str, argv: list[str]) -> int:
     try:
         os.execvp(file, argv)
     except FileNotFoundError:
-        _error(f"exec: command not found: {file!r}.\nHINT: Check the command's name and PATH on every node.")
+        _error(CommandError(f"exec: command not found: {file!r}.", "Check the command's name and PATH on every node."))
         return EXIT_NOT_FOUND
     except PermissionError:
-        _error(f"exec: {file!r} is not executable.\nHINT: chmod +x it, or run it through its interpreter.")
+        _error(CommandError(f"exec: {file!r} is not executable.", "chmod +x it, or run it through its interpreter."))
         return EXIT_NOT_EXECUTABLE
     except OSError as error:
-        _error(f"exec: cannot run {file!r}: {error}.\nHINT: Check the command and its interpreter line.")
+        _error(CommandError(f"exec: cannot run {file!r}: {error}.", "Check the command and its interpreter line."))
         return EXIT_NOT_EXECUTABLE
     return EXIT_OK  # not reached: execvp does not return
 

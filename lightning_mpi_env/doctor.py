@@ -16,10 +16,11 @@ from enum import Enum
 from pathlib import Path
 
 from lightning_mpi_env.errors import LayoutError
-from lightning_mpi_env.hostlist import first_host
 from lightning_mpi_env.interop import visible_devices
-from lightning_mpi_env.launchers import LAUNCHERS, detect_launcher
+from lightning_mpi_env.launchers import LAUNCHERS, detect_launcher, inherited_variables
 from lightning_mpi_env.layout import RankLayout, from_env
+from lightning_mpi_env.namespaces import NAMESPACES
+from lightning_mpi_env.schedulers import first_host
 
 
 class Level(str, Enum):
@@ -91,12 +92,11 @@ def diagnose(
     try:
         layout = from_env(env)
     except LayoutError as error:
-        problem, _, hint = str(error).partition("\nHINT: ")
-        findings.append(Finding(Level.ERROR, "layout", problem, hint))
+        findings.append(Finding(Level.ERROR, "layout", error.problem, error.hint))
         layout = None
     if layout is not None:
         findings.append(Finding(Level.OK, "layout", repr(layout)))
-        findings.extend(Finding(Level.WARN, "layout", warning) for warning in layout.warnings)
+        findings.extend(Finding(Level.WARN, "layout", warning.problem, warning.hint) for warning in layout.warnings)
         findings.extend(_torchrun_findings(env, layout))
     findings.extend(_package_findings(module_available, sys.modules if loaded_modules is None else loaded_modules))
     if layout is not None:
@@ -108,12 +108,12 @@ def diagnose(
 def _launcher_findings(env: Mapping[str, str]) -> list[Finding]:
     launcher = detect_launcher(env)
     if launcher is None:
-        found = [name for name in ("SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK") if name in env]
+        found = inherited_variables(env)
         hint = (
-            f"{', '.join(found)} alone is inherited from a batch script, not set by a launcher: start the ranks with "
-            "`srun` or `mpirun`."
+            f"{', '.join(name for name, _ in found)} alone is inherited from a batch script, not set by a launcher: "
+            f"{found[0][1].launch_hint}"
             if found
-            else "Run under `mpirun`/`mpiexec`/`srun` to see the job's layout; alone this is one process."
+            else "Run under `mpirun`/`mpiexec`/`srun`/`flux run` to see the job's layout; alone this is one process."
         )
         return [Finding(Level.INFO, "launcher", "no launcher detected: this is a single process.", hint)]
     findings = [Finding(Level.OK, "launcher", f"{launcher.name} (found {launcher.marker}={env[launcher.marker]!r}).")]
@@ -147,7 +147,8 @@ def _torchrun_findings(env: Mapping[str, str], layout: RankLayout) -> list[Findi
             )
     address = env.get("MASTER_ADDR")
     try:
-        listed = first_host(env)
+        launch = (layout.launcher.host_lists, layout.launcher.name) if layout.launcher is not None else None
+        listed = first_host(env, launch=launch)
     except LayoutError:
         listed = None  # an unreadable host list does not matter while MASTER_ADDR is set
     if address and listed is not None and listed[0] != address:
@@ -164,7 +165,7 @@ def _torchrun_findings(env: Mapping[str, str], layout: RankLayout) -> list[Findi
 
 def _package_findings(module_available: Callable[[str], bool], loaded: Collection[str]) -> list[Finding]:
     findings = []
-    installed = [name for name in ("lightning", "pytorch_lightning") if module_available(name)]
+    installed = [namespace.top_level for namespace in NAMESPACES if module_available(namespace.top_level)]
     if len(installed) == 2:
         findings.append(
             Finding(
@@ -179,7 +180,7 @@ def _package_findings(module_available: Callable[[str], bool], loaded: Collectio
         findings.append(Finding(Level.OK, "lightning", f"`{installed[0]}` is installed."))
     else:
         findings.append(Finding(Level.INFO, "lightning", "Lightning is not installed (fine for plain torch or JAX)."))
-    if "lightning" in loaded and "pytorch_lightning" in loaded:
+    if all(namespace.top_level in loaded for namespace in NAMESPACES):
         findings.append(
             Finding(
                 Level.WARN,

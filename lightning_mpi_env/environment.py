@@ -1,8 +1,8 @@
 """``MPIClusterEnvironment``: the layout core as a Lightning ``ClusterEnvironment`` plugin, for either namespace.
 
 The class inherits from neither ``lightning.fabric``'s nor ``lightning_fabric``'s ``ClusterEnvironment``: importing
-one namespace just to subclass it would itself mix the two. Instead it is registered as a virtual subclass of
-each namespace's ``ClusterEnvironment`` as soon as that namespace is imported, before or after this module, so
+one namespace just to subclass it would itself mix the two. It is registered as a virtual subclass of each
+namespace's ``ClusterEnvironment`` when that namespace is imported (:mod:`lightning_mpi_env._registration`), so
 ``Trainer(plugins=[MPIClusterEnvironment()])`` and ``Fabric(plugins=[...])`` accept it in both.
 """
 
@@ -11,30 +11,34 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from types import ModuleType
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import TYPE_CHECKING
 
 from lightning_utilities.core.rank_zero import rank_zero_only
 from typing_extensions import override
 
-from lightning_mpi_env._import_hooks import when_imported
-from lightning_mpi_env.errors import LayoutError, LayoutWarning, layout_error
+from lightning_mpi_env.compat import Proposal, proposal, silence_srun_not_used
+from lightning_mpi_env.errors import LayoutError, SettingError
 from lightning_mpi_env.launchers import detect_launcher
-from lightning_mpi_env.layout import RankLayout, from_env, parse_count
-from lightning_mpi_env.mixed_imports import check_launching_trainer, guard_constructing_trainer
+from lightning_mpi_env.layout import Placement, RankLayout, from_env
+from lightning_mpi_env.trainer_guard import check_launching_trainer, guard_constructing_trainer
+from lightning_mpi_env.values import is_count, parse_count
+
+if TYPE_CHECKING:
+    from lightning_mpi_env.rendezvous import RendezvousResult
 
 log = logging.getLogger(__name__)
 
+ROLL_CALL_VARIABLE = "LIGHTNING_MPI_ENV_ROLL_CALL"
+"""Set to ``0`` to skip the roll call before ``init_process_group`` (``MPIClusterEnvironment(roll_call=False)``)."""
+
 LIGHTNING_SPAWN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
 """What Lightning's subprocess launcher exports to the local workers it starts (``_call_children_scripts``)."""
-
-CLUSTER_ENVIRONMENT_MODULES = (
-    "lightning.fabric.plugins.environments.cluster_environment",
-    "lightning_fabric.plugins.environments.cluster_environment",
-)
-"""Where each Lightning namespace defines its ``ClusterEnvironment`` ABC."""
 
 
 class ClusterEnvironmentInterface(ABC):
@@ -91,31 +95,56 @@ class ClusterEnvironmentInterface(ABC):
         """Clean up after the run."""
 
 
+class LaunchMode(Enum):
+    """Who starts the processes, and so who decides the global ranks."""
+
+    PER_RANK = "one launcher process per rank"
+    """``mpirun -np 8`` with 4 devices x 2 nodes: the launcher's ranks are the truth."""
+    PER_NODE = "one launcher process per node"
+    """``mpirun --map-by ppr:1:node``: Lightning starts the workers on each node; node rank = launcher rank."""
+    NO_LAUNCHER = "no launcher"
+    """``python train.py``: one node, Lightning starts the workers, like Lightning's ``LightningEnvironment``."""
+
+    @property
+    def managed_by_lightning(self) -> bool:
+        """Whether Lightning starts the local workers and assigns the global ranks."""
+        return self is not LaunchMode.PER_RANK
+
+
+class Stage(Enum):
+    """Where the environment is in Lightning's life cycle."""
+
+    CONFIGURED = "configured"
+    """Made; a Trainer or Fabric may be built with it."""
+    LAUNCHED = "launched"
+    """The launcher validated the settings (``validate_settings``); the process group comes next."""
+    MET = "met"
+    """The roll call is done (or off): the ranks are final, ``init_process_group`` may run."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's ranks as they stand; replaced as a whole by the launch mode, the settings and the roll call."""
+
+    global_rank: int
+    world_size: int
+    local_rank: int | None
+    """``None``: Lightning sets ``LOCAL_RANK`` in each worker it starts (``ddp_spawn``), read when asked."""
+    node_rank: int
+    num_nodes: int | None
+
+
 class MPIClusterEnvironment(ClusterEnvironmentInterface):
-    """Ranks from the launcher itself (``mpirun``/``mpiexec``/``srun``), with no ``mpi4py``.
+    """Ranks from the launcher itself (``mpirun``/``mpiexec``/``srun``/``flux run``/``jsrun``), with no ``mpi4py``.
 
     Use it as ``Trainer(plugins=[MPIClusterEnvironment()])`` (``lightning.pytorch`` or ``pytorch_lightning``) or
     ``Fabric(plugins=[MPIClusterEnvironment()])``. The environment is read once, when the object is made; a bad
-    layout raises :class:`~lightning_mpi_env.LayoutError` right there.
+    layout raises :class:`~lightning_mpi_env.LayoutError` right there. The variables read are those of the launcher
+    rows in :mod:`lightning_mpi_env.launchers` and the scheduler rows in :mod:`lightning_mpi_env.schedulers`
+    (``MASTER_ADDR``/``MASTER_PORT`` first), plus ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE`` from Lightning's own
+    workers, ``LIGHTNING_MPI_ENV_ROLL_CALL`` and ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``.
 
-    Variables read (see :mod:`lightning_mpi_env.launchers` for the table):
-
-    - Open MPI: ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_SIZE``, ``OMPI_COMM_WORLD_LOCAL_RANK``,
-      ``OMPI_COMM_WORLD_LOCAL_SIZE``.
-    - MVAPICH2: ``MV2_COMM_WORLD_RANK``, ``MV2_COMM_WORLD_SIZE``, ``MV2_COMM_WORLD_LOCAL_RANK``,
-      ``MV2_COMM_WORLD_LOCAL_SIZE``.
-    - Cray PALS: ``PALS_RANKID``, ``PMI_SIZE``, ``PALS_LOCAL_RANKID``, ``PMI_LOCAL_SIZE``, ``PALS_NODEID``.
-    - MPICH/Intel MPI (Hydra): ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``, ``MPI_LOCALNRANKS``.
-    - Slurm ``srun``: ``SLURM_STEP_ID``, ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``,
-      ``SLURM_STEP_TASKS_PER_NODE``.
-    - PMIx alone: ``PMIX_RANK`` with ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``.
-    - Main address: ``MASTER_ADDR``, else the first host of ``SGE_JOB_HOSTLIST``, ``PBS_NODEFILE``,
-      ``LSB_DJOB_HOSTFILE``, ``LSB_MCPU_HOSTS``, ``SLURM_STEP_NODELIST`` or ``SLURM_JOB_NODELIST``.
-    - Main port: ``MASTER_PORT``, else derived from ``PMIX_NAMESPACE``, ``PALS_APID``,
-      ``SLURM_JOB_ID``+``SLURM_STEP_ID``, ``JOB_ID``, ``PBS_JOBID`` or ``LSB_JOBID``, else 29500.
-    - Checked for agreement: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``.
-
-    Three ways to run:
+    Three ways to run (:class:`LaunchMode`):
 
     - **One launcher process per rank** (``mpirun -np 8`` with ``Trainer(devices=4, num_nodes=2)``): the launcher's
       ranks are the truth; Lightning's proposals (``set_global_rank``/``set_world_size``) are ignored.
@@ -124,47 +153,54 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
       M x N. The workers are recognised by the launcher's variables with a local size of 1 plus Lightning's own
       ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK`` (= the launcher's rank), ``LOCAL_RANK`` and ``WORLD_SIZE``
       (a multiple of the launcher's world size); a ``LOCAL_RANK``/``WORLD_SIZE`` that fits no such pattern is still
-      rejected as stale. Not available with Slurm, which exports no local size.
+      rejected as stale. Not available with launchers that export no local size (Slurm, Flux).
     - **No launcher** (``python train.py``): one node, Lightning starts the local workers and sets ``LOCAL_RANK``
       and ``NODE_RANK`` (read here), like Lightning's own ``LightningEnvironment``; a free port is picked when
       ``MASTER_PORT`` and every job identity are unset.
 
+    **The roll call.** Right before ``init_process_group``, in every strategy that sets up ``torch.distributed``
+    through the cluster environment (DDP and its spawn variants, FSDP, ModelParallel, DeepSpeed; Trainer and
+    Fabric), every rank checks in on the store that ``init_process_group`` then uses
+    (:mod:`lightning_mpi_env.rendezvous`): a missing, duplicate or disagreeing rank stops every process with a
+    :class:`~lightning_mpi_env.RendezvousError` naming it, instead of a silent hang; node ranks become exact.
+
     Args:
         environ: The environment to read; ``os.environ`` by default.
+        roll_call: Run the roll call; else ``LIGHTNING_MPI_ENV_ROLL_CALL`` (``0``/``1``), else on.
+        rendezvous_timeout: Seconds to wait for every rank in the roll call; else
+            ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, else 120.
     """
 
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        environ: Mapping[str, str] | None = None,
+        *,
+        roll_call: bool | None = None,
+        rendezvous_timeout: float | None = None,
+    ) -> None:
+        from lightning_mpi_env.rendezvous import resolve_timeout
+
         env = os.environ if environ is None else environ
+        silence_srun_not_used()  # the ranks come from the launcher that started them, whichever it is
         spawned = _is_lightning_worker_under_launcher(env)
         # Lightning's own variables in its workers are not stale: keep them out of the core's stale check.
         own = ("LOCAL_RANK", "WORLD_SIZE")
         self._layout = from_env({k: v for k, v in env.items() if k not in own} if spawned else env)
-        for message in self._layout.warnings:
-            warnings.warn(message, LayoutWarning, stacklevel=2)
-        layout = self._layout
-        # Lightning, not the launcher, decides global ranks when it starts the local workers itself.
-        self._per_node = spawned
-        self._managed_local_rank: int | None = None
-        self._managed_node_rank = 0
-        self._assigned: tuple[int, int, int] | None = None  # (node rank, local rank, num nodes) from the rendezvous
+        self.roll_call = _resolve_roll_call(roll_call, env)
+        self.rendezvous_timeout = resolve_timeout(rendezvous_timeout, env)
+        if not self.roll_call:  # with the roll call, node ranks become exact before any use: nothing to warn of
+            for warning in self._layout.warnings:
+                warnings.warn(warning, stacklevel=2)
+        self._mode, self._ranks = _initial_mode_and_ranks(self._layout, env, spawned)
+        self._stage = Stage.CONFIGURED
+        self._expected: tuple[int, int] | None = None  # (devices, num_nodes) the launcher was given
+        self._met: RendezvousResult | None = None  # keeps rank 0's store serving until init_process_group
         self._free_port: int | None = None
         self._made_in_pid = os.getpid()  # a copy in another process was forked or pickled there by Lightning
-        if spawned:
-            self._managed_local_rank = parse_count(env["LOCAL_RANK"], variable="LOCAL_RANK", launcher=None)
-            self._managed_node_rank = layout.rank
-            self._world_size = parse_count(env["WORLD_SIZE"], variable="WORLD_SIZE", launcher=None, minimum=1)
-            per_node = self._world_size // layout.world_size
-            self._global_rank = layout.rank * per_node + self._managed_local_rank
-        elif layout.launcher is None:
-            if "LOCAL_RANK" in env:
-                self._managed_local_rank = parse_count(env["LOCAL_RANK"], variable="LOCAL_RANK", launcher=None)
-            node = env.get("NODE_RANK") or env.get("GROUP_RANK")
-            self._managed_node_rank = 0 if node is None else parse_count(node, variable="NODE_RANK", launcher=None)
-            self._world_size, self._global_rank = 1, 0
-        else:
-            self._world_size, self._global_rank = layout.world_size, layout.rank
         # Right from the start, so rank-zero-only logging is right before the Trainer sets ranks up.
-        rank_zero_only.rank = self._global_rank  # type: ignore[attr-defined]
+        rank_zero_only.rank = self._ranks.global_rank  # type: ignore[attr-defined]
+
+    # --- what Lightning reads ------------------------------------------------------------------------------------
 
     @property
     def layout(self) -> RankLayout:
@@ -172,16 +208,26 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         return self._layout
 
     @property
+    def mode(self) -> LaunchMode:
+        """Who starts the processes."""
+        return self._mode
+
+    @property
+    def stage(self) -> Stage:
+        """Where the environment is in Lightning's life cycle."""
+        return self._stage
+
+    @property
     def managed_by_lightning(self) -> bool:
         """Whether Lightning starts the local workers and sets global ranks (one process per node, no launcher)."""
-        return self._per_node or self._layout.launcher is None
+        return self._mode.managed_by_lightning
 
     @property
     @override
     def creates_processes_externally(self) -> bool:
         if self.managed_by_lightning:
             # Lightning's workers carry LOCAL_RANK; the process that starts them does not.
-            return self._managed_local_rank is not None
+            return self._ranks.local_rank is not None
         return True
 
     @property
@@ -208,83 +254,64 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     @override
     def world_size(self) -> int:
-        return self._world_size
-
-    @override
-    def set_world_size(self, size: int) -> None:
-        if self.managed_by_lightning:
-            self._world_size = size
-        elif size != self._world_size:
-            log.debug(f"Keeping the launcher's world size {self._world_size}; Lightning proposed {size}.")
+        return self._ranks.world_size
 
     @override
     def global_rank(self) -> int:
-        return self._global_rank
-
-    @override
-    def set_global_rank(self, rank: int) -> None:
-        # Lightning calls this from inside Trainer(...): the one moment to reach the Trainer before fit() rejects a
-        # model of the other namespace with a message that does not say so.
-        guard_constructing_trainer()
-        if self.managed_by_lightning:
-            self._global_rank = rank
-            rank_zero_only.rank = rank  # type: ignore[attr-defined]
-            return
-        if os.getpid() != self._made_in_pid:
-            raise self._started_by_lightning_under_launcher()
-        if rank != self._global_rank:
-            log.debug(f"Keeping the launcher's global rank {self._global_rank}; Lightning proposed {rank}.")
-
-    def _started_by_lightning_under_launcher(self) -> LayoutError:
-        layout = self._layout
-        return layout_error(
-            f"{layout.launcher_name} started this process as rank {layout.rank} of {layout.world_size} "
-            f"({layout.sources['rank']}={layout.rank}), and Lightning started worker processes from it again "
-            f"(pid {self._made_in_pid} made this environment, pid {os.getpid()} uses it): a strategy with the "
-            "start method spawn or fork ('ddp_spawn', 'ddp_fork', 'ddp_notebook'). Every such worker would "
-            f"claim rank {layout.rank}.",
-            "Under a launcher, use strategy='ddp' or 'ddp_mpi' (Lightning then starts no processes when the "
-            "launcher started one per device). To let Lightning start the workers on each node, launch one process "
-            "per node (`mpirun --map-by ppr:1:node`) with strategy='ddp' or 'ddp_mpi'.",
-        )
+        return self._ranks.global_rank
 
     @override
     def local_rank(self) -> int:
-        if self._assigned is not None:
-            return self._assigned[1]
-        if self._managed_local_rank is not None:
-            return self._managed_local_rank
-        if self.managed_by_lightning:
-            # ddp_spawn/ddp_fork/ddp_notebook set LOCAL_RANK in each worker after this object was made (and copied
-            # into the worker), as Lightning's own LightningEnvironment expects.
-            value = os.environ.get("LOCAL_RANK")
-            return 0 if value is None else parse_count(value, variable="LOCAL_RANK", launcher=None)
-        return self._layout.local_rank
+        if self._ranks.local_rank is not None:
+            return self._ranks.local_rank
+        # ddp_spawn/ddp_fork/ddp_notebook set LOCAL_RANK in each worker after this object was made (and copied
+        # into the worker), as Lightning's own LightningEnvironment expects.
+        value = os.environ.get("LOCAL_RANK")
+        return 0 if value is None else parse_count(value, variable="LOCAL_RANK")
 
     @override
     def node_rank(self) -> int:
-        if self._assigned is not None:
-            return self._assigned[0]
-        return self._managed_node_rank if self.managed_by_lightning else self._layout.node_rank
+        return self._ranks.node_rank
 
     @property
     def num_nodes(self) -> int | None:
-        """Number of nodes: from the rendezvous once it ran, else from the launcher (``None`` when uneven)."""
-        if self._assigned is not None:
-            return self._assigned[2]
-        return self._layout.num_nodes
+        """Number of nodes: from the roll call once it ran, else from the launcher (``None`` when uneven)."""
+        return self._ranks.num_nodes
 
-    def assign_nodes(self, node_rank: int, local_rank: int, num_nodes: int) -> None:
-        """Take the node and local rank found by exchanging host names (``MPIDDPStrategy``'s rendezvous).
+    # --- what Lightning proposes ---------------------------------------------------------------------------------
 
-        They are exact under every placement, where the launcher's variables alone may only allow a guess.
-        """
-        if (node_rank, local_rank) != (self.node_rank(), self.local_rank()):
-            log.debug(
-                f"Host names place rank {self._global_rank} on node {node_rank} as local rank {local_rank}; the "
-                f"environment alone said node {self.node_rank()}, local rank {self.local_rank()}."
-            )
-        self._assigned = (node_rank, local_rank, num_nodes)
+    @override
+    def set_global_rank(self, rank: int) -> None:
+        if proposal() is Proposal.CONSTRUCTION and self._stage is Stage.CONFIGURED:
+            # Inside Trainer(...): the one moment to reach the Trainer before fit() rejects a model of the other
+            # namespace with a message that does not say so.
+            guard_constructing_trainer()
+        if self.managed_by_lightning:
+            if self._stage is not Stage.MET:
+                self._ranks = replace(self._ranks, global_rank=rank)
+                rank_zero_only.rank = rank  # type: ignore[attr-defined]
+            return
+        if os.getpid() != self._made_in_pid:
+            raise self._started_by_lightning_under_launcher()
+        if rank != self._ranks.global_rank:
+            log.debug(f"Keeping the launcher's global rank {self._ranks.global_rank}; Lightning proposed {rank}.")
+
+    @override
+    def set_world_size(self, size: int) -> None:
+        setup = proposal() is Proposal.SETUP and self._stage is not Stage.MET
+        if self.managed_by_lightning:
+            if self._stage is not Stage.MET:
+                self._ranks = replace(self._ranks, world_size=size)
+        elif size != self._ranks.world_size:
+            if setup:
+                # Lightning is about to set up torch.distributed for `size` processes: they would never all come.
+                raise self._world_mismatch(size)
+            log.debug(f"Keeping the launcher's world size {self._ranks.world_size}; Lightning proposed {size}.")
+        if setup:
+            # The proposal from setup_distributed: init_process_group comes next, in every strategy.
+            self._meet()
+
+    # --- the launch ---------------------------------------------------------------------------------------------
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
@@ -296,40 +323,189 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         """
         # Lightning's launcher calls this before the first step, with the Trainer on the stack.
         check_launching_trainer()
+        if self._stage is Stage.CONFIGURED:
+            self._stage = Stage.LAUNCHED
+        self._expected = (num_devices, num_nodes)
         layout = self._layout
-        if layout.launcher is None or self._per_node:
+        if layout.launcher is None or self._mode is LaunchMode.PER_NODE:
             return
         if layout.local_size == 1 and num_devices > 1 and num_nodes == layout.world_size:
             # One launcher process per node: Lightning starts the `num_devices` workers on each node itself.
-            self._per_node = True
-            self._managed_node_rank = layout.rank
+            self._mode = LaunchMode.PER_NODE
+            self._ranks = replace(self._ranks, node_rank=layout.rank, local_rank=None, num_nodes=layout.world_size)
             return
         trainer = f"Trainer(devices={num_devices}, num_nodes={num_nodes})"
         if not layout.is_even:
-            raise layout_error(
+            raise LayoutError(
                 f"{layout.launcher.name} placed ranks unevenly: this node runs "
                 f"{layout.sources['local_size']}={layout.local_size} of {layout.world_size} ranks, which is not the "
                 f"same on every node. Lightning needs the same number of ranks on every node ({trainer}).",
                 f"Launch exactly {num_devices} ranks per node, e.g. `mpirun -np {num_devices * num_nodes} "
                 f"--map-by ppr:{num_devices}:node` (Open MPI) or `srun --ntasks-per-node={num_devices}`.",
+                variable=layout.sources["local_size"],
+                value=str(layout.local_size),
+                launcher=layout.launcher.name,
             )
         if (num_devices, num_nodes) != (layout.local_size, layout.num_nodes):
-            raise layout_error(
-                f"{layout.launcher.name} launched {layout.describe_world()} ({layout.num_nodes} node(s); "
-                f"{layout.sources['world_size']}={layout.world_size}, {layout.sources['local_size']}="
-                f"{layout.local_size}), but {trainer} expects {num_devices * num_nodes} ranks, "
-                f"{num_devices} per node.",
-                f"Use Trainer(devices={layout.local_size}, num_nodes={layout.num_nodes}), or launch "
-                f"{num_devices * num_nodes} ranks with {num_devices} per node "
-                f"(`mpirun -np {num_devices * num_nodes} --map-by ppr:{num_devices}:node`).",
-            )
+            raise self._settings_mismatch(num_devices, num_nodes)
 
     @override
     def teardown(self) -> None:
         """Nothing to undo: this environment never writes to ``os.environ``."""
 
+    def assign_nodes(self, node_rank: int, local_rank: int, num_nodes: int) -> None:
+        """Take the node and local rank found by exchanging host names (as the roll call does).
+
+        They are exact under every placement, where the launcher's variables alone may only allow a guess.
+        """
+        if (node_rank, local_rank) != (self.node_rank(), self.local_rank()):
+            log.debug(
+                f"Host names place rank {self.global_rank()} on node {node_rank} as local rank {local_rank}; the "
+                f"environment alone said node {self.node_rank()}, local rank {self.local_rank()}."
+            )
+        self._ranks = replace(self._ranks, node_rank=node_rank, local_rank=local_rank, num_nodes=num_nodes)
+
     def __repr__(self) -> str:
         return f"MPIClusterEnvironment({self._layout!r})"
+
+    # --- the roll call -------------------------------------------------------------------------------------------
+
+    def _meet(self) -> None:
+        """Run the roll call (unless it is off) and take the exact node ranks it finds."""
+        self._stage = Stage.MET
+        if not self.roll_call:
+            return
+        from lightning_mpi_env import rendezvous
+
+        claim = rendezvous.Claim.here(
+            rank=self.global_rank(),
+            world_size=self.world_size(),
+            local_rank=self.local_rank(),
+            main_address=self.main_address,
+            main_port=self.main_port,
+            expected=self._expected,
+            **rendezvous.local_facts(self.process_group_backend),
+        )
+        result = rendezvous.rendezvous(claim, timeout=self.rendezvous_timeout, expected_node=self._expected_node())
+        nodes = result.nodes
+        # The launcher's local rank stays (the device was chosen by it); the node index becomes exact.
+        self._ranks = replace(self._ranks, node_rank=nodes.node_rank, num_nodes=nodes.num_nodes)
+        self._met = result
+        if claim.rank == 0 and result.summary:
+            # One line per job, on stderr with the other diagnostics: stdout stays the program's.
+            print(result.summary, file=sys.stderr, flush=True)
+
+    process_group_backend: str | None = None
+    """The backend the strategy will use, when it says so (``ddp_mpi`` does); else the device's default."""
+
+    def _expected_node(self) -> Callable[[int], int] | None:
+        """Where the launcher put each rank, to say where missing ranks were expected; ``None`` when unknown."""
+        if self.managed_by_lightning:
+            per_node = max(1, self.world_size() // max(1, self._ranks.num_nodes or 1))
+            return lambda rank: rank // per_node
+        layout = self._layout
+        if layout.placement is Placement.BLOCK:
+            return lambda rank: rank // layout.local_size
+        if layout.placement is Placement.ROUND_ROBIN and layout.num_nodes:
+            num_nodes = layout.num_nodes
+            return lambda rank: rank % num_nodes
+        return None
+
+    # --- errors --------------------------------------------------------------------------------------------------
+
+    def _settings_mismatch(self, num_devices: int, num_nodes: int) -> LayoutError:
+        layout = self._layout
+        assert layout.launcher is not None
+        return LayoutError(
+            f"{layout.launcher.name} launched {layout.describe_world()} ({layout.num_nodes} node(s); "
+            f"{layout.sources['world_size']}={layout.world_size}, {layout.sources['local_size']}="
+            f"{layout.local_size}), but Trainer(devices={num_devices}, num_nodes={num_nodes}) expects "
+            f"{num_devices * num_nodes} ranks, {num_devices} per node.",
+            f"Use Trainer(devices={layout.local_size}, num_nodes={layout.num_nodes}), or launch "
+            f"{num_devices * num_nodes} ranks with {num_devices} per node "
+            f"(`mpirun -np {num_devices * num_nodes} --map-by ppr:{num_devices}:node`).",
+            variable=layout.sources["world_size"],
+            value=str(layout.world_size),
+            launcher=layout.launcher.name,
+        )
+
+    def _world_mismatch(self, size: int) -> LayoutError:
+        layout = self._layout
+        assert layout.launcher is not None
+        return LayoutError(
+            f"{layout.launcher.name} launched {layout.describe_world()} ({layout.sources['world_size']}="
+            f"{layout.world_size}), but the strategy is about to set up torch.distributed for {size} processes "
+            "(Trainer devices x num_nodes): the missing ones would never come.",
+            f"Make devices x num_nodes match the launch: devices={layout.local_size}"
+            f"{f', num_nodes={layout.num_nodes}' if layout.num_nodes else ''}.",
+            variable=layout.sources["world_size"],
+            value=str(layout.world_size),
+            launcher=layout.launcher.name,
+        )
+
+    def _started_by_lightning_under_launcher(self) -> LayoutError:
+        layout = self._layout
+        return LayoutError(
+            f"{layout.launcher_name} started this process as rank {layout.rank} of {layout.world_size} "
+            f"({layout.sources['rank']}={layout.rank}), and Lightning started worker processes from it again "
+            f"(pid {self._made_in_pid} made this environment, pid {os.getpid()} uses it): a strategy with the "
+            "start method spawn or fork ('ddp_spawn', 'ddp_fork', 'ddp_notebook'). Every such worker would "
+            f"claim rank {layout.rank}.",
+            "Under a launcher, use strategy='ddp' or 'ddp_mpi' (Lightning then starts no processes when the "
+            "launcher started one per device). To let Lightning start the workers on each node, launch one process "
+            "per node (`mpirun --map-by ppr:1:node`) with strategy='ddp' or 'ddp_mpi'.",
+            variable=layout.sources["rank"],
+            value=str(layout.rank),
+            launcher=layout.launcher_name,
+        )
+
+
+def _resolve_roll_call(value: bool | None, env: Mapping[str, str]) -> bool:
+    if value is not None:
+        return value
+    raw = env.get(ROLL_CALL_VARIABLE, "")
+    text = raw.strip().lower()
+    if text in ("", "1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SettingError(
+        f"{ROLL_CALL_VARIABLE}={raw!r} is not one of 1, 0 (also true/false, yes/no, on/off).",
+        f"Unset {ROLL_CALL_VARIABLE} (the roll call is on by default), or set it to 0 to skip it.",
+        variable=ROLL_CALL_VARIABLE,
+        value=raw,
+    )
+
+
+def _initial_mode_and_ranks(layout: RankLayout, env: Mapping[str, str], spawned: bool) -> tuple[LaunchMode, Ranks]:
+    if spawned:
+        local_rank = parse_count(env["LOCAL_RANK"], variable="LOCAL_RANK")
+        world_size = parse_count(env["WORLD_SIZE"], variable="WORLD_SIZE", minimum=1)
+        per_node = world_size // layout.world_size
+        return LaunchMode.PER_NODE, Ranks(
+            global_rank=layout.rank * per_node + local_rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            node_rank=layout.rank,
+            num_nodes=layout.world_size,
+        )
+    if layout.launcher is None:
+        local = env.get("LOCAL_RANK")
+        node = env.get("NODE_RANK") or env.get("GROUP_RANK")
+        return LaunchMode.NO_LAUNCHER, Ranks(
+            global_rank=0,
+            world_size=1,
+            local_rank=None if local is None else parse_count(local, variable="LOCAL_RANK"),
+            node_rank=0 if node is None else parse_count(node, variable="NODE_RANK"),
+            num_nodes=1,
+        )
+    return LaunchMode.PER_RANK, Ranks(
+        global_rank=layout.rank,
+        world_size=layout.world_size,
+        local_rank=layout.local_rank,
+        node_rank=layout.node_rank,
+        num_nodes=layout.num_nodes,
+    )
 
 
 def _is_lightning_worker_under_launcher(env: Mapping[str, str]) -> bool:
@@ -339,7 +515,7 @@ def _is_lightning_worker_under_launcher(env: Mapping[str, str]) -> bool:
         return False
     world, node, local = env.get(launcher.world_size, ""), env["NODE_RANK"], env["LOCAL_RANK"]
     size = env["WORLD_SIZE"]
-    if not all(value.isascii() and value.isdigit() for value in (world, node, local, size)) or int(world) == 0:
+    if not all(is_count(value) for value in (world, node, local, size)) or int(world) == 0:
         return False
     per_node, remainder = divmod(int(size), int(world))
     return (
@@ -358,9 +534,4 @@ def _find_free_port() -> int:
         return port
 
 
-def _register_virtual_subclass(module: ModuleType) -> None:
-    module.ClusterEnvironment.register(MPIClusterEnvironment)
-
-
-for _module_name in CLUSTER_ENVIRONMENT_MODULES:
-    when_imported(_module_name, _register_virtual_subclass)
+__all__ = ["ROLL_CALL_VARIABLE", "LaunchMode", "MPIClusterEnvironment", "Ranks", "Stage"]

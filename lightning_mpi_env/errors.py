@@ -1,32 +1,118 @@
-"""The one error type for layouts that cannot be trusted."""
+"""Errors and warnings as data: what is wrong, how to fix it, and the variable, value and launcher involved.
+
+Every error of this package is a :class:`MpiEnvError` holding :attr:`~Explained.problem`, :attr:`~Explained.hint`
+and the fields it is about; its text is rendered from them once, here, and nothing parses it back. Warnings carry
+the same data (:class:`LayoutWarning`). The module imports nothing outside the standard library.
+"""
 
 from __future__ import annotations
 
-
-class LayoutError(ValueError):
-    """A rank layout that is malformed, incomplete, contradictory or stale.
-
-    Every message names the variable, its value, the launcher it belongs to, and ends with a ``HINT:`` that says
-    how to fix it.
-    """
+from typing import Any
 
 
-def layout_error(problem: str, hint: str) -> LayoutError:
-    """Build a :class:`LayoutError` whose message ends with the fix.
+class Explained(Exception):
+    """The data behind an error or a warning, and its one rendering.
 
     Args:
         problem: What is wrong, naming the variable, its value and the launcher.
         hint: The fix, one or two sentences.
+        variable: The variable (or argument) at fault, where there is one.
+        value: Its value, where there is one.
+        launcher: The launcher (or scheduler) whose variables are involved, where there is one.
+    """
 
-    Returns:
-        The error, ready to raise.
+    separator = "\n"
+    """What stands between the problem and ``HINT:`` in ``str()``: errors take a line of their own for the hint."""
 
-    >>> print(layout_error("OMPI_COMM_WORLD_RANK='x' is not an integer.", "Launch with mpirun."))
+    def __init__(
+        self,
+        problem: str,
+        hint: str,
+        *,
+        variable: str | None = None,
+        value: str | None = None,
+        launcher: str | None = None,
+    ) -> None:
+        super().__init__(problem, hint)
+        self.problem = problem
+        self.hint = hint
+        self.variable = variable
+        self.value = value
+        self.launcher = launcher
+
+    def __str__(self) -> str:
+        return f"{self.problem}{self.separator}HINT: {self.hint}"
+
+    def one_line(self) -> str:
+        """The problem and the hint on one line, as the command line and the roll call print them.
+
+        >>> LayoutError("PMI_RANK='x' is not an integer.", "Launch with mpiexec.").one_line()
+        "PMI_RANK='x' is not an integer. HINT: Launch with mpiexec."
+        """
+        return f"{' '.join(self.problem.split())} HINT: {' '.join(self.hint.split())}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep the fields across pickling (spawned workers, multiprocessing queues).
+        fields = {"variable": self.variable, "value": self.value, "launcher": self.launcher}
+        return (_rebuild, (type(self), self.problem, self.hint, fields))
+
+
+def _rebuild(cls: type[Explained], problem: str, hint: str, fields: dict[str, str | None]) -> Explained:
+    return cls(problem, hint, **fields)
+
+
+class MpiEnvError(Explained):
+    """Base of every error this package raises: catch it to catch them all."""
+
+
+class LayoutError(MpiEnvError, ValueError):
+    """The job cannot start as launched: a malformed, missing, contradictory or stale variable or setting.
+
+    >>> print(LayoutError("OMPI_COMM_WORLD_RANK='x' is not an integer.", "Launch with mpirun."))
     OMPI_COMM_WORLD_RANK='x' is not an integer.
     HINT: Launch with mpirun.
     """
-    return LayoutError(f"{problem}\nHINT: {hint}")
 
 
-class LayoutWarning(UserWarning):
+class SettingError(LayoutError):
+    """A setting of this package (an argument or a ``LIGHTNING_MPI_ENV_*`` variable) has a value it cannot use."""
+
+
+class RendezvousError(LayoutError):
+    """The processes of one job do not add up in the roll call: duplicate, missing or disagreeing ranks."""
+
+
+class MixedImportError(MpiEnvError, TypeError):
+    """Objects from both Lightning namespaces meet, or the namespaces cannot be unified."""
+
+
+class StrategyImportError(MpiEnvError, ImportError):
+    """``lightning_mpi_env.MPIDDPStrategy`` asked for while no, or both, Lightning namespaces are imported."""
+
+
+class LayoutWarning(Explained, UserWarning):
     """Something about the layout the user should hear about that does not stop the job."""
+
+    separator = " "  # a warning is printed as one line: "file:line: Category: message"
+
+
+class ApproximateNodeRankWarning(LayoutWarning):
+    """The node rank is a guess: the launcher exports no node index and the placement fits no known rule."""
+
+
+class MixedImportWarning(Explained, UserWarning):
+    """Both Lightning namespaces are imported in one process (the problem names the importer of each)."""
+
+
+__all__ = [
+    "ApproximateNodeRankWarning",
+    "Explained",
+    "LayoutError",
+    "LayoutWarning",
+    "MixedImportError",
+    "MixedImportWarning",
+    "MpiEnvError",
+    "RendezvousError",
+    "SettingError",
+    "StrategyImportError",
+]

@@ -1,17 +1,57 @@
-"""Schedulers' host lists: Slurm node lists, SGE/PBS/LSF host files, and Slurm's compressed task counts."""
+"""Parsers for the formats schedulers list hosts in: Slurm node lists and task counts, host files, LSF pairs.
+
+Which scheduler uses which format, and under which variable, is in :mod:`lightning_mpi_env.schedulers`.
+"""
 
 from __future__ import annotations
 
 import itertools
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from enum import Enum
+from functools import cache
+from typing import TYPE_CHECKING, NamedTuple
 
-from lightning_mpi_env.errors import LayoutError, layout_error
+from lightning_mpi_env.errors import LayoutError
+from lightning_mpi_env.values import is_count, parse_count
 
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
-_TASK_COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+if TYPE_CHECKING:
+    import re
+
+
+class HostListForm(str, Enum):
+    """How a scheduler writes a host list."""
+
+    NODELIST = "Slurm node list (`gpu[07-08]`)"
+    HOST_PER_LINE = "file, one host (or one slot) per line"
+    PE_HOSTFILE = "file, one line per host: `host slots queue processors`"
+    LSF_PAIRS = "`host slots` pairs"
+
+    @property
+    def is_file(self) -> bool:
+        """Whether the variable names a file rather than holding the list."""
+        return self in (HostListForm.HOST_PER_LINE, HostListForm.PE_HOSTFILE)
+
+
+class HostList(NamedTuple):
+    """One variable through which a scheduler lists the job's hosts; the first host runs rank 0."""
+
+    variable: str
+    form: HostListForm
+    note: str = ""
+    """Where this list comes from, when not from every installation (``ABCI``)."""
+    skip_lines: int = 0
+    """Leading lines that name no host running ranks (``jsrun``'s launch node heads ``LSB_DJOB_RANKFILE``)."""
+
+
+@cache
+def _pattern(name: str) -> re.Pattern[str]:
+    import re  # Here, not at the top: only parsing a Slurm list needs it (and it costs milliseconds to import).
+
+    patterns = {
+        "range": r"^([0-9]+)(?:-([0-9]+))?$",
+        "task_count": r"^([0-9]+)(?:\(x([0-9]+)\))?$",
+        "bracket_group": r"([^\[]*)(?:\[([^\]]*)\])?",
+    }
+    return re.compile(patterns[name])
 
 
 def expand_nodelist(nodelist: str, *, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
@@ -63,7 +103,7 @@ def _split_top_level(nodelist: str, variable: str) -> list[str]:
 def _expand_one(item: str, nodelist: str, variable: str) -> list[str]:
     # "r[1-2]n[01-02]" -> ["r", ["1", "2"], "n", ["01", "02"], ""] -> product
     parts: list[list[str]] = []
-    for text, brackets in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
+    for text, brackets in _pattern("bracket_group").findall(item):
         if text:
             parts.append([text])
         if brackets:
@@ -74,7 +114,7 @@ def _expand_one(item: str, nodelist: str, variable: str) -> list[str]:
 def _expand_brackets(brackets: str, nodelist: str, variable: str) -> list[str]:
     names: list[str] = []
     for piece in brackets.split(","):
-        match = _RANGE.match(piece.strip())
+        match = _pattern("range").match(piece.strip())
         if match is None:
             raise _nodelist_error(nodelist, variable, f"'{piece}' is not a number or a range like 07-10")
         first, last = match.group(1), match.group(2) or match.group(1)
@@ -85,9 +125,12 @@ def _expand_brackets(brackets: str, nodelist: str, variable: str) -> list[str]:
 
 
 def _nodelist_error(nodelist: str, variable: str, reason: str) -> LayoutError:
-    return layout_error(
+    return LayoutError(
         f"{variable}='{nodelist}' is not a valid Slurm node list: {reason}.",
         "Use the value Slurm set, or set MASTER_ADDR to the host of rank 0.",
+        variable=variable,
+        value=nodelist,
+        launcher="Slurm",
     )
 
 
@@ -102,84 +145,94 @@ def expand_tasks_per_node(counts: str, *, variable: str = "SLURM_STEP_TASKS_PER_
     """
     expanded: list[int] = []
     for piece in counts.split(","):
-        match = _TASK_COUNT.match(piece.strip())
+        match = _pattern("task_count").match(piece.strip())
         if match is None or int(match.group(1)) == 0 or match.group(2) == "0":
-            raise layout_error(
+            raise LayoutError(
                 f"{variable}='{counts}' (Slurm srun) is not a list of task counts like '4(x2),3'.",
                 "Use the value srun set; do not export your own.",
+                variable=variable,
+                value=counts,
+                launcher="Slurm srun",
             )
         expanded.extend([int(match.group(1))] * int(match.group(2) or 1))
     return expanded
 
 
-@dataclass(frozen=True)
-class HostListSource:
-    """One scheduler's list of the job's hosts."""
+def first_word_host(text: str) -> str | None:
+    r"""The first host of a host file with one host (or one slot) per line: ``PBS_NODEFILE``, ``SGE_JOB_HOSTLIST``.
 
-    variable: str
-    scheduler: str
-    kind: str
-    """``file`` (path to a file, one host per line or per slot), ``slurm`` (node list) or ``lsf_pairs``."""
+    Blank lines and ``#`` comments are skipped; anything after the host name (``slots=4``) is ignored.
 
-
-HOST_LIST_SOURCES: tuple[HostListSource, ...] = (
-    HostListSource("SGE_JOB_HOSTLIST", "SGE", "file"),
-    HostListSource("PBS_NODEFILE", "PBS", "file"),
-    HostListSource("LSB_DJOB_HOSTFILE", "LSF", "file"),
-    HostListSource("LSB_MCPU_HOSTS", "LSF", "lsf_pairs"),
-    HostListSource("SLURM_STEP_NODELIST", "Slurm", "slurm"),
-    HostListSource("SLURM_JOB_NODELIST", "Slurm", "slurm"),
-)
-"""Where schedulers list a job's hosts, in the order we consult them; the first host runs rank 0."""
-
-
-def first_host(
-    env: Mapping[str, str], read_text: Callable[[str], str] = lambda path: Path(path).read_text()
-) -> tuple[str, str] | None:
-    """The first host of the first scheduler host list present, with the variable it came from.
-
-    Args:
-        env: The process environment.
-        read_text: Reads a host file; replaced in tests.
-
-    Returns:
-        ``(host, variable)``, or ``None`` when no scheduler lists the job's hosts.
-
-    Raises:
-        LayoutError: If a host list is present but unreadable, empty or malformed.
+    >>> first_word_host("# allocated\n\n  g0002 slots=4\n")
+    'g0002'
     """
-    for source in HOST_LIST_SOURCES:
-        value = env.get(source.variable)
-        if value is None:
-            continue
-        if source.kind == "slurm":
-            return expand_nodelist(value, variable=source.variable)[0], source.variable
-        if source.kind == "lsf_pairs":
-            # "hostA 4 hostB 4": host names alternate with slot counts.
-            words = value.split()
-            if len(words) < 2 or len(words) % 2 or not all(word.isdigit() for word in words[1::2]):
-                raise layout_error(
-                    f"{source.variable}='{value}' ({source.scheduler}) is not a list of 'host slots' pairs.",
-                    "Use the value LSF set, or set MASTER_ADDR to the host of rank 0.",
-                )
-            return words[0], source.variable
-        return _first_host_in_file(value, source, read_text), source.variable
-    return None
-
-
-def _first_host_in_file(path: str, source: HostListSource, read_text: Callable[[str], str]) -> str:
-    try:
-        text = read_text(path)
-    except (OSError, UnicodeDecodeError) as error:
-        raise layout_error(
-            f"{source.variable}='{path}' ({source.scheduler}) names a host file that cannot be read: {error}.",
-            f"Run inside the {source.scheduler} job that created the file, or set MASTER_ADDR to the host of rank 0.",
-        ) from error
     for line in text.splitlines():
         words = line.split()
         if words and not words[0].startswith("#"):
             return words[0]
-    raise layout_error(
-        f"{source.variable}='{path}' ({source.scheduler}) names an empty host file.",
-        "Set MASTER_ADDR to the host of rank 0.",
-    )
+    return None
+
+
+def pe_hostfile_host(text: str, *, variable: str = "PE_HOSTFILE", scheduler: str = "SGE") -> str | None:
+    r"""The first host of a Grid Engine ``$PE_HOSTFILE``: one line per host, ``host slots queue processors``.
+
+    Raises:
+        LayoutError: If a line is not ``host slots ...`` with a whole number of slots.
+
+    >>> pe_hostfile_host("node07.cluster 4 all.q@node07.cluster UNDEFINED\nnode08.cluster 4 all.q@node08 <NULL>\n")
+    'node07.cluster'
+    """
+    first = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) < 2:
+            raise LayoutError(
+                f"{variable} line {number} ({line.strip()!r}, {scheduler}) is not 'host slots queue processors'.",
+                "Run inside the Grid Engine job that wrote the file, or set MASTER_ADDR to the host of rank 0.",
+                variable=variable,
+                value=line,
+                launcher=scheduler,
+            )
+        parse_count(
+            words[1],
+            variable=f"{variable} line {number} (slots)",
+            launcher=scheduler,
+            minimum=1,
+            hint="Run inside the Grid Engine job that wrote the file, or set MASTER_ADDR to the host of rank 0.",
+        )
+        first = first or words[0]
+    return first
+
+
+def lsf_pairs_host(value: str, *, variable: str = "LSB_MCPU_HOSTS", scheduler: str = "LSF") -> str:
+    """The first host of LSF's ``"hostA 4 hostB 4"`` (host names alternating with slot counts).
+
+    Raises:
+        LayoutError: If the value is not such pairs.
+
+    >>> lsf_pairs_host("batch1 1 hostA 4 hostB 4")
+    'batch1'
+    """
+    words = value.split()
+    if len(words) < 2 or len(words) % 2 or not all(is_count(word) for word in words[1::2]):
+        raise LayoutError(
+            f"{variable}='{value}' ({scheduler}) is not a list of 'host slots' pairs.",
+            "Use the value LSF set, or set MASTER_ADDR to the host of rank 0.",
+            variable=variable,
+            value=value,
+            launcher=scheduler,
+        )
+    return words[0]
+
+
+__all__ = [
+    "HostList",
+    "HostListForm",
+    "expand_nodelist",
+    "expand_tasks_per_node",
+    "first_word_host",
+    "lsf_pairs_host",
+    "pe_hostfile_host",
+]

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Mapping
 from typing import TypedDict
 
-from lightning_mpi_env.errors import LayoutWarning, layout_error
+from lightning_mpi_env.errors import LayoutError
 from lightning_mpi_env.layout import RankLayout, from_env
 
 TORCH_VARIABLES: tuple[str, ...] = (
@@ -49,8 +49,8 @@ class JaxDistributedKwargs(TypedDict):
 def _layout(env: Mapping[str, str] | None) -> tuple[RankLayout, Mapping[str, str]]:
     environ = os.environ if env is None else env
     layout = from_env(environ)
-    for message in layout.warnings:  # as the Lightning plugin does
-        warnings.warn(message, LayoutWarning, stacklevel=3)
+    for warning in layout.warnings:  # as the Lightning plugin does without its roll call
+        warnings.warn(warning, stacklevel=3)
     return layout, environ
 
 
@@ -116,18 +116,24 @@ def torchrun_args(env: Mapping[str, str] | None = None, *, nproc_per_node: int |
     layout, _ = _layout(env)
     if layout.local_size != 1:
         launcher = layout.launcher_name
-        raise layout_error(
+        raise LayoutError(
             f"{launcher} started {layout.local_size} processes on this node "
             f"({layout.sources.get('local_size', 'local size')}={layout.local_size}), but torchrun-args needs "
             f"exactly one per node: torchrun itself starts the {nproc_per_node} worker(s) on each node.",
             "Start one process per node: Open MPI `mpirun -npernode 1` (or `--map-by ppr:1:node`), MPICH/Intel MPI "
-            "`mpiexec -ppn 1`, Slurm `srun --ntasks-per-node=1`.",
+            "`mpiexec -ppn 1`, Slurm `srun --ntasks-per-node=1`, Flux `flux run --tasks-per-node=1`.",
+            variable=layout.sources.get("local_size"),
+            value=str(layout.local_size),
+            launcher=launcher,
         )
     if not _SAFE_WORD.match(layout.main_address):
-        raise layout_error(
+        raise LayoutError(
             f"The main address {layout.main_address!r} (from {layout.sources.get('main_address')}) is not a plain "
             f"host name, so it cannot be passed through `$(lightning-mpi-env torchrun-args)` unquoted.",
             "Set MASTER_ADDR to the plain host name or IP address of the first node.",
+            variable=layout.sources.get("main_address"),
+            value=layout.main_address,
+            launcher=layout.launcher_name,
         )
     return [
         f"--nnodes={layout.world_size}",
@@ -166,11 +172,14 @@ def local_device_ids(layout: RankLayout, env: Mapping[str, str]) -> list[int]:
     if len(devices) == 1:
         return [0]
     if layout.local_rank >= len(devices):
-        raise layout_error(
+        raise LayoutError(
             f"{variable}={env[variable]!r} lists {len(devices)} devices, but this process has local rank "
             f"{layout.local_rank} of {layout.local_size} ({layout.launcher_name}), so it has no device of its own.",
             "Show every local rank all of the node's devices, or exactly one each (e.g. `srun --gpus-per-task=1`), "
             "and launch at most as many ranks per node as there are devices.",
+            variable=variable,
+            value=env[variable],
+            launcher=layout.launcher_name,
         )
     return [layout.local_rank]
 

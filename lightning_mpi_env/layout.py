@@ -6,31 +6,22 @@ Nothing here imports torch or Lightning, writes to ``os.environ`` or talks to th
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
+from types import MappingProxyType
+from typing import NamedTuple
 
-from lightning_mpi_env.errors import LayoutError, layout_error
-from lightning_mpi_env.hostlist import HOST_LIST_SOURCES, expand_tasks_per_node, first_host
-from lightning_mpi_env.launchers import Launcher, detect_launcher
+from lightning_mpi_env.errors import ApproximateNodeRankWarning, LayoutError, LayoutWarning
+from lightning_mpi_env.hostlist import expand_tasks_per_node
+from lightning_mpi_env.launchers import Launcher, detect_launcher, stray_rank_variables
+from lightning_mpi_env.schedulers import SCHEDULERS, first_host, job_identity, read_host_file
+from lightning_mpi_env.values import is_count, parse_count, parse_port
 
 DEFAULT_MAIN_PORT = 29500
 """The main port when neither ``MASTER_PORT`` nor a job identity is available (PyTorch's own default)."""
 
 DERIVED_PORT_RANGE = range(20000, 30000)
 """Ports derived from a job's identity fall in here: below Linux's ephemeral range (32768 and up)."""
-
-JOB_IDENTITY_VARIABLES: tuple[tuple[str, ...], ...] = (
-    ("PMIX_NAMESPACE",),  # Open MPI 5 / PRRTE: unique per mpirun, even for several mpiruns in one job
-    ("PALS_APID",),  # Cray PALS: unique per application launch
-    ("SLURM_JOB_ID", "SLURM_STEP_ID"),  # Slurm: the step, so concurrent steps of one job differ
-    ("JOB_ID",),  # SGE
-    ("PBS_JOBID",),  # PBS
-    ("LSB_JOBID",),  # LSF
-)
-"""Variables that identify one job identically on all of its ranks, in the order we consult them."""
 
 STALE_TORCH_VARIABLES: tuple[tuple[str, str], ...] = (
     ("RANK", "rank"),
@@ -58,9 +49,18 @@ class Placement(str, Enum):
     """Neither placement explains this process's local rank, or both do with different answers: approximate."""
 
 
-@dataclass(frozen=True)
-class RankLayout:
-    """Where one process sits in the job, and which variable each answer came from."""
+DEALING: Mapping[Placement, tuple[str, str]] = {
+    Placement.BLOCK: ("slot", "block"),
+    Placement.ROUND_ROBIN: ("node", "cyclic"),
+}
+"""How a launch deals ranks to nodes, by placement: Open MPI's ``--map-by`` and Slurm's ``--distribution`` names."""
+
+
+class RankLayout(NamedTuple):
+    """Where one process sits in the job, and which variable each answer came from.
+
+    Immutable; two layouts are equal when every field but :attr:`sources` is.
+    """
 
     world_size: int
     """Number of processes in the job."""
@@ -82,9 +82,9 @@ class RankLayout:
     """The launcher that started this process, or ``None`` outside any launcher."""
     placement: Placement
     """How :attr:`node_rank` was found."""
-    sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
-    """For each field above, the variable (or rule) it came from."""
-    warnings: tuple[str, ...] = ()
+    sources: Mapping[str, str] = MappingProxyType({})
+    """For each field above, the variable (or rule) it came from; not compared."""
+    warnings: tuple[LayoutWarning, ...] = ()
     """Things the user should hear about that do not stop the job, such as an approximate node rank."""
 
     @property
@@ -107,6 +107,27 @@ class RankLayout:
         per_node = f"{self.local_size} on this node" if not self.is_even else f"{self.local_size} per node"
         return f"{self.world_size} rank{'s' if self.world_size != 1 else ''}, {per_node}"
 
+    def _compared(self) -> tuple[object, ...]:
+        # The warnings are exceptions, which compare by identity: compare what they say.
+        said = tuple((type(warning), str(warning)) for warning in self.warnings)
+        return (*self[:10], said)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RankLayout):
+            return NotImplemented
+        return self._compared() == other._compared()
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash(self._compared())
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # The read-only view of the sources does not pickle (spawned workers get the environment pickled).
+        return (_rebuild_layout, (tuple(self[:10]), dict(self.sources), self.warnings))
+
     def __repr__(self) -> str:
         nodes = "?" if self.num_nodes is None else str(self.num_nodes)
         node = f"{self.node_rank}{'' if self.node_rank_is_exact else '~'}/{nodes}"
@@ -116,22 +137,29 @@ class RankLayout:
         )
 
 
+def _rebuild_layout(
+    fields: tuple[object, ...], sources: dict[str, str], warnings: tuple[LayoutWarning, ...]
+) -> RankLayout:
+    return RankLayout._make((*fields, MappingProxyType(sources), warnings))
+
+
 def from_env(
     env: Mapping[str, str],
     *,
-    read_text: Callable[[str], str] = lambda path: Path(path).read_text(),
+    read_text: Callable[[str], str] | None = None,
 ) -> RankLayout:
     """Resolve this process's layout from its environment, in one pass.
 
     Args:
         env: The process environment (``os.environ`` or a plain dict).
-        read_text: Reads a scheduler's host file (``PBS_NODEFILE`` ...); replaced in tests.
+        read_text: Reads a scheduler's host file (``PBS_NODEFILE`` ...); the file system by default.
 
     Returns:
         The layout.
 
     Raises:
-        LayoutError: If a variable is malformed, missing, contradictory or stale.
+        LayoutError: If a variable is malformed, missing, contradictory or stale, or if a launcher's rank variable
+            is present without the rest of its launcher's variables.
 
     >>> from_env({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
     ...           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MASTER_ADDR": "nodea", "MASTER_PORT": "29611"})
@@ -139,12 +167,33 @@ def from_env(
     """
     launcher = detect_launcher(env)
     if launcher is None:
+        _refuse_stray_rank_variables(env)
         return _single_process(env)
-    return _LayoutParser(env, launcher, read_text).parse()
+    return _LayoutParser(env, launcher, read_text or read_host_file).parse()
+
+
+def _refuse_stray_rank_variables(env: Mapping[str, str]) -> None:
+    stray = stray_rank_variables(env)
+    if not stray:
+        return
+    variable, row = stray[0]
+    present = [f"{name}={env[name]!r}" for name in row.variables if name in env]
+    missing = [name for name in row.variables if name not in env]
+    raise LayoutError(
+        f"{', '.join(present)} {'is' if len(present) == 1 else 'are'} set, as {row.name} or another PMI-1 launcher "
+        f"(Flux, `srun --mpi=pmi2`) sets {variable}, but {', '.join(missing)} "
+        f"{'is' if len(missing) == 1 else 'are'} not, and no launcher this package knows started the process. "
+        f"Running it as a single process would make every rank train alone.",
+        f"{row.launch_hint} Under Flux or Slurm, start the ranks with `flux run` or `srun`, whose own variables "
+        f"(FLUX_TASK_*, SLURM_*) are read; do not copy {variable} by hand.",
+        variable=variable,
+        value=env[variable],
+        launcher=row.name,
+    )
 
 
 def _single_process(env: Mapping[str, str]) -> RankLayout:
-    port, port_source = _main_port(env, launcher_name="no launcher")
+    port, port_source = _main_port(env, None)
     address = env.get("MASTER_ADDR") or LOOPBACK_ADDRESS
     sources = dict.fromkeys(("world_size", "rank", "local_rank", "local_size", "node_rank", "num_nodes"), "no launcher")
     sources["main_address"] = "MASTER_ADDR" if env.get("MASTER_ADDR") else "single node: loopback"
@@ -160,7 +209,7 @@ def _single_process(env: Mapping[str, str]) -> RankLayout:
         main_port=port,
         launcher=None,
         placement=Placement.SINGLE,
-        sources=sources,
+        sources=MappingProxyType(sources),
     )
 
 
@@ -172,7 +221,7 @@ class _LayoutParser:
         self.launcher = launcher
         self.read_text = read_text
         self.sources: dict[str, str] = {}
-        self.warnings: list[str] = []
+        self.warnings: list[LayoutWarning] = []
 
     def parse(self) -> RankLayout:
         row = self.launcher
@@ -186,14 +235,16 @@ class _LayoutParser:
         if local_size > world_size:
             raise self._conflict(
                 f"{self.sources['local_size']}={local_size} ranks on this node is more than "
-                f"{row.world_size}={world_size} ranks in the whole job."
+                f"{row.world_size}={world_size} ranks in the whole job.",
+                self.sources["local_size"],
+                str(local_size),
             )
         node_rank, num_nodes, placement = self._node(rank, world_size, local_rank, local_size)
         self._check_stale_torch_variables(
             {"rank": rank, "world_size": world_size, "local_rank": local_rank, "local_size": local_size}
         )
         address = self._main_address(num_nodes, world_size, local_size)
-        port, self.sources["main_port"] = _main_port(self.env, launcher_name=row.name)
+        port, self.sources["main_port"] = _main_port(self.env, row)
         return RankLayout(
             world_size=world_size,
             rank=rank,
@@ -205,32 +256,57 @@ class _LayoutParser:
             main_port=port,
             launcher=row,
             placement=placement,
-            sources=dict(self.sources),
+            sources=MappingProxyType(dict(self.sources)),
             warnings=tuple(self.warnings),
         )
 
     # --- reading variables -------------------------------------------------------------------------------------
 
     def _require_complete_row(self) -> None:
-        missing = [name for name in self.launcher.variables if name not in self.env]
+        row = self.launcher
+        missing = [name for name in row.variables if name not in self.env]
         if missing:
-            present = ", ".join(f"{name}={self.env[name]!r}" for name in self.launcher.variables if name in self.env)
-            raise layout_error(
-                f"{self.launcher.name} variables are only partly set: {present} is set, but "
-                f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing.",
-                f"{self.launcher.launch_hint} Do not set {self.launcher.marker} by hand or copy it between jobs.",
+            present = ", ".join(f"{name}={self.env[name]!r}" for name in row.variables if name in self.env)
+            raise LayoutError(
+                f"{row.name} variables are only partly set: {present or f'{row.marker}={self.env[row.marker]!r}'} "
+                f"is set, but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing.",
+                f"{row.launch_hint} Do not set {row.marker} by hand or copy it between jobs.",
+                variable=missing[0],
+                launcher=row.name,
             )
 
     def _integer(self, variable: str, field_name: str, *, minimum: int = 0) -> int:
-        value = self.env[variable]
         self.sources[field_name] = variable
-        return parse_count(value, variable=variable, launcher=self.launcher, minimum=minimum)
+        row = self.launcher
+        return parse_count(
+            self.env[variable], variable=variable, launcher=row.name, minimum=minimum, hint=row.launch_hint
+        )
 
     def _local_size(self, world_size: int) -> int:
         row = self.launcher
         if row.local_size is not None:
             return self._integer(row.local_size, "local_size", minimum=1)
+        if row.tasks_per_node is not None and row.node_rank is not None:
+            return self._local_size_from_task_counts(world_size)
+        # The launcher exports the node count but not the ranks per node: derive them for an even layout.
+        assert row.num_nodes is not None
+        nodes = self._integer(row.num_nodes, "num_nodes", minimum=1)
+        if world_size % nodes:
+            raise LayoutError(
+                f"{row.name} started {row.world_size}={world_size} ranks on {row.num_nodes}={nodes} nodes, which "
+                f"is not the same number on every node, and it does not export how many run on this one.",
+                f"Launch the same number of ranks on every node (e.g. `flux run -N {nodes} "
+                f"--tasks-per-node={max(1, world_size // nodes)}`).",
+                variable=row.world_size,
+                value=str(world_size),
+                launcher=row.name,
+            )
+        self.sources["local_size"] = f"{row.world_size} / {row.num_nodes}"
+        return world_size // nodes
+
+    def _local_size_from_task_counts(self, world_size: int) -> int:
         # Slurm: the count for this node out of the step's compressed per-node counts.
+        row = self.launcher
         assert row.tasks_per_node is not None
         assert row.node_rank is not None
         counts = expand_tasks_per_node(self.env[row.tasks_per_node], variable=row.tasks_per_node)
@@ -238,28 +314,38 @@ class _LayoutParser:
         if node >= len(counts):
             raise self._conflict(
                 f"{row.node_rank}={node} but {row.tasks_per_node}={self.env[row.tasks_per_node]!r} lists only "
-                f"{len(counts)} node(s)."
+                f"{len(counts)} node(s).",
+                row.node_rank,
+                str(node),
             )
         if sum(counts) != world_size:
             raise self._conflict(
                 f"{row.tasks_per_node}={self.env[row.tasks_per_node]!r} adds up to {sum(counts)} tasks but "
-                f"{row.world_size}={world_size}."
+                f"{row.world_size}={world_size}.",
+                row.tasks_per_node,
+                self.env[row.tasks_per_node],
             )
         self.sources["local_size"] = f"{row.tasks_per_node}[{row.node_rank}]"
         return counts[node]
 
     def _check_bounds(self, variable: str, value: int, size_variable: str, size: int) -> None:
         if value >= size:
-            raise layout_error(
+            raise LayoutError(
                 f"{variable}={value} is out of range: {self.launcher.name} says there are only {size} "
                 f"({size_variable}={size}), so it must be below {size}.",
                 f"The variables disagree, so they were not all set by one launch. {self.launcher.launch_hint}",
+                variable=variable,
+                value=str(value),
+                launcher=self.launcher.name,
             )
 
-    def _conflict(self, problem: str) -> LayoutError:
-        return layout_error(
+    def _conflict(self, problem: str, variable: str, value: str) -> LayoutError:
+        return LayoutError(
             f"{self.launcher.name}: {problem}",
             f"The variables disagree, so they were not all set by one launch. {self.launcher.launch_hint}",
+            variable=variable,
+            value=value,
+            launcher=self.launcher.name,
         )
 
     # --- node rank --------------------------------------------------------------------------------------------
@@ -269,7 +355,7 @@ class _LayoutParser:
         if row.node_rank is not None:
             return self._node_from_launcher(world_size, local_size)
         num_nodes = world_size // local_size if world_size % local_size == 0 else None
-        self.sources["num_nodes"] = f"{row.world_size} / {self.sources['local_size']}"
+        self.sources.setdefault("num_nodes", f"{row.world_size} / {self.sources['local_size']}")
         block = (rank % local_size == local_rank, rank // local_size)
         round_robin = (num_nodes is not None and rank // num_nodes == local_rank, rank % (num_nodes or 1))
         if block[0] and (not round_robin[0] or block[1] == round_robin[1]):
@@ -285,10 +371,16 @@ class _LayoutParser:
             else "fits neither block nor round-robin placement (a rankfile or an uneven mapping?)"
         )
         self.warnings.append(
-            f"Node rank {block[1]} is approximate: {row.rank}={rank} with {row.local_rank}={local_rank} and "
-            f"{self.sources['local_size']}={local_size} {why}. Global and local ranks are exact; only the node "
-            f"index is a guess. HINT: use Trainer(strategy='ddp_mpi'), which resolves node ranks exactly by "
-            f"exchanging host names."
+            ApproximateNodeRankWarning(
+                f"Node rank {block[1]} is approximate: {row.rank}={rank} with {row.local_rank}={local_rank} and "
+                f"{self.sources['local_size']}={local_size} {why}. Global and local ranks are exact; only the node "
+                f"index is a guess.",
+                "use Trainer(strategy='ddp_mpi') or the roll call of MPIClusterEnvironment, which resolve node "
+                "ranks exactly by exchanging host names.",
+                variable=row.rank,
+                value=str(rank),
+                launcher=row.name,
+            )
         )
         return block[1], num_nodes, Placement.UNKNOWN
 
@@ -305,7 +397,9 @@ class _LayoutParser:
             num_nodes = world_size // local_size if world_size % local_size == 0 else None
             self.sources["num_nodes"] = f"{row.world_size} / {self.sources['local_size']}"
         if num_nodes is not None and node >= num_nodes:
-            raise self._conflict(f"{row.node_rank}={node} but the job has only {num_nodes} node(s).")
+            raise self._conflict(
+                f"{row.node_rank}={node} but the job has only {num_nodes} node(s).", row.node_rank, str(node)
+            )
         return node, num_nodes, Placement.LAUNCHER
 
     # --- agreement with torchrun-style variables ---------------------------------------------------------------
@@ -315,13 +409,16 @@ class _LayoutParser:
             if variable not in self.env or variable in self.launcher.variables:
                 continue
             value = self.env[variable]
-            if not value.isdigit() or int(value) != resolved[field_name]:
-                raise layout_error(
+            if not is_count(value) or int(value) != resolved[field_name]:
+                raise LayoutError(
                     f"{variable}={value!r} disagrees with {self.launcher.name}, which says "
                     f"{self.sources[field_name]}={resolved[field_name]}. A stale {variable} (exported by a job "
                     f"script or left over from torchrun) would give this process the wrong {field_name}.",
                     f"Unset {variable} before launching (`unset {variable}`), or do not pass it to the ranks "
                     f"(`mpirun -x` / `--export`).",
+                    variable=variable,
+                    value=value,
+                    launcher=self.launcher.name,
                 )
 
     # --- main address -----------------------------------------------------------------------------------------
@@ -330,7 +427,7 @@ class _LayoutParser:
         if self.env.get("MASTER_ADDR"):
             self.sources["main_address"] = "MASTER_ADDR"
             return self.env["MASTER_ADDR"]
-        found = first_host(self.env, self.read_text)
+        found = first_host(self.env, self.read_text, launch=(self.launcher.host_lists, self.launcher.name))
         if found is not None:
             host, variable = found
             self.sources["main_address"] = f"{variable} (first host)"
@@ -338,68 +435,60 @@ class _LayoutParser:
         if num_nodes == 1:
             self.sources["main_address"] = "single node: loopback"
             return LOOPBACK_ADDRESS
-        lists = ", ".join(source.variable for source in HOST_LIST_SOURCES)
+        sources = [*self.launcher.host_lists, *(source for scheduler in SCHEDULERS for source in scheduler.host_lists)]
+        lists = ", ".join(source.variable for source in sources)
         nodes = f"{num_nodes} nodes" if num_nodes is not None else "more than one node"
-        raise layout_error(
+        raise LayoutError(
             f"{self.launcher.name} started {world_size} ranks on {nodes} ({local_size} on this node), but "
             f"MASTER_ADDR is not set and no scheduler host list ({lists}) names the host of rank 0. Using "
             f"this host's loopback address would leave the other nodes waiting forever.",
-            "export MASTER_ADDR=<host name of rank 0's node> and pass it to every rank (Open MPI: `mpirun -x "
-            "MASTER_ADDR`; MPICH/Intel MPI: `mpiexec -genv MASTER_ADDR $MASTER_ADDR`).",
+            "export MASTER_ADDR=<host name of rank 0's node> and pass it to every rank"
+            + (
+                f" ({self.launcher.name}: {self.launcher.pass_main_address})."
+                if self.launcher.pass_main_address
+                else "."
+            )
+            + " Under a scheduler, its host list does this for you.",
+            variable="MASTER_ADDR",
+            launcher=self.launcher.name,
         )
 
 
-def _main_port(env: Mapping[str, str], *, launcher_name: str) -> tuple[int, str]:
-    """``MASTER_PORT``; else one derived from the job's identity; else :data:`DEFAULT_MAIN_PORT`."""
+def _main_port(env: Mapping[str, str], launcher: Launcher | None) -> tuple[int, str]:
+    """``MASTER_PORT``; else derived from the launch's or the job's identity; else :data:`DEFAULT_MAIN_PORT`."""
+    name = launcher.name if launcher is not None else None
     if "MASTER_PORT" in env:
-        value = env["MASTER_PORT"]
-        if not value.isdigit() or not 1 <= int(value) <= 65535:
-            raise layout_error(
-                f"MASTER_PORT={value!r} is not a port number between 1 and 65535 (launcher: {launcher_name}).",
-                "export MASTER_PORT=<a free port such as 29500>, or unset it to derive one from the job id.",
-            )
-        return int(value), "MASTER_PORT"
-    for variables in JOB_IDENTITY_VARIABLES:
-        if all(env.get(variable) for variable in variables):
-            identity = "/".join(env[variable] for variable in variables)
-            return derive_port(identity), f"derived from {'+'.join(variables)}"
+        port = parse_port(
+            env["MASTER_PORT"],
+            variable="MASTER_PORT",
+            launcher=name,
+            hint="export MASTER_PORT=<a free port such as 29500>, or unset it to derive one from the job id.",
+        )
+        return port, "MASTER_PORT"
+    if launcher is not None and launcher.job_identity and all(env.get(v) for v in launcher.job_identity):
+        identity = "/".join(env[variable] for variable in launcher.job_identity)
+        return derive_port(identity), f"derived from {'+'.join(launcher.job_identity)}"
+    job = job_identity(env)
+    if job is not None:
+        return derive_port(job[0]), f"derived from {'+'.join(job[1])}"
     return DEFAULT_MAIN_PORT, "default"
 
 
 def derive_port(identity: str) -> int:
     """A port in :data:`DERIVED_PORT_RANGE`, the same for the same job identity on every host.
 
-    A cryptographic hash spreads neighbouring job ids apart, unlike taking the id's last digits.
+    A cryptographic hash spreads neighbouring job ids apart, unlike taking the id's last digits. Any text works,
+    non-ASCII included (Flux job ids start with ``ƒ``).
 
     >>> derive_port("prterun-nodea-1234@1") == derive_port("prterun-nodea-1234@1")
     True
-    >>> derive_port("12345") in DERIVED_PORT_RANGE
+    >>> derive_port("ƒ2n7Sd1Ky") in DERIVED_PORT_RANGE
     True
     """
-    digest = int.from_bytes(hashlib.sha256(identity.encode()).digest()[:8], "big")
+    import hashlib  # Here, not at the top: most jobs set MASTER_PORT or have none to derive it from.
+
+    digest = int.from_bytes(hashlib.sha256(identity.encode("utf-8", "surrogateescape")).digest()[:8], "big")
     return DERIVED_PORT_RANGE.start + digest % len(DERIVED_PORT_RANGE)
-
-
-def parse_count(value: str, *, variable: str, launcher: Launcher | None, minimum: int = 0) -> int:
-    """Parse a rank or a size strictly: plain ASCII digits only, at least ``minimum``.
-
-    Raises:
-        LayoutError: Naming the variable, the value and the launcher.
-
-    >>> parse_count("12", variable="PMI_RANK", launcher=None)
-    12
-    """
-    launcher_name = launcher.name if launcher is not None else "no launcher"
-    fix = launcher.launch_hint if launcher is not None else f"Unset {variable}."
-    stripped = value.strip()
-    if stripped.startswith("-") and stripped[1:].isdigit():
-        raise layout_error(f"{variable}={value!r} ({launcher_name}) is negative.", fix)
-    if not (stripped.isascii() and stripped.isdigit()):
-        raise layout_error(f"{variable}={value!r} ({launcher_name}) is not a non-negative integer.", fix)
-    number = int(stripped)
-    if number < minimum:
-        raise layout_error(f"{variable}={value!r} ({launcher_name}) must be at least {minimum}.", fix)
-    return number
 
 
 __all__ = [

@@ -1,64 +1,60 @@
-"""A fail-fast rendezvous over one ``torch.distributed.TCPStore``, run before ``init_process_group``.
+"""The roll call: every rank of a job checks in on one ``torch.distributed.TCPStore`` before ``init_process_group``.
 
-Every process registers what it claims (rank, host, local rank, process id, world size, main port) in the store that
-rank 0 serves on the main address and port. A rank claimed twice, a world size or port that differs between
-processes, ranks that never arrive and uneven ranks per host each end *every* process with a
-:class:`RendezvousError` that names the ranks, hosts and process ids, instead of a silent wait in
-``init_process_group``. On success the same store is handed to ``init_process_group(store=...)``, so no second port
-is opened, and node ranks come from the exchanged host names (node 0 holds rank 0), whatever the placement.
+Every process registers what it claims (rank, host, local rank, process id, world size, main port, the versions of
+Python, torch and Lightning, its backend and device) in the store that rank 0 serves on the main address and port. A
+rank claimed twice, ranks that never arrive, a rank that disagrees with rank 0, two ranks on one host that would
+drive one GPU, and ranks spread unevenly over the hosts each end *every* process with a :class:`RendezvousError`
+naming the ranks, hosts and values, instead of a silent wait in ``init_process_group``.
 
-This module needs torch but not Lightning.
+Any rank can reach the verdict, from what the store holds: the rank that sees the problem first writes it under
+one key, and every rank raises it. Rank 0 serves the store with ``multi_tenant=True``, so the store that
+``init_process_group(init_method="env://")`` then opens on the same port is this very server: no second port.
+
+Node ranks come from the exchanged host names: hosts are numbered by the lowest global rank on each (node 0 holds
+rank 0), exact under any placement. This module needs torch (imported when a roll call runs), not Lightning.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from torch._C._distributed_c10d import TCPStore
+from lightning_mpi_env.compat import store_append, store_multi_set
+from lightning_mpi_env.errors import RendezvousError, SettingError
 
-from lightning_mpi_env.errors import LayoutError
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
 
 RENDEZVOUS_TIMEOUT_VARIABLE = "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT"
-"""Environment variable that sets the rendezvous timeout in seconds."""
+"""Environment variable that sets the roll call's timeout in seconds."""
 
 DEFAULT_RENDEZVOUS_TIMEOUT = 120.0
 """Seconds to wait for every rank to arrive, unless told otherwise. Separate from the collective timeout."""
 
-REPORT_GRACE = 5.0
-"""Seconds past the timeout that ranks other than 0 wait for rank 0's report of who is missing."""
+VERDICT_GRACE = 5.0
+"""Seconds past the timeout to wait for a verdict another rank is writing (everyone arrived just in time)."""
 
 KEY_PREFIX = "lightning_mpi_env/"
-"""Prefix of every key this rendezvous writes, apart from those of ``init_process_group``."""
+"""Prefix of every key the roll call writes, apart from those of ``init_process_group``."""
 
-_ABORT = KEY_PREFIX + "abort"
+_REGISTERED = KEY_PREFIX + "registered"
 _ARRIVED = KEY_PREFIX + "arrived"
-_WORLD = KEY_PREFIX + "world"
-_HOSTS = KEY_PREFIX + "hosts"
+_ARRIVED_RANKS = KEY_PREFIX + "arrived_ranks"
+_VERDICT = KEY_PREFIX + "verdict"
+_READ = KEY_PREFIX + "verdict_read"
 
-_MISSING_CAUSES = (
+MISSING_CAUSES = (
     "Likely causes: MASTER_ADDR/MASTER_PORT differ between nodes or point at the wrong host, a firewall blocks the "
     "port between nodes, or a node failed to start its ranks (check the launcher's and the scheduler's logs)."
 )
-
-
-class RendezvousError(LayoutError):
-    """The processes of one job do not add up: duplicate, missing or disagreeing ranks."""
-
-
-def rendezvous_error(problem: str, hint: str) -> RendezvousError:
-    """Build a :class:`RendezvousError` whose message ends with the fix.
-
-    >>> print(rendezvous_error("Rank 3 never arrived.", "Check the launcher's log."))
-    Rank 3 never arrived.
-    HINT: Check the launcher's log.
-    """
-    return RendezvousError(f"{problem}\nHINT: {hint}")
 
 
 @dataclass(frozen=True)
@@ -79,11 +75,25 @@ class Claim:
     """Where this process looks for rank 0."""
     main_port: int
     """Port this process uses on the main address."""
+    versions: Mapping[str, str] = field(default_factory=dict)
+    """``python``, ``torch``, ``lightning``/``pytorch_lightning`` and ``lightning_mpi_env`` versions, where known."""
+    backend: str = ""
+    """The process group backend this rank will use; empty when unknown."""
+    device: str = ""
+    """The device this rank will drive (``cuda:1``, ``cpu``); empty when not set up yet."""
+    device_id: str = ""
+    """The physical accelerator behind :attr:`device` (a GPU's UUID); empty on the CPU or when unknown."""
+    visible_devices: int | None = None
+    """How many accelerators this process sees; ``None`` when unknown."""
+    expected: tuple[int, int] | None = None
+    """``(devices, num_nodes)`` of the Trainer/Fabric, when known."""
 
     @classmethod
-    def here(cls, *, rank: int, world_size: int, local_rank: int, main_address: str, main_port: int) -> Claim:
+    def here(
+        cls, *, rank: int, world_size: int, local_rank: int, main_address: str, main_port: int, **facts: Any
+    ) -> Claim:
         """The claim of the calling process, with its own host name and process id."""
-        return cls(rank, world_size, socket.gethostname(), local_rank, os.getpid(), main_address, main_port)
+        return cls(rank, world_size, socket.gethostname(), local_rank, os.getpid(), main_address, main_port, **facts)
 
     def describe(self) -> str:
         """``"host nodeb (pid 4242, local rank 1)"``, for messages."""
@@ -96,7 +106,10 @@ class Claim:
     @classmethod
     def from_json(cls, text: str | bytes) -> Claim:
         """Read back a stored claim."""
-        return cls(**json.loads(text))
+        data = json.loads(text)
+        if data.get("expected") is not None:
+            data["expected"] = tuple(data["expected"])
+        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -113,46 +126,50 @@ class NodeAssignment:
     """Number of ranks on each host."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class RendezvousResult:
-    """A successful rendezvous: the store to hand to ``init_process_group`` and this process's place."""
+    """A roll call that everyone answered: the open store and this process's place."""
 
     store: TCPStore
-    """The store, served by rank 0, still open."""
+    """The store; on rank 0 it serves the port until this object is dropped."""
     claim: Claim
     """This process's claim."""
     nodes: NodeAssignment
-    """Node and local rank from the exchanged host names."""
-    hosts: tuple[str, ...]
-    """Host name of every rank, by global rank."""
+    """This process's node assignment."""
+    summary: str = ""
+    """One line saying who met where, for rank 0 to print."""
+    _hosts: tuple[str, ...] | None = None
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The host name of every rank, by global rank (read from the store on first use)."""
+        if self._hosts is None:
+            self._hosts = tuple(json.loads(self.store.get(KEY_PREFIX + "hosts")))
+        return self._hosts
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
-    """Ranks in words, with runs folded.
+    """``"rank 3"``, ``"ranks 8-15"`` or ``"ranks 1, 3-4"``.
 
-    >>> format_ranks([8, 9, 10, 11, 3])
-    'ranks 3, 8-11'
-    >>> format_ranks([5])
-    'rank 5'
+    >>> format_ranks([1, 3, 4])
+    'ranks 1, 3-4'
     """
     ordered = sorted(set(ranks))
-    runs: list[str] = []
-    start = previous = ordered[0] if ordered else 0
-    for rank in [*ordered[1:], None]:
-        if rank is not None and rank == previous + 1:
-            previous = rank
-            continue
-        runs.append(str(start) if start == previous else f"{start}-{previous}")
-        if rank is not None:
-            start = previous = rank
-    return f"rank{'s' if len(ordered) != 1 else ''} {', '.join(runs)}"
+    runs: list[list[int]] = []
+    for rank in ordered:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    parts = [str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs]
+    return f"{'rank' if len(ordered) == 1 else 'ranks'} {', '.join(parts)}"
 
 
 def resolve_timeout(value: float | None, env: Mapping[str, str]) -> float:
-    """The rendezvous timeout: the argument, else :data:`RENDEZVOUS_TIMEOUT_VARIABLE`, else the default.
+    """The roll call's timeout: the argument, else ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, else 120 s.
 
     Raises:
-        LayoutError: If the value is not a positive number of seconds.
+        SettingError: If the value is not a positive, finite number of seconds.
 
     >>> resolve_timeout(None, {"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"})
     20.0
@@ -170,9 +187,11 @@ def resolve_timeout(value: float | None, env: Mapping[str, str]) -> float:
     except ValueError:
         seconds = float("nan")
     if not seconds > 0 or seconds == float("inf"):
-        raise rendezvous_error(
+        raise SettingError(
             f"{source}={raw!r} is not a positive, finite number of seconds.",
             f"Set {source} to the seconds to wait for every rank to arrive, e.g. {DEFAULT_RENDEZVOUS_TIMEOUT:g}.",
+            variable=source,
+            value=raw,
         )
     return seconds
 
@@ -190,15 +209,13 @@ def assign_nodes(hosts: Sequence[str], rank: int) -> NodeAssignment:
     >>> assign_nodes(["b", "a", "b", "a"], 3)
     NodeAssignment(node_rank=1, num_nodes=2, local_rank=1, local_size=2)
     """
-    ranks_by_host: dict[str, list[int]] = {}
-    for index, host in enumerate(hosts):
-        ranks_by_host.setdefault(host, []).append(index)
+    ranks_by_host = _ranks_by_host(hosts)
     sizes = {len(ranks) for ranks in ranks_by_host.values()}
     if len(sizes) != 1:
         counts = ", ".join(f"{host}: {format_ranks(ranks)}" for host, ranks in ranks_by_host.items())
-        raise rendezvous_error(
+        raise RendezvousError(
             f"Ranks are spread unevenly over the hosts ({counts}); Lightning needs the same number of ranks on "
-            f"every node.",
+            "every node.",
             "Launch the same number of ranks on every node, e.g. `mpirun --map-by ppr:<ranks per node>:node` "
             "(Open MPI) or `srun --ntasks-per-node=<ranks per node>`.",
         )
@@ -212,35 +229,69 @@ def assign_nodes(hosts: Sequence[str], rank: int) -> NodeAssignment:
     )
 
 
-def duplicate_message(first: Claim, second: Claim) -> str:
+def _ranks_by_host(hosts: Sequence[str]) -> dict[str, list[int]]:
+    ranks_by_host: dict[str, list[int]] = {}
+    for index, host in enumerate(hosts):
+        ranks_by_host.setdefault(host, []).append(index)
+    return ranks_by_host
+
+
+# --- the verdicts -------------------------------------------------------------------------------------------------
+
+
+def duplicate_message(first: Claim, second: Claim) -> RendezvousError:
     """The error for a rank claimed twice, naming both claimants."""
-    return str(
-        rendezvous_error(
-            f"Duplicate rank {first.rank}: it is claimed by {first.describe()} and by {second.describe()}. Two "
-            f"processes with one rank would deadlock or corrupt training, so every rank stops.",
-            "The launcher's rank variables were overridden or copied: a wrapper script or job script that exports "
-            "OMPI_COMM_WORLD_RANK/PMI_RANK/SLURM_PROCID/RANK by hand, two launches sharing one MASTER_ADDR and "
-            "MASTER_PORT, or a job started twice. Let the launcher set the ranks and give each job its own port.",
-        )
+    return RendezvousError(
+        f"Duplicate rank {first.rank}: it is claimed by {first.describe()} and by {second.describe()}. Two "
+        "processes with one rank would deadlock or corrupt training, so every rank stops.",
+        "The launcher's rank variables were overridden or copied: a wrapper script or job script that exports "
+        "OMPI_COMM_WORLD_RANK/PMI_RANK/SLURM_PROCID/RANK by hand, two launches sharing one MASTER_ADDR and "
+        "MASTER_PORT, or a job started twice. Let the launcher set the ranks and give each job its own port.",
+        value=str(first.rank),
     )
 
 
-def disagreement_message(reference: Claim, other: Claim) -> str | None:
-    """The error when ``other`` expects another world size or main port than rank 0, or ``None``."""
-    problems = []
+def disagreement_message(reference: Claim, other: Claim) -> RendezvousError | None:
+    """The error when ``other`` disagrees with rank 0 on the job (world size, port, versions, backend, devices).
+
+    Returns:
+        The error, or ``None`` when they agree. Values either one does not know are not compared.
+    """
+    expects, runs, uses = [], [], []
     if other.world_size != reference.world_size:
-        problems.append(f"world size {other.world_size} (rank 0 says {reference.world_size})")
+        expects.append(f"world size {other.world_size} (rank 0 says {reference.world_size})")
     if other.main_port != reference.main_port:
-        problems.append(f"main port {other.main_port} (rank 0 says {reference.main_port})")
-    if not problems:
-        return None
-    return str(
-        rendezvous_error(
-            f"Rank {other.rank} on {other.describe()} expects {' and '.join(problems)}; rank 0 runs on "
-            f"{reference.describe()}. The processes were not started by one launch with one environment.",
-            "Start every rank with one launcher command, and pass the same WORLD_SIZE/MASTER_PORT (or none) to "
-            "all of them; a job script that sets them per node must agree across nodes.",
+        expects.append(f"main port {other.main_port} (rank 0 says {reference.main_port})")
+    if other.expected is not None and reference.expected is not None and other.expected != reference.expected:
+        expects.append(
+            f"Trainer(devices={other.expected[0]}, num_nodes={other.expected[1]}) (rank 0 has "
+            f"devices={reference.expected[0]}, num_nodes={reference.expected[1]})"
         )
+    for name in sorted(set(other.versions) & set(reference.versions)):
+        if other.versions[name] != reference.versions[name]:
+            runs.append(f"{name} {other.versions[name]} (rank 0 runs {reference.versions[name]})")
+    if other.backend and reference.backend and other.backend != reference.backend:
+        uses.append(
+            f"the {other.backend} backend on {other.device or 'an unknown device'} (rank 0 uses "
+            f"{reference.backend} on {reference.device or 'an unknown device'})"
+        )
+    gpus = "nccl" in (other.backend, reference.backend)
+    known = other.visible_devices is not None and reference.visible_devices is not None
+    if gpus and known and other.visible_devices != reference.visible_devices:
+        uses.append(f"{other.visible_devices} visible GPU(s) (rank 0 sees {reference.visible_devices})")
+    phrases = [
+        f"{verb} {' and '.join(items)}"
+        for verb, items in (("expects", expects), ("runs", runs), ("uses", uses))
+        if items
+    ]
+    if not phrases:
+        return None
+    return RendezvousError(
+        f"Rank {other.rank} on {other.describe()} {'; it '.join(phrases)}; rank 0 runs on {reference.describe()}. "
+        "The processes were not started by one launch with one environment.",
+        "Start every rank with one launcher command and one software environment (the same Python, torch and "
+        "Lightning on every node), and pass the same WORLD_SIZE/MASTER_PORT (or none) and the same Trainer "
+        "arguments to all of them.",
     )
 
 
@@ -250,8 +301,19 @@ def missing_message(
     world_size: int,
     timeout: float,
     expected_node: Callable[[int], int] | None,
-) -> str:
-    """The error for ranks that never arrived, saying where they were expected."""
+    *,
+    arrived_count: int | None = None,
+) -> RendezvousError:
+    """The error for ranks that never arrived, saying where they were expected.
+
+    Args:
+        missing: The ranks that never arrived.
+        arrived: Claims of arrived ranks (enough to name the host of each node that had missing ranks).
+        world_size: The job's size.
+        timeout: The timeout that passed.
+        expected_node: Where the launcher placed each rank, when known.
+        arrived_count: How many ranks arrived (``len(arrived)`` by default).
+    """
     where = ""
     if expected_node is not None:
         hosts_of_node: dict[int, set[str]] = {}
@@ -264,14 +326,130 @@ def missing_message(
             on = f"host {', '.join(hosts)}" if hosts else "a node from which no rank arrived at all"
             places.append(f"on node {node} ({on}): {ranks}" if len(missing) > 1 else f"on node {node} ({on})")
         where = f"; {'they were' if len(missing) > 1 else 'it was'} expected {'; '.join(places)}"
-    return str(
-        rendezvous_error(
-            f"{format_ranks(missing).capitalize()} of {world_size} never arrived within the rendezvous timeout of "
-            f"{timeout:g} s{where}. {len(arrived)} rank(s) arrived.",
-            f"{_MISSING_CAUSES} To wait longer, raise {RENDEZVOUS_TIMEOUT_VARIABLE} or "
-            f"MPIDDPStrategy(rendezvous_timeout=...).",
-        )
+    count = len(arrived) if arrived_count is None else arrived_count
+    return RendezvousError(
+        f"{format_ranks(missing).capitalize()} of {world_size} never arrived within the rendezvous timeout of "
+        f"{timeout:g} s{where}. {count} rank(s) arrived.",
+        f"{MISSING_CAUSES} To wait longer, raise {RENDEZVOUS_TIMEOUT_VARIABLE} or "
+        "MPIClusterEnvironment(rendezvous_timeout=...).",
+        value=format_ranks(missing),
     )
+
+
+def device_collision(first: Claim, second: Claim) -> RendezvousError:
+    """The error for two ranks on one host that would drive the same accelerator."""
+    return RendezvousError(
+        f"Ranks {first.rank} and {second.rank} on host {first.host} would both drive {first.device} "
+        f"(accelerator {first.device_id}): rank {first.rank} is {first.describe()}, rank {second.rank} is "
+        f"{second.describe()}. Two processes on one GPU run out of memory or deadlock in NCCL.",
+        "Give each rank on a node its own GPU: launch one rank per GPU with the launcher's local ranks intact, and "
+        "make CUDA_VISIBLE_DEVICES either list all of the node's GPUs for every rank or exactly one per rank "
+        "(`srun --gpus-per-task=1`).",
+        value=first.device_id,
+    )
+
+
+def local_rank_collision(first: Claim, second: Claim) -> RendezvousError:
+    """The error for two ranks on one host with the same local rank."""
+    return RendezvousError(
+        f"Ranks {first.rank} and {second.rank} on host {first.host} both claim local rank {first.local_rank} "
+        f"(pids {first.pid} and {second.pid}): they would use the same device and the same data shard slot.",
+        "The launcher's local-rank variables were overridden or copied (a wrapper script exporting "
+        "OMPI_COMM_WORLD_LOCAL_RANK/MPI_LOCALRANKID/SLURM_LOCALID/LOCAL_RANK by hand). Let the launcher set them.",
+        value=str(first.local_rank),
+    )
+
+
+def expectation_mismatch(claims: Sequence[Claim], nodes: NodeAssignment) -> RendezvousError | None:
+    """The error when the hosts do not match ``Trainer(devices, num_nodes)``, or ``None``."""
+    expected = claims[0].expected
+    if expected is None or (nodes.local_size, nodes.num_nodes) == expected:
+        return None
+    devices, num_nodes = expected
+    hosts = ", ".join(dict.fromkeys(claim.host for claim in claims))
+    return RendezvousError(
+        f"The host names of the {len(claims)} ranks name {nodes.num_nodes} host(s) with {nodes.local_size} rank(s) "
+        f"each ({hosts}), but Trainer(devices={devices}, num_nodes={num_nodes}) expects {num_nodes} node(s) with "
+        f"{devices} each.",
+        "Make Trainer(devices=..., num_nodes=...) match the launch; if different nodes report the same host "
+        "name (containers), give each node its own host name.",
+    )
+
+
+def _collisions(claims: Sequence[Claim]) -> RendezvousError | None:
+    by_device: dict[tuple[str, str], Claim] = {}
+    by_local_rank: dict[tuple[str, int], Claim] = {}
+    for claim in claims:
+        if claim.device_id:
+            first = by_device.setdefault((claim.host, claim.device_id), claim)
+            if first is not claim:
+                return device_collision(first, claim)
+        first = by_local_rank.setdefault((claim.host, claim.local_rank), claim)
+        if first is not claim:
+            return local_rank_collision(first, claim)
+    return None
+
+
+def summary(claims: Sequence[Claim], seconds: float) -> str:
+    """One line saying who met where: ``roll call: 4 ranks on 2 hosts (a: ranks 0-1, b: ranks 2-3) in 0.31 s``."""
+    ranks_by_host = _ranks_by_host([claim.host for claim in claims])
+    shown = [f"{host}: {format_ranks(ranks)}" for host, ranks in list(ranks_by_host.items())[:4]]
+    if len(ranks_by_host) > 4:
+        shown.append(f"... {len(ranks_by_host) - 4} more")
+    return (
+        f"lightning-mpi-env: roll call: all {len(claims)} ranks met on {len(ranks_by_host)} host(s) "
+        f"({'; '.join(shown)}) in {seconds:.2f} s"
+    )
+
+
+# --- facts about this process ---------------------------------------------------------------------------------------
+
+
+def local_facts(backend: str | None = None) -> dict[str, Any]:
+    """What this process can say about its software and device, for :meth:`Claim.here`.
+
+    Args:
+        backend: The process group backend, when the strategy states it; else the default for the device.
+    """
+    versions = {"python": platform.python_version()}
+    for name in ("torch", "lightning", "pytorch_lightning", "lightning_mpi_env"):
+        module = sys.modules.get(name)
+        version = getattr(module, "__version__", None)
+        if isinstance(version, str):
+            versions[name] = version
+    import torch
+
+    device, device_id, visible = "", "", None
+    if torch.cuda.is_available():
+        visible = torch.cuda.device_count()
+        if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # the strategy set the device up already (Lightning 2.2+)
+            index = torch.cuda.current_device()
+            device = f"cuda:{index}"
+            device_id = _gpu_id(torch, index)
+    else:
+        visible, device = 0, "cpu"
+    if backend is None and device:
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+    return {
+        "versions": versions,
+        "backend": backend or "",
+        "device": device,
+        "device_id": device_id,
+        "visible_devices": visible,
+    }
+
+
+def _gpu_id(torch: Any, index: int) -> str:
+    properties = torch.cuda.get_device_properties(index)
+    uuid = getattr(properties, "uuid", None)
+    if uuid is not None:
+        return str(uuid)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    listed = [item.strip() for item in visible.split(",") if item.strip()]
+    return listed[index] if index < len(listed) else str(index)
+
+
+# --- the roll call ---------------------------------------------------------------------------------------------------
 
 
 def rendezvous(
@@ -279,7 +457,6 @@ def rendezvous(
     *,
     timeout: float,
     expected_node: Callable[[int], int] | None = None,
-    poll_interval: float | None = None,
 ) -> RendezvousResult:
     """Meet every other rank in rank 0's store, or raise a named error within about ``timeout`` seconds.
 
@@ -287,64 +464,73 @@ def rendezvous(
         claim: This process's claim (see :meth:`Claim.here`).
         timeout: Seconds to wait for every rank (and, for ranks other than 0, for rank 0's store to answer).
         expected_node: Maps a rank to the node the launcher placed it on, to say where missing ranks were expected.
-        poll_interval: Seconds between looks at the store; grows with the world size by default.
 
     Returns:
         The open store and this process's node assignment.
 
     Raises:
-        RendezvousError: On a duplicate rank, a disagreeing world size or port, ranks that never arrived, an
-            unreachable rank 0, or uneven ranks per host. Every process of the job raises, none waits on.
+        RendezvousError: On a duplicate rank, a disagreement with rank 0, ranks that never arrived, an unreachable
+            rank 0, two ranks on one GPU, or uneven ranks per host. Every process of the job raises, none waits on.
     """
-    deadline = time.monotonic() + timeout
-    interval = poll_interval if poll_interval is not None else max(0.05, claim.world_size / 2000)
+    from torch.distributed import DistError, DistStoreError
+
+    start = time.monotonic()
     store = _connect(claim, timeout)
-    meeting = _Meeting(store, claim, deadline, interval)
+    meeting = _Meeting(store, claim, start, timeout, expected_node)
     try:
-        meeting.register()
-        meeting.wait_for_everyone(timeout, expected_node)
-        hosts = meeting.exchange_hosts()
+        nodes, line = meeting.run()
     except RendezvousError:
         meeting.leave()
         raise
-    except RuntimeError as error:  # the store went away: rank 0 stopped, most likely for a reason it printed
-        raise rendezvous_error(
-            f"Rank {claim.rank} on {claim.describe()} lost the rendezvous store at {claim.main_address}:"
-            f"{claim.main_port} ({type(error).__name__}: {error}).",
-            "Rank 0 stopped: look for its error above (duplicate or missing ranks, or a crash).",
-        ) from error
-    return RendezvousResult(store=store, claim=claim, nodes=assign_nodes(hosts, claim.rank), hosts=hosts)
+    except DistStoreError as error:  # a wait on the store ran out: rank 0's store stopped answering
+        raise meeting.lost_store(error) from error
+    except DistError as error:  # the store went away: rank 0 stopped, most likely for a reason it printed
+        raise meeting.lost_store(error) from error
+    return RendezvousResult(store=store, claim=claim, nodes=nodes, summary=line)
 
 
 def _connect(claim: Claim, timeout: float) -> TCPStore:
+    import torch.distributed
+
     address = f"{claim.main_address}:{claim.main_port}"
     try:
         if claim.rank != 0:
             # TCPStore's own connect retries can overshoot its timeout twofold: wait for the port ourselves.
             _wait_for_port(claim.main_address, claim.main_port, time.monotonic() + timeout)
-        return TCPStore(
+        store: TCPStore = torch.distributed.TCPStore(  # type: ignore[attr-defined]
             claim.main_address,
             claim.main_port,
             world_size=claim.world_size,
             is_master=claim.rank == 0,
             timeout=timedelta(seconds=timeout),
             wait_for_workers=False,
+            # init_process_group's env:// store on rank 0 then shares this server (keyed by port): no second port.
+            multi_tenant=True,
         )
+        return store
     except (RuntimeError, TimeoutError) as error:
         if claim.rank == 0:
-            raise rendezvous_error(
+            raise RendezvousError(
                 f"Rank 0 on {claim.describe()} could not serve the rendezvous on port {claim.main_port} "
-                f"({type(error).__name__}: {error}).",
+                f"({type(error).__name__}: {_first_line(error)}).",
                 "The port is taken: by another job on this host (give each job its own MASTER_PORT, or unset it to "
                 "derive one from the job id), or by a second process that also claims rank 0 here.",
+                variable="MASTER_PORT",
+                value=str(claim.main_port),
             ) from error
-        raise rendezvous_error(
+        raise RendezvousError(
             f"Rank {claim.rank} on {claim.describe()}: rank 0 never answered at the main address {address} within "
             f"the rendezvous timeout of {timeout:g} s ({type(error).__name__}).",
             f"Rank 0 or its node failed to start, MASTER_ADDR/MASTER_PORT ({address} here) point at the wrong host "
             f"or differ between nodes, or a firewall blocks the port. To wait longer, raise "
             f"{RENDEZVOUS_TIMEOUT_VARIABLE}.",
+            variable="MASTER_ADDR",
+            value=claim.main_address,
         ) from error
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
 def _wait_for_port(host: str, port: int, deadline: float) -> None:
@@ -361,119 +547,220 @@ def _wait_for_port(host: str, port: int, deadline: float) -> None:
 
 
 class _Meeting:
-    """The steps of one rendezvous on one process; any failure is published under one abort key."""
+    """One rank's part in one roll call; the first rank to reach a verdict writes it for all."""
 
-    def __init__(self, store: TCPStore, claim: Claim, deadline: float, interval: float) -> None:
+    def __init__(
+        self,
+        store: TCPStore,
+        claim: Claim,
+        start: float,
+        timeout: float,
+        expected_node: Callable[[int], int] | None,
+    ) -> None:
         self.store = store
         self.claim = claim
-        self.deadline = deadline
-        self.interval = interval
+        self.start = start
+        self.deadline = start + timeout
+        self.timeout = timeout
+        self.expected_node = expected_node
+        self.rank_zero: Claim | None = None
 
-    def register(self) -> None:
+    def run(self) -> tuple[NodeAssignment, str]:
+        self._register()
+        if self.claim.rank != 0:
+            self._compare_with_rank_zero()
+        self._arrive()
+        verdict = self._await_verdict()
+        if "problem" in verdict:
+            self._raise(verdict)
+        self.store.add(_READ, 1)
+        node_rank, num_nodes, local_rank, local_size = json.loads(self.store.get(f"{KEY_PREFIX}node/{self.claim.rank}"))
+        return NodeAssignment(node_rank, num_nodes, local_rank, local_size), str(verdict.get("summary", ""))
+
+    # --- steps ---------------------------------------------------------------------------------------------------
+
+    def _register(self) -> None:
         rank = self.claim.rank
-        if rank == 0:
-            self.store.set(_WORLD, self.claim.to_json())
+        self.store.add(_REGISTERED, 1)  # from now on rank 0 keeps the store up until this rank read the verdict
         order = self.store.add(f"{KEY_PREFIX}claims/{rank}", 1)
         self.store.set(f"{KEY_PREFIX}claim/{rank}/{order}", self.claim.to_json())
         if order > 1:
-            # The second claimant knows at once; the first learns through the abort key it polls.
-            first = Claim.from_json(self._get(f"{KEY_PREFIX}claim/{rank}/1", grace=REPORT_GRACE))
-            self._abort(duplicate_message(first, self.claim))
-        reference = Claim.from_json(self._get(_WORLD, grace=0.0))
-        problem = disagreement_message(reference, self.claim)
+            # The second claimant knows at once; the first learns it from the verdict.
+            first = Claim.from_json(self._get(f"{KEY_PREFIX}claim/{rank}/1"))
+            self._conclude(duplicate_message(first, self.claim))
+
+    def _compare_with_rank_zero(self) -> None:
+        self.rank_zero = Claim.from_json(self._get(f"{KEY_PREFIX}claim/0/1"))
+        problem = disagreement_message(self.rank_zero, self.claim)
         if problem is not None:
-            self._abort(problem)
-        self.store.add(_ARRIVED, 1)
+            self._conclude(problem)
 
-    def wait_for_everyone(self, timeout: float, expected_node: Callable[[int], int] | None) -> None:
-        world_size = self.claim.world_size
-        while self.store.add(_ARRIVED, 0) < world_size:
-            self._raise_if_aborted()
-            if time.monotonic() > self.deadline:
-                if self.claim.rank != 0:
-                    self._wait_for_report(timeout)
-                self._abort(self._missing(timeout, expected_node))
-            time.sleep(self.interval)
-        self._raise_if_aborted()
+    def _arrive(self) -> None:
+        store_append(self.store, _ARRIVED_RANKS, f"{self.claim.rank},")
+        if self.store.add(_ARRIVED, 1) == self.claim.world_size:
+            self._finalize()
 
-    def exchange_hosts(self) -> tuple[str, ...]:
+    def _finalize(self) -> None:
+        """The last rank to arrive checks the whole table and writes everyone's node assignment."""
         world_size = self.claim.world_size
-        if self.claim.rank == 0:
-            keys = [f"{KEY_PREFIX}claim/{rank}/1" for rank in range(world_size)]
-            claims = [Claim.from_json(raw) for raw in self.store.multi_get(keys)]
-            for other in claims:
-                problem = disagreement_message(self.claim, other)
-                if problem is not None:
-                    self._abort(problem)
-            hosts = tuple(claim.host for claim in claims)
-            try:
-                assign_nodes(hosts, 0)
-            except RendezvousError as error:
-                self._abort(str(error))
-            self.store.set(_HOSTS, json.dumps(hosts))
-            return hosts
-        return tuple(json.loads(self._get(_HOSTS, grace=REPORT_GRACE)))
+        keys = [f"{KEY_PREFIX}claim/{rank}/1" for rank in range(world_size)]
+        claims = [Claim.from_json(raw) for raw in self.store.multi_get(keys)]
+        for other in claims[1:]:
+            problem = disagreement_message(claims[0], other)
+            if problem is not None:
+                self._conclude(problem)
+        collision = _collisions(claims)
+        if collision is not None:
+            self._conclude(collision)
+        hosts = [claim.host for claim in claims]
+        try:
+            assignments = _assign_all(hosts)
+        except RendezvousError as error:
+            self._conclude(error)
+        mismatch = expectation_mismatch(claims, assignments[0])
+        if mismatch is not None:
+            self._conclude(mismatch)
+        store_multi_set(
+            self.store,
+            [f"{KEY_PREFIX}node/{rank}" for rank in range(world_size)],
+            [json.dumps([a.node_rank, a.num_nodes, a.local_rank, a.local_size]) for a in assignments],
+        )
+        self.store.set(KEY_PREFIX + "hosts", json.dumps(hosts))
+        line = summary(claims, time.monotonic() - self.start)
+        self.store.compare_set(_VERDICT, "", json.dumps({"summary": line}))
+
+    def _await_verdict(self) -> dict[str, Any]:
+        from torch.distributed import DistStoreError
+
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining > 0:
+                try:
+                    self.store.wait([_VERDICT], timedelta(seconds=remaining))
+                    return dict(json.loads(self.store.get(_VERDICT)))
+                except DistStoreError:
+                    continue  # the deadline passed
+            if self.store.check([_VERDICT]):
+                return dict(json.loads(self.store.get(_VERDICT)))
+            problem = self._missing()
+            if problem is not None:
+                self._conclude(problem)
+            # Everyone arrived just now: the last rank is writing the verdict.
+            self.store.wait([_VERDICT], timedelta(seconds=VERDICT_GRACE))
+            return dict(json.loads(self.store.get(_VERDICT)))
 
     def leave(self) -> None:
-        # Rank 0 serves the store: keep it up briefly so that the others can read why the job stops.
-        if self.claim.rank == 0 and self.claim.world_size > 1:
-            time.sleep(min(1.0, REPORT_GRACE))
+        """On rank 0, keep serving the verdict after this process's error is shown, until every rank read it.
+
+        Ranks still starting (importing torch) connect after the verdict; without the store they would wait out
+        the timeout and blame rank 0. The wait runs at interpreter exit, after the error is printed, and ends when
+        every rank of the job read the verdict or the roll call's deadline (plus a grace) passed. Under ``mpirun``
+        the launcher ends the job as soon as a rank fails, sooner.
+        """
+        if self.claim.rank != 0 or self.claim.world_size == 1:
+            return
+        import atexit
+
+        atexit.register(_serve_verdict, self.store, self.claim.world_size, max(self.deadline, time.monotonic()))
+
+    def lost_store(self, error: BaseException) -> RendezvousError:
+        address = f"{self.claim.main_address}:{self.claim.main_port}"
+        who = f"rank 0 on {self.rank_zero.describe()}" if self.rank_zero is not None else "rank 0"
+        return RendezvousError(
+            f"Rank {self.claim.rank} on {self.claim.describe()} lost the rendezvous store at {address}, which "
+            f"{who} serves ({type(error).__name__}: {_first_line(error)}).",
+            "Rank 0 stopped: look for its error above (a duplicate or missing rank, or a crash). " + MISSING_CAUSES,
+            variable="MASTER_ADDR",
+            value=address,
+        )
 
     # --- helpers -------------------------------------------------------------------------------------------------
 
-    def _missing(self, timeout: float, expected_node: Callable[[int], int] | None) -> str:
-        arrived: dict[int, Claim] = {}
-        missing = []
-        for rank in range(self.claim.world_size):
-            key = f"{KEY_PREFIX}claim/{rank}/1"
-            if self.store.check([key]):
-                arrived[rank] = Claim.from_json(self.store.get(key))
-            else:
-                missing.append(rank)
-        if not missing:  # everyone arrived just now
-            return ""
-        return missing_message(missing, arrived, self.claim.world_size, timeout, expected_node)
+    def _conclude(self, problem: RendezvousError) -> NoReturn:
+        """Write ``problem`` as the verdict unless another rank wrote one first; raise the verdict that stands."""
+        payload = json.dumps({"problem": problem.problem, "hint": problem.hint, "value": problem.value})
+        current = json.loads(self.store.compare_set(_VERDICT, "", payload))
+        if "problem" in current:
+            self._raise(current)
+        self.store.add(_READ, 1)
+        raise problem  # the others already met (a late duplicate): this process still must not go on
 
-    def _wait_for_report(self, timeout: float) -> None:
-        """Past the deadline, give rank 0 a moment to say who is missing, then speak for ourselves."""
-        end = time.monotonic() + REPORT_GRACE
-        while time.monotonic() < end:
-            self._raise_if_aborted()
-            time.sleep(self.interval)
-        raise rendezvous_error(
-            f"Rank {self.claim.rank} on {self.claim.describe()}: not every rank arrived within the rendezvous "
-            f"timeout of {timeout:g} s, and rank 0 did not say which.",
-            _MISSING_CAUSES,
+    def _raise(self, verdict: Mapping[str, Any]) -> NoReturn:
+        """Raise the verdict another rank (or this one) wrote, telling rank 0 it was read."""
+        self.store.add(_READ, 1)
+        raise RendezvousError(verdict["problem"], verdict["hint"], value=verdict.get("value"))
+
+    def _missing(self) -> RendezvousError | None:
+        """Who never arrived, read from the store: any rank can say it, not only rank 0."""
+        world_size = self.claim.world_size
+        arrived_text = self.store.get(_ARRIVED_RANKS).decode() if self.store.check([_ARRIVED_RANKS]) else ""
+        arrived_ranks = {int(item) for item in arrived_text.split(",") if item}
+        missing = sorted(set(range(world_size)) - arrived_ranks)
+        if not missing:
+            return None
+        examples: dict[int, Claim] = {}
+        if self.expected_node is not None:
+            wanted = {self.expected_node(rank) for rank in missing}
+            for rank in sorted(arrived_ranks):
+                node = self.expected_node(rank)
+                if node in wanted:
+                    examples[rank] = Claim.from_json(self.store.get(f"{KEY_PREFIX}claim/{rank}/1"))
+                    wanted.discard(node)
+        return missing_message(
+            missing, examples, world_size, self.timeout, self.expected_node, arrived_count=len(arrived_ranks)
         )
 
-    def _abort(self, message: str) -> None:
-        if not message:
-            return
-        current = self.store.compare_set(_ABORT, "", message)
-        raise RendezvousError(_text(current) or message)
+    def _get(self, key: str) -> bytes:
+        """The value of ``key`` once set, giving up at the deadline (then: who is missing)."""
+        from torch.distributed import DistStoreError
 
-    def _raise_if_aborted(self) -> None:
-        if self.store.check([_ABORT]):
-            raise RendezvousError(_text(self.store.get(_ABORT)))
-
-    def _get(self, key: str, *, grace: float) -> bytes:
-        """The value of ``key`` once set, watching the abort key meanwhile; never waits past the deadline+grace."""
-        end = self.deadline + grace
-        while not self.store.check([key]):
-            self._raise_if_aborted()
-            if time.monotonic() > end:
-                raise rendezvous_error(
+        remaining = self.deadline - time.monotonic()
+        try:
+            self.store.wait([key], timedelta(seconds=max(remaining, 0.001)))
+        except DistStoreError:
+            if self.store.check([_VERDICT]):
+                verdict = json.loads(self.store.get(_VERDICT))
+                if "problem" in verdict:
+                    self._raise(verdict)
+            problem = self._missing()
+            self._conclude(
+                problem
+                or RendezvousError(
                     f"Rank {self.claim.rank} on {self.claim.describe()}: the rendezvous store never received "
-                    f"{key!r} within the rendezvous timeout.",
-                    f"Rank 0 stopped or is overloaded. {_MISSING_CAUSES}",
+                    f"{key!r} within the rendezvous timeout of {self.timeout:g} s.",
+                    f"Rank 0 stopped or is overloaded. {MISSING_CAUSES}",
                 )
-            time.sleep(self.interval)
+            )
         value: bytes = self.store.get(key)
         return value
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def _serve_verdict(store: TCPStore, world_size: int, deadline: float) -> None:
+    """Keep ``store`` (and the server in it) alive until every rank read the verdict, or the deadline passed."""
+    minimum = time.monotonic() + 3.0  # ranks that registered read the verdict within milliseconds
+    try:
+        while True:
+            read, registered = store.add(_READ, 0), store.add(_REGISTERED, 0)
+            now = time.monotonic()
+            if read >= world_size or (now > minimum and now > deadline + VERDICT_GRACE and read >= registered):
+                return
+            if now > max(minimum, deadline + VERDICT_GRACE):
+                return
+            time.sleep(0.1)
+    except RuntimeError:  # the store is gone already
+        return
+
+
+def _assign_all(hosts: Sequence[str]) -> list[NodeAssignment]:
+    """:func:`assign_nodes` for every rank at once (linear in the number of ranks)."""
+    ranks_by_host = _ranks_by_host(hosts)
+    sizes = {len(ranks) for ranks in ranks_by_host.values()}
+    if len(sizes) != 1:
+        assign_nodes(hosts, 0)  # raises the uneven-hosts error
+    local_size = sizes.pop()
+    node_of = {host: index for index, host in enumerate(ranks_by_host)}
+    local_of = {rank: index for ranks in ranks_by_host.values() for index, rank in enumerate(ranks)}
+    return [NodeAssignment(node_of[host], len(node_of), local_of[rank], local_size) for rank, host in enumerate(hosts)]
 
 
 __all__ = [
@@ -484,7 +771,11 @@ __all__ = [
     "RendezvousError",
     "RendezvousResult",
     "assign_nodes",
+    "disagreement_message",
+    "duplicate_message",
     "format_ranks",
+    "local_facts",
+    "missing_message",
     "rendezvous",
     "resolve_timeout",
 ]

@@ -13,35 +13,35 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 
-from lightning_mpi_env.errors import LayoutError, layout_error
-from lightning_mpi_env.launchers import LAUNCHERS_BY_KEY, Launcher
-from lightning_mpi_env.layout import RankLayout, from_env
+from lightning_mpi_env.errors import LayoutError
+from lightning_mpi_env.launchers import FLAVOURS
+from lightning_mpi_env.layout import DEALING, Placement, RankLayout, from_env
+from lightning_mpi_env.schedulers import SCHEDULERS_BY_KEY
 
 JOB_ID = "12345"
 """The job id every simulated scheduler hands out."""
 
-HOST_FILE = "/simulated/hostfile"
-"""Where simulated SGE/PBS/LSF host files live; served from memory, never written."""
+HOST_FILE = "/simulated"
+"""Where simulated host files live (``/simulated/PBS_NODEFILE`` ...); served from memory, never written."""
 
+MapBy = Enum("MapBy", {by.upper(): by for by, _ in DEALING.values()}, type=str)  # type: ignore[misc]
+"""How ranks are dealt to nodes, by Open MPI's ``--map-by`` name: ``SLOT`` (block) or ``NODE`` (round-robin)."""
 
-class MapBy(str, Enum):
-    """How ranks are dealt to nodes (Open MPI's ``--map-by``)."""
+PLACEMENT_OF: Mapping[str, Placement] = MappingProxyType({by: placement for placement, (by, _) in DEALING.items()})
+"""The :class:`~lightning_mpi_env.layout.Placement` each ``--map-by`` value deals ranks by."""
 
-    SLOT = "slot"
-    """Block placement: consecutive ranks fill a node before the next (``--map-by slot``, Slurm ``block``)."""
-    NODE = "node"
-    """Round-robin placement: one rank per node in turn (``--map-by node``, Slurm ``cyclic``)."""
+LAUNCHER_KEYS: tuple[str, ...] = tuple(FLAVOURS)
+"""Launchers :func:`simulate` can play: every flavour of every launcher row (``intelmpi`` plays the Hydra row)."""
 
-
-LAUNCHER_KEYS: tuple[str, ...] = ("openmpi", "mpich", "intelmpi", "mvapich2", "slurm", "pals")
-"""Launchers :func:`simulate` can play; ``intelmpi`` is Intel MPI's Hydra, the same row as ``mpich``."""
-
-SCHEDULERS: tuple[str, ...] = ("none", "slurm", "sge", "pbs", "lsf")
+SCHEDULERS: tuple[str, ...] = ("none", *SCHEDULERS_BY_KEY)
 """Schedulers whose host list and job id :func:`simulate` can add; ``none`` exports ``MASTER_ADDR`` by hand."""
 
-DEFAULT_SCHEDULER: Mapping[str, str] = {"slurm": "slurm", "pals": "pbs"}
-"""The scheduler a launcher runs under by default; others default to ``none`` (a plain ``mpirun`` job script)."""
+DEFAULT_SCHEDULER: Mapping[str, str] = MappingProxyType(
+    {flavour: launcher.scheduler for flavour, launcher in FLAVOURS.items() if launcher.scheduler}
+)
+"""The scheduler a launcher runs under by default (its row's); others default to ``none`` (a plain job script)."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def place(nodes: int, ppn: int, np: int, map_by: MapBy) -> list[Slot]:
     assignments: list[tuple[int, int]] = []  # (node, local rank) per rank
     filled = [0] * nodes
     for rank in range(np):
-        if map_by is MapBy.SLOT:
+        if PLACEMENT_OF[map_by.value] is Placement.BLOCK:
             node = rank // ppn
         else:
             # Deal in turn, skipping nodes already full (only happens when np does not fill every slot evenly).
@@ -168,7 +168,7 @@ def launch_environments(
     ppn: int,
     *,
     np: int | None = None,
-    map_by: MapBy | str = MapBy.SLOT,
+    map_by: MapBy | str = "slot",
     scheduler: str | None = None,
 ) -> tuple[list[Slot], list[str], list[dict[str, str]], dict[str, str]]:
     """Every rank's environment as ``launcher`` under ``scheduler`` would export it.
@@ -195,37 +195,77 @@ def launch_environments(
         raise ValueError(f"scheduler={scheduler!r} is not one of {', '.join(SCHEDULERS)}.")
     map_by = MapBy(map_by)
     slots = place(nodes, ppn, nodes * ppn if np is None else np, map_by)
-    world_size = len(slots)
-    used_nodes = sorted({slot.node for slot in slots})
     hosts = host_names(nodes)
     job, files = _scheduler_environment(scheduler, hosts, ppn)
-    counts = [sum(1 for slot in slots if slot.node == node) for node in used_nodes]
+    step = _Step(slots, hosts, map_by)
     environments = []
     for slot in slots:
         env = dict(job)
-        env.update(_launcher_variables(launcher, slot, world_size, hosts, used_nodes, counts, map_by))
+        env.update(_launcher_variables(launcher, slot, step, files))
         environments.append(env)
     return slots, hosts, environments, files
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One simulated launch: where every rank went."""
+
+    slots: Sequence[Slot]
+    hosts: Sequence[str]
+    map_by: MapBy
+
+    @property
+    def used_nodes(self) -> list[int]:
+        return sorted({slot.node for slot in self.slots})
+
+    @property
+    def counts(self) -> list[int]:
+        return [sum(1 for slot in self.slots if slot.node == node) for node in self.used_nodes]
+
+
+def _file(files: dict[str, str], variable: str, text: str) -> str:
+    path = f"{HOST_FILE}/{variable}"
+    files[path] = text
+    return path
+
+
+def _fill(
+    templates: Mapping[str, str], fields: Mapping[str, object], files: dict[str, str], contents: Mapping[str, str]
+) -> dict[str, str]:
+    """Expand a row's templates: ``{name}`` fields, and ``{file:kind}`` for a host file of that kind."""
+    env = {}
+    for variable, template in templates.items():
+        if template.startswith("{file:"):
+            env[variable] = _file(files, variable, contents[template[len("{file:") : -1]])
+        else:
+            env[variable] = template.format(**fields)
+    return env
+
+
 def _scheduler_environment(scheduler: str, hosts: Sequence[str], ppn: int) -> tuple[dict[str, str], dict[str, str]]:
-    """What the job script hands every rank: the host list and the job id (or ``MASTER_ADDR`` by hand)."""
+    """What the job script hands every rank: the scheduler row's host lists and job id (or ``MASTER_ADDR``)."""
     if scheduler == "none":
         # A plain job script: `export MASTER_ADDR=<first host>` and `mpirun -x MASTER_ADDR`.
         return {"MASTER_ADDR": hosts[0]}, {}
-    if scheduler == "slurm":
-        nodelist = compress_nodelist(hosts)
-        return {"SLURM_JOB_ID": JOB_ID, "SLURM_JOB_NODELIST": nodelist, "SLURM_JOB_NUM_NODES": str(len(hosts))}, {}
-    if scheduler == "sge":
-        # SGE_JOB_HOSTLIST (ABCI): one line per host.
-        return {"SGE_JOB_HOSTLIST": HOST_FILE, "JOB_ID": JOB_ID}, {HOST_FILE: "".join(f"{h}\n" for h in hosts)}
-    if scheduler == "pbs":
-        # PBS_NODEFILE: one line per slot.
-        text = "".join(f"{host}\n" for host in hosts for _ in range(ppn))
-        return {"PBS_NODEFILE": HOST_FILE, "PBS_JOBID": f"{JOB_ID}.pbs"}, {HOST_FILE: text}
-    # LSF: the first host of LSB_MCPU_HOSTS is the batch host, which runs rank 0.
-    pairs = " ".join(f"{host} {ppn}" for host in hosts)
-    return {"LSB_MCPU_HOSTS": pairs, "LSB_JOBID": JOB_ID}, {}
+    files: dict[str, str] = {}
+    fields = {
+        "job": JOB_ID,
+        "nodelist": compress_nodelist(hosts),
+        "num_nodes": len(hosts),
+        "lsf_pairs": " ".join(f"{host} {ppn}" for host in hosts),
+        "first_host": hosts[0],
+    }
+    return _fill(SCHEDULERS_BY_KEY[scheduler].simulated, fields, files, _host_files(hosts, ppn)), files
+
+
+def _host_files(hosts: Sequence[str], ppn: int) -> dict[str, str]:
+    """The host files schedulers write, by the kind a template names."""
+    return {
+        "hosts": "".join(f"{host}\n" for host in hosts),
+        "slots": "".join(f"{host}\n" for host in hosts for _ in range(ppn)),
+        "pe": "".join(f"{host} {ppn} all.q@{host} UNDEFINED\n" for host in hosts),
+        "launch_slots": "batch1\n" + "".join(f"{host}\n" for host in hosts for _ in range(ppn)),
+    }
 
 
 def compress_nodelist(hosts: Sequence[str]) -> str:
@@ -239,46 +279,39 @@ def compress_nodelist(hosts: Sequence[str]) -> str:
     return f"node[{hosts[0][4:]}-{hosts[-1][4:]}]"
 
 
-def _launcher_variables(
-    key: str,
-    slot: Slot,
-    world_size: int,
-    hosts: Sequence[str],
-    used_nodes: Sequence[int],
-    counts: Sequence[int],
-    map_by: MapBy,
-) -> dict[str, str]:
-    """The variables one launcher's row names, plus the identity variables that launcher also exports."""
-    row: Launcher = LAUNCHERS_BY_KEY["mpich" if key == "intelmpi" else key]
-    # Slurm and PALS number only the nodes the step uses.
-    node_index = used_nodes.index(slot.node) if len(used_nodes) < len(hosts) else slot.node
-    values = {row.rank: slot.rank, row.world_size: world_size, row.local_rank: slot.local_rank}
-    if row.local_size is not None:
-        values[row.local_size] = slot.local_size
-    if row.node_rank is not None:
-        values[row.node_rank] = node_index
-    env = {name: str(value) for name, value in values.items()}
-    if row.tasks_per_node is not None:
-        env[row.tasks_per_node] = compress_tasks_per_node(counts)
-    step_hosts = [hosts[node] for node in used_nodes]
-    if key == "openmpi":
-        # Open MPI 5 (PRRTE) also exports PMIx's rank and namespace; the namespace identifies the job step.
-        env.update({"PMIX_RANK": str(slot.rank), "PMIX_NAMESPACE": f"prterun-{hosts[0]}-{JOB_ID}@1"})
-    elif key == "slurm":
-        env.update(
-            {
-                "SLURM_STEP_ID": "0",
-                "SLURM_STEP_NUM_TASKS": str(world_size),
-                "SLURM_STEP_NUM_NODES": str(len(step_hosts)),
-                "SLURM_STEP_NODELIST": compress_nodelist(step_hosts),  # a prefix of the hosts: one range
-                "SLURM_DISTRIBUTION": "block" if map_by is MapBy.SLOT else "cyclic",
-                "SLURM_JOB_ID": JOB_ID,
-            }
-        )
-    elif key == "pals":
-        env.update({"PALS_APID": f"{JOB_ID}-0", "PMI_RANK": str(slot.rank), "PALS_DEPTH": "1"})
-    elif key in ("mpich", "intelmpi"):
-        env["PMI_FD"] = "9"
+def _launcher_variables(key: str, slot: Slot, step: _Step, files: dict[str, str]) -> dict[str, str]:
+    """The variables one launcher's row names, plus what that flavour of the launcher also exports."""
+    row = FLAVOURS[key]
+    used_nodes = step.used_nodes
+    # Launchers number only the nodes the step uses.
+    node_index = used_nodes.index(slot.node) if len(used_nodes) < len(step.hosts) else slot.node
+    world_size = len(step.slots)
+    values: dict[str | None, object] = {
+        row.rank: slot.rank,
+        row.world_size: world_size,
+        row.local_rank: slot.local_rank,
+        row.local_size: slot.local_size,
+        row.node_rank: node_index,
+        row.num_nodes: len(used_nodes),
+        row.tasks_per_node: compress_tasks_per_node(step.counts),
+    }
+    env = {name: str(value) for name, value in values.items() if name is not None}
+    step_hosts = [step.hosts[node] for node in used_nodes]
+    fields = {
+        "rank": slot.rank,
+        "local_rank": slot.local_rank,
+        "world_size": world_size,
+        "node": node_index,
+        "host": step.hosts[slot.node],
+        "job": JOB_ID,
+        "uuid": f"{int(JOB_ID):08x}-0000-0000-0000-000000000001",
+        "first_host": step.hosts[0],
+        "step_nodelist": compress_nodelist(step_hosts),  # a prefix of the hosts: one range
+        "step_num_nodes": len(step_hosts),
+        "distribution": DEALING[PLACEMENT_OF[step.map_by.value]][1],
+    }
+    ppn = max(step.counts)
+    env.update(_fill(row.flavours[key], fields, files, _host_files(step_hosts, ppn)))
     return env
 
 
@@ -288,7 +321,7 @@ def simulate(
     ppn: int,
     *,
     np: int | None = None,
-    map_by: MapBy | str = MapBy.SLOT,
+    map_by: MapBy | str = "slot",
     scheduler: str | None = None,
 ) -> Simulation:
     """Launch nothing, but resolve every rank's environment as the plugin would and check the rank table.
@@ -332,7 +365,7 @@ def simulate(
         try:
             ranks.append(SimulatedRank(slot, hosts[slot.node], env, from_env(env, read_text=read_text)))
         except LayoutError as error:
-            ranks.append(SimulatedRank(slot, hosts[slot.node], env, None, str(error).replace("\n", " ")))
+            ranks.append(SimulatedRank(slot, hosts[slot.node], env, None, error.one_line()))
     return Simulation(
         launcher=launcher,
         scheduler=scheduler,
@@ -399,8 +432,9 @@ def require_ok(simulation: Simulation) -> None:
         LayoutError: Listing every problem.
     """
     if not simulation.ok:
-        raise layout_error(
+        raise LayoutError(
             f"Simulated {simulation.launcher} launch of {simulation.np} ranks on {simulation.nodes} node(s) x "
             f"{simulation.ppn} (--map-by {simulation.map_by.value}) has problems: " + " ".join(simulation.problems),
             "Launch the same number of ranks on every node (`--map-by ppr:N:node`, `srun --ntasks-per-node=N`).",
+            launcher=simulation.launcher,
         )

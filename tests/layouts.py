@@ -19,6 +19,8 @@ def launcher_env(
         env[launcher.node_rank] = str(node)
     if launcher.tasks_per_node is not None:
         env[launcher.tasks_per_node] = f"{local_size}(x{num_nodes})"
+    if launcher.num_nodes is not None:
+        env[launcher.num_nodes] = str(num_nodes)
     return env
 
 

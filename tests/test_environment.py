@@ -11,7 +11,7 @@ import pytest
 from lightning_utilities.core.rank_zero import rank_zero_only
 
 from lightning_mpi_env import LayoutError, MPIClusterEnvironment
-from lightning_mpi_env.errors import LayoutWarning
+from lightning_mpi_env.errors import ApproximateNodeRankWarning, LayoutWarning, SettingError
 from lightning_mpi_env.launchers import OPEN_MPI, SLURM
 from tests.layouts import launcher_env
 
@@ -114,10 +114,26 @@ def test_validate_settings_catches_the_uneven_node_that_looks_even():
         lone.validate_settings(num_devices=2, num_nodes=2)
 
 
-def test_approximate_node_rank_warns_once_at_construction():
+def test_approximate_node_rank_warns_once_at_construction_without_the_roll_call():
     env = launcher_env(OPEN_MPI, rank=2, world_size=6, local_rank=0, local_size=2, node=2, num_nodes=3)
     with pytest.warns(LayoutWarning, match=r"Node rank 1 is approximate.*strategy='ddp_mpi'"):
-        MPIClusterEnvironment({**env, **ADDRESS})
+        MPIClusterEnvironment({**env, **ADDRESS}, roll_call=False)
+    with pytest.warns(ApproximateNodeRankWarning):
+        MPIClusterEnvironment({**env, **ADDRESS, "LIGHTNING_MPI_ENV_ROLL_CALL": "0"})
+
+
+def test_with_the_roll_call_an_approximate_node_rank_is_not_worth_a_warning(recwarn: pytest.WarningsRecorder):
+    # The roll call replaces the guess with the exact node rank before init_process_group, before any use.
+    env = launcher_env(OPEN_MPI, rank=2, world_size=6, local_rank=0, local_size=2, node=2, num_nodes=3)
+    environment = MPIClusterEnvironment({**env, **ADDRESS})
+    assert environment.roll_call
+    assert not [w for w in recwarn if issubclass(w.category, LayoutWarning)]
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "-"])
+def test_roll_call_variable_is_parsed_strictly(value):
+    with pytest.raises(SettingError, match=rf"LIGHTNING_MPI_ENV_ROLL_CALL='{value}' is not one of 1, 0"):
+        MPIClusterEnvironment({**open_mpi(), "LIGHTNING_MPI_ENV_ROLL_CALL": value})
 
 
 def test_no_launcher_is_a_single_local_process():

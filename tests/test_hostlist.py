@@ -5,7 +5,7 @@ import re
 import pytest
 
 from lightning_mpi_env.errors import LayoutError
-from lightning_mpi_env.hostlist import expand_nodelist, expand_tasks_per_node, first_host
+from lightning_mpi_env.hostlist import expand_nodelist, expand_tasks_per_node, pe_hostfile_host
 
 
 @pytest.mark.parametrize(
@@ -55,26 +55,25 @@ def test_malformed_tasks_per_node(counts):
         expand_tasks_per_node(counts)
 
 
-def test_first_host_order_and_sources():
-    files = {"/sge": "g0001\ng0002\n", "/pbs": "cn1\ncn1\ncn2\n"}
-    read = files.__getitem__
-    assert first_host({}, read) is None
-    assert first_host({"PBS_NODEFILE": "/pbs"}, read) == ("cn1", "PBS_NODEFILE")
-    assert first_host({"PBS_NODEFILE": "/pbs", "SGE_JOB_HOSTLIST": "/sge"}, read) == ("g0001", "SGE_JOB_HOSTLIST")
-    assert first_host({"LSB_MCPU_HOSTS": "hostA 4 hostB 4"}, read) == ("hostA", "LSB_MCPU_HOSTS")
-    assert first_host({"SLURM_JOB_NODELIST": "a[3-4]", "SLURM_STEP_NODELIST": "a[4]"}, read) == (
-        "a4",
-        "SLURM_STEP_NODELIST",
-    )
+@pytest.mark.parametrize("value", ["²", "٣", "+3", "3(x²)"])
+def test_task_counts_are_ascii_digits_only(value):
+    with pytest.raises(LayoutError, match=r"is not a list of task counts"):
+        expand_tasks_per_node(value)
 
 
-def test_host_file_with_slots_and_comments():
-    text = "# allocated\n\n  g0002 slots=4\n"
-    assert first_host({"SGE_JOB_HOSTLIST": "/x"}, lambda _: text) == ("g0002", "SGE_JOB_HOSTLIST")
+def test_pe_hostfile_first_line_is_the_master_host():
+    text = "node07.cluster 4 all.q@node07.cluster UNDEFINED\nnode08.cluster 2 all.q@node08.cluster <NULL>\n"
+    assert pe_hostfile_host(text) == "node07.cluster"
 
 
-def test_host_file_that_is_not_text(tmp_path):
-    binary = tmp_path / "hosts"
-    binary.write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(LayoutError, match=r"LSB_DJOB_HOSTFILE=.*\(LSF\) names a host file that cannot be read"):
-        first_host({"LSB_DJOB_HOSTFILE": str(binary)})
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("node07\n", r"PE_HOSTFILE line 1 \('node07', SGE\) is not 'host slots queue processors'"),
+        ("node07 four all.q UNDEFINED\n", r"PE_HOSTFILE line 1 \(slots\)='four' \(SGE\) is not a non-negative integer"),
+        ("node07 0 all.q UNDEFINED\n", r"PE_HOSTFILE line 1 \(slots\)='0' \(SGE\) must be at least 1"),
+    ],
+)
+def test_malformed_pe_hostfile_names_the_line(text, match):
+    with pytest.raises(LayoutError, match=match):
+        pe_hostfile_host(text)

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from lightning_mpi_env.interop import (
     torchrun_args,
     visible_devices,
 )
-from lightning_mpi_env.simulate import LAUNCHER_KEYS, simulate
+from lightning_mpi_env.simulate import HOST_FILE, LAUNCHER_KEYS, launch_environments, simulate
 
 OPEN_MPI_RANK_5 = {
     "OMPI_COMM_WORLD_RANK": "5",
@@ -48,9 +49,13 @@ def test_torch_env_exports_torchrun_variables():
 
 
 @pytest.mark.parametrize("launcher", LAUNCHER_KEYS)
-def test_torch_env_agrees_with_simulated_layout(launcher):
+def test_torch_env_agrees_with_simulated_layout(launcher, tmp_path):
+    _, _, environments, files = launch_environments(launcher, 2, 3, map_by="node", scheduler="slurm")
+    for path, text in files.items():  # the host files a launcher names (jsrun's rank file), on disk
+        (tmp_path / Path(path).name).write_text(text)
     for row in simulate(launcher, nodes=2, ppn=3, map_by="node", scheduler="slurm").ranks:
-        exported = torch_env(row.env)
+        env = {name: value.replace(HOST_FILE, str(tmp_path)) for name, value in row.env.items()}
+        exported = torch_env(env)
         assert (int(exported["RANK"]), int(exported["GROUP_RANK"]), int(exported["LOCAL_RANK"])) == (
             row.slot.rank,
             row.slot.node,

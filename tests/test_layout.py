@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_mpi_env.errors import LayoutError
-from lightning_mpi_env.launchers import HYDRA, LAUNCHERS, OPEN_MPI, PMIX, SLURM, Launcher
+from lightning_mpi_env.errors import ApproximateNodeRankWarning, LayoutError
+from lightning_mpi_env.launchers import FLUX, HYDRA, LAUNCHERS, OPEN_MPI, PMIX, SLURM, Launcher
 from lightning_mpi_env.layout import DEFAULT_MAIN_PORT, DERIVED_PORT_RANGE, Placement, derive_port, from_env
 from tests.layouts import launcher_env, placed
 
@@ -63,9 +63,10 @@ def test_ambiguous_placement_is_approximate_and_says_so():
     assert not layout.node_rank_is_exact
     assert "node=1~/3" in repr(layout)
     (warning,) = layout.warnings
-    assert "approximate" in warning
-    assert "OMPI_COMM_WORLD_RANK=2" in warning
-    assert "ddp_mpi" in warning
+    assert isinstance(warning, ApproximateNodeRankWarning)
+    assert "approximate" in str(warning)
+    assert "OMPI_COMM_WORLD_RANK=2" in str(warning)
+    assert "ddp_mpi" in str(warning)
 
 
 def test_rankfile_placement_fitting_neither_rule_is_approximate():
@@ -73,7 +74,7 @@ def test_rankfile_placement_fitting_neither_rule_is_approximate():
     env = launcher_env(OPEN_MPI, rank=2, world_size=6, local_rank=1, local_size=2, node=2, num_nodes=3)
     layout = from_env({**env, **ADDRESS})
     assert layout.placement is Placement.UNKNOWN
-    assert "fits neither" in layout.warnings[0]
+    assert "fits neither" in str(layout.warnings[0])
 
 
 def test_repr_is_informative():
@@ -301,7 +302,7 @@ def test_main_address_from_scheduler_host_files(tmp_path: Path, variable, conten
 
 def test_main_address_from_lsf_pairs_and_slurm_lists():
     assert from_env(open_mpi(MASTER_ADDR=None, LSB_MCPU_HOSTS="hostA 4 hostB 4")).main_address == "hostA"
-    assert from_env(open_mpi(MASTER_ADDR=None, SLURM_STEP_NODELIST="gpu[007-008]")).main_address == "gpu007"
+    assert from_env(open_mpi(MASTER_ADDR=None, SLURM_JOB_NODELIST="gpu[007-008]")).main_address == "gpu007"
 
 
 def test_single_node_uses_loopback_without_any_host_list():
@@ -323,8 +324,11 @@ def test_main_port_derived_from_job_identity_is_the_same_on_every_rank():
 def test_main_port_prefers_the_most_specific_job_identity():
     layout = from_env(open_mpi(MASTER_PORT=None, PMIX_NAMESPACE="ns@1", JOB_ID="77"))
     assert (layout.main_port, layout.sources["main_port"]) == (derive_port("ns@1"), "derived from PMIX_NAMESPACE")
+    # Under mpirun inside a Slurm job, ranks on different nodes inherit different steps (the batch script's has no
+    # SLURM_STEP_ID, the second node's is its daemon's): the job id alone is the same on all of them.
     slurm = from_env(open_mpi(MASTER_PORT=None, SLURM_JOB_ID="77", SLURM_STEP_ID="3"))
-    assert slurm.main_port == derive_port("77/3")
+    assert slurm.main_port == derive_port("77")
+    assert slurm.sources["main_port"] == "derived from SLURM_JOB_ID"
 
 
 def test_main_port_default_without_identity():
@@ -370,7 +374,10 @@ def processes(kind: str, counts: list[int]) -> list[tuple[int, int, int]]:
 
 
 @settings(max_examples=25, deadline=None)
-@given(layouts(), st.sampled_from([launcher for launcher in LAUNCHERS if launcher.node_rank is None]))
+@given(
+    layouts(),
+    st.sampled_from([launcher for launcher in LAUNCHERS if launcher.node_rank is None and launcher.local_size]),
+)
 def test_property_ranks_unique_and_exact_node_pairs_unique(layout, launcher):
     kind, counts = layout
     world = sum(counts)
@@ -465,3 +472,28 @@ def test_property_every_invalid_layout_raises_layout_error(launcher, nodes, per_
         env[launcher.world_size] = "0"
     with pytest.raises(LayoutError, match="HINT: "):
         from_env(env)
+
+
+@settings(max_examples=25, deadline=None)
+@given(layouts())
+def test_property_flux_resolves_even_jobs_exactly_and_refuses_uneven_ones(layout):
+    # Flux exports the node count but not the ranks per node: an even job is exact, an uneven one is refused (by
+    # every rank when the count does not divide, by the ranks that fall outside the derived size otherwise).
+    kind, counts = layout
+    world, even = sum(counts), len(set(counts)) == 1
+    refusals: list[LayoutError] = []
+    for rank, local_rank, node in processes(kind, counts):
+        env = {**launcher_env(FLUX, rank=rank, world_size=world, local_rank=local_rank, local_size=counts[node],
+                              node=node, num_nodes=len(counts)), **ADDRESS}  # fmt: skip
+        if not even:
+            try:
+                from_env(env)
+            except LayoutError as error:
+                refusals.append(error)
+            continue
+        resolved = from_env(env)
+        assert (resolved.rank, resolved.local_rank, resolved.local_size) == (rank, local_rank, counts[0])
+        if resolved.node_rank_is_exact:
+            assert resolved.node_rank == node
+    assert even or refusals
+    assert all(error.launcher == "Flux" for error in refusals)

@@ -101,7 +101,7 @@ def _claim(rank, *, host="a", pid=100, world_size=4, port=29500):
 
 
 def test_duplicate_message_names_rank_hosts_pids_and_cause():
-    text = duplicate_message(_claim(1, host="a", pid=11), _claim(1, host="b", pid=22))
+    text = str(duplicate_message(_claim(1, host="a", pid=11), _claim(1, host="b", pid=22)))
     assert "Duplicate rank 1" in text
     assert "host a (pid 11" in text
     assert "host b (pid 22" in text
@@ -110,14 +110,15 @@ def test_duplicate_message_names_rank_hosts_pids_and_cause():
 
 def test_disagreement_message():
     assert disagreement_message(_claim(0), _claim(2)) is None
-    text = disagreement_message(_claim(0), _claim(2, world_size=8, port=1234))
-    assert text is not None
+    error = disagreement_message(_claim(0), _claim(2, world_size=8, port=1234))
+    assert error is not None
+    text = str(error)
     assert "expects world size 8 (rank 0 says 4) and main port 1234 (rank 0 says 29500)" in text
 
 
 def test_missing_message_says_where_ranks_were_expected():
     arrived = {rank: _claim(rank, host="nodea" if rank < 4 else "nodeb") for rank in (0, 1, 2, 3, 4, 5)}
-    text = missing_message([6, 7, 8, 9, 10, 11], arrived, 12, 20, lambda rank: rank // 4)
+    text = str(missing_message([6, 7, 8, 9, 10, 11], arrived, 12, 20, lambda rank: rank // 4))
     assert text.startswith("Ranks 6-11 of 12 never arrived within the rendezvous timeout of 20 s")
     assert "on node 1 (host nodeb): ranks 6-7" in text
     assert "on node 2 (a node from which no rank arrived at all): ranks 8-11" in text
@@ -156,9 +157,12 @@ def _meet(claims: Sequence[Claim], timeout: float = 3.0) -> dict[int, object]:
 
 def _claims(ranks, world_size=4, hosts="ab", port=None):
     port = port or _free_port()
-    return [
-        Claim(rank, world_size, hosts[i % len(hosts)], 0, 1000 + i, "127.0.0.1", port) for i, rank in enumerate(ranks)
-    ]
+    claims, on_host = [], {}
+    for i, rank in enumerate(ranks):
+        host = hosts[i % len(hosts)]
+        local_rank = on_host[host] = on_host.get(host, -1) + 1  # as a launcher numbers them: distinct per host
+        claims.append(Claim(rank, world_size, host, local_rank, 1000 + i, "127.0.0.1", port))
+    return claims
 
 
 def test_rendezvous_resolves_round_robin_nodes():

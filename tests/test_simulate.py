@@ -34,7 +34,14 @@ HAND_BUILT_RANK_3 = {
         "PMIX_NAMESPACE": "prterun-node001-12345@1",
     },
     "mpich": {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "PMI_FD": "9"},
-    "intelmpi": {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "PMI_FD": "9"},
+    "intelmpi": {
+        "PMI_RANK": "3",
+        "PMI_SIZE": "4",
+        "MPI_LOCALRANKID": "1",
+        "MPI_LOCALNRANKS": "2",
+        "PMI_FD": "9",
+        "I_MPI_HYDRA_UUID": "00003039-0000-0000-0000-000000000001",  # one per mpiexec, the same on every rank
+    },
     "mvapich2": {
         "MV2_COMM_WORLD_RANK": "3",
         "MV2_COMM_WORLD_SIZE": "4",
@@ -59,6 +66,25 @@ HAND_BUILT_RANK_3 = {
         "PALS_NODEID": "1",
         "PALS_APID": "12345-0",
     },
+    # flux-core doc/man7/flux-environment.rst: no local size, no node index; PMI-1 variables besides.
+    "flux": {
+        "FLUX_TASK_RANK": "3",
+        "FLUX_JOB_SIZE": "4",
+        "FLUX_TASK_LOCAL_ID": "1",
+        "FLUX_JOB_NNODES": "2",
+        "FLUX_JOB_ID": "ƒ12345",
+        "PMI_RANK": "3",
+        "PMI_SIZE": "4",
+        "PMI_FD": "5",
+    },
+    # Lightning's LSFEnvironment docstring; the rank file's first line is the launch node.
+    "jsrun": {
+        "JSM_NAMESPACE_RANK": "3",
+        "JSM_NAMESPACE_SIZE": "4",
+        "JSM_NAMESPACE_LOCAL_RANK": "1",
+        "JSM_NAMESPACE_LOCAL_SIZE": "2",
+        "LSB_DJOB_RANKFILE": f"{HOST_FILE}/LSB_DJOB_RANKFILE",
+    },
 }
 
 SCHEDULER_VARIABLES = {
@@ -67,12 +93,18 @@ SCHEDULER_VARIABLES = {
     "sge": {"SGE_JOB_HOSTLIST": HOST_FILE, "JOB_ID": "12345"},
     "pbs": {"PBS_NODEFILE": HOST_FILE, "PBS_JOBID": "12345.pbs"},
     "lsf": {"LSB_MCPU_HOSTS": "node001 2 node002 2", "LSB_JOBID": "12345"},
+    # Flux lists no hosts: the batch script passes the first one.
+    "flux": {"FLUX_ENCLOSING_ID": "ƒ12345", "MASTER_ADDR": "node001"},
+}
+
+HAND_BUILT_FILES = {
+    HOST_FILE: "node001\nnode002\n",
+    f"{HOST_FILE}/LSB_DJOB_RANKFILE": "batch1\nnode001\nnode001\nnode002\n",
 }
 
 
 def _read_hosts(path: str) -> str:
-    assert path == HOST_FILE
-    return "node001\nnode002\n"
+    return HAND_BUILT_FILES[path]
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)

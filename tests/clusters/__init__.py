@@ -1,0 +1,1 @@
+"""Real (not simulated) clusters that tests can start on this one machine."""

@@ -1,0 +1,408 @@
+"""Real MPICH and Intel MPI ``mpiexec`` (both Hydra) over simulated nodes on one machine.
+
+Hydra is told to reach its "remote" nodes through the project's ``rsh-agent`` (``-launcher-exec`` for MPICH,
+``-bootstrap-exec`` for Intel MPI), which runs the proxy command on this machine in a UTS namespace named after the
+node, exactly as :mod:`lightning_mpi_env.simcluster` does for Open MPI. Both Hydras call their launcher as
+``AGENT [-q] -x HOST PROXY-COMMAND...`` (``-q`` from Intel MPI only), which that agent already accepts.
+
+Each MPI lives in its own virtual environment under ``.venv/launchers/<kind>`` of this checkout, because ``pip
+install mpich`` and ``pip install impi-rt`` both install ``mpirun``/``mpiexec``. :func:`ensure_venv` creates it on
+first use (under a file lock, so parallel test workers install once). The ranks themselves run this Python
+(:data:`RANK_PYTHON`, the main venv's), so only ``mpiexec`` and its proxies come from the launcher venv.
+
+Run as a script to rewrite the captured environments under ``tests/data/<kind>/``::
+
+    .venv/bin/python -m tests.clusters.hydra capture [mpich|intelmpi ...]
+
+Standard library only: the rank side (``dump-env``) runs in every rank, before anything else is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+Kind = Literal["mpich", "intelmpi"]
+"""Which Hydra: MPICH's (``pip install mpich``) or Intel MPI's (``pip install impi-rt``)."""
+
+KINDS: tuple[Kind, ...] = get_args(Kind)
+
+REPO = Path(__file__).resolve().parents[2]
+"""The checkout this file belongs to."""
+
+LAUNCHERS_DIR = REPO / ".venv" / "launchers"
+"""Where the launcher venvs live: inside the (git-ignored) main venv directory."""
+
+REQUIREMENTS: dict[Kind, str] = {"mpich": "mpich==5.0.2", "intelmpi": "impi-rt==2021.18.1"}
+"""What each launcher venv installs; the versions the captured data under ``tests/data`` came from."""
+
+AGENT = REPO / "lightning_mpi_env" / "simcluster" / "rsh-agent"
+"""The launcher agent: runs ``HOST COMMAND...`` here, in a UTS namespace whose host name is ``HOST``."""
+
+RANK_PYTHON = Path(sys.executable)
+"""The Python the ranks run: the one running this module (the main venv's, with torch and Lightning)."""
+
+MARKER = ".lightning-mpi-env-launcher"
+"""File in a launcher venv naming the requirement installed there; written last, so a broken install is redone."""
+
+CAPTURED_PREFIXES = ("PMI", "MPI_", "I_MPI", "HYDRA", "HYDI", "MPIR", "OMPI", "PRTE", "SLURM", "FLUX", "PALS", "MV2_")
+"""Launcher variables recorded by :func:`dump_environment` (and kept out of a job's own environment by
+:meth:`HydraCluster.run`, so that whatever a rank shows came from its ``mpiexec``)."""
+
+CAPTURED_NAMES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "GFORTRAN_UNBUFFERED_PRECONNECTED",  # set by both Hydras in every rank
+)
+"""Further variables recorded when present."""
+
+DATA_DIR = REPO / "tests" / "data"
+
+
+def venv_dir(kind: Kind) -> Path:
+    """The launcher venv of ``kind`` (which may not exist yet)."""
+    return LAUNCHERS_DIR / kind
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _installed(venv: Path, requirement: str) -> bool:
+    marker = venv / MARKER
+    return marker.is_file() and marker.read_text().strip() == requirement and (venv / "bin" / "mpiexec").exists()
+
+
+def ensure_venv(kind: Kind, *, timeout: float = 1800) -> Path:
+    """Create the launcher venv of ``kind`` and install its MPI into it, unless that was done already.
+
+    Idempotent and safe to call from several processes at once (a file lock serialises the install). The venv is
+    made by this Python's ``venv`` module; a venv whose install never finished (no marker) is cleared and redone.
+
+    Args:
+        kind: ``"mpich"`` or ``"intelmpi"``.
+        timeout: Seconds the whole install may take (``impi-rt`` is a 129 MB wheel, 321 MB installed).
+
+    Returns:
+        The venv's ``bin`` directory, holding ``mpiexec``.
+
+    Raises:
+        subprocess.CalledProcessError: ``venv`` or ``pip`` failed (e.g. no access to the package index).
+        subprocess.TimeoutExpired: The install took longer than ``timeout``.
+    """
+    venv = venv_dir(kind)
+    requirement = REQUIREMENTS[kind]
+    if _installed(venv, requirement):
+        return venv / "bin"
+    with _locked(LAUNCHERS_DIR / f".{kind}.lock"):
+        if _installed(venv, requirement):
+            return venv / "bin"  # another process finished it while we waited for the lock
+        print(f"hydra: installing {requirement} into {venv} (once)", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + timeout
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=timeout)
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", requirement],
+            check=True,
+            timeout=max(1.0, deadline - time.monotonic()),
+        )
+        (venv / MARKER).write_text(requirement + "\n")
+    return venv / "bin"
+
+
+def unavailable_reason(kind: Kind) -> str | None:
+    """Why a real ``mpiexec`` of ``kind`` cannot run here, or ``None`` when it can (installing it if needed).
+
+    Meant for ``pytest.skip``: the first call may take a while, since it installs the launcher venv.
+    """
+    if sys.platform != "linux":
+        return f"simulated Hydra nodes need Linux (loopback 127.0.0.x and UTS namespaces), not {sys.platform}"
+    if not AGENT.exists():
+        return f"launcher agent missing: {AGENT}"
+    if shutil.which("unshare") is None:
+        return "`unshare` (util-linux) missing: the simulated nodes could not have their own host names"
+    try:
+        bin_dir = ensure_venv(kind)
+        subprocess.run([str(bin_dir / "mpiexec"), "--version"], capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"cannot install or run {REQUIREMENTS[kind]} in {venv_dir(kind)}: {error}"
+    return None
+
+
+def version(kind: Kind) -> str:
+    """The first line of ``mpiexec --version`` (MPICH: ``Version: 5.0.2``; Intel MPI: ``Intel(R) MPI ...``)."""
+    completed = subprocess.run(
+        [str(ensure_venv(kind) / "mpiexec"), "--version"], capture_output=True, text=True, check=True, timeout=60
+    )
+    lines = [line.strip() for line in completed.stdout.splitlines() if line.strip()]
+    found = [line for line in lines if line.startswith(("Version:", "Intel(R) MPI"))]
+    return " ".join((found or lines)[0].split())
+
+
+def launcher_free(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without any launcher or torchrun variable (:data:`CAPTURED_PREFIXES`, :data:`CAPTURED_NAMES`).
+
+    >>> launcher_free({"PATH": "/bin", "PMI_RANK": "3", "SLURM_JOB_ID": "7", "MASTER_PORT": "1", "HOME": "/root"})
+    {'PATH': '/bin', 'HOME': '/root'}
+    """
+    return {
+        name: value
+        for name, value in environ.items()
+        if not name.startswith(CAPTURED_PREFIXES) and name not in CAPTURED_NAMES
+    }
+
+
+def free_port(host: str = "127.0.0.2") -> int:
+    """A TCP port free on ``host`` right now (for ``MASTER_PORT``)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def leftover_processes(kind: Kind) -> list[str]:
+    """``"PID ARGS"`` of every Hydra proxy of ``kind`` still running on this machine (none once a job ended)."""
+    needle = str(venv_dir(kind) / "bin")
+    listing = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [
+        line.strip()
+        for line in listing.splitlines()[1:]
+        if needle in line and "_proxy" in line and "ps -ww -eo" not in line
+    ]
+
+
+@dataclass(frozen=True)
+class HydraCluster:
+    """Simulated nodes driven by a real Hydra ``mpiexec`` (MPICH's or Intel MPI's).
+
+    Args:
+        kind: ``"mpich"`` or ``"intelmpi"``.
+        workdir: The job's working directory (``mpiexec`` and the ranks start there).
+        hosts: One loopback address per simulated node; each node's host name is its address.
+    """
+
+    kind: Kind
+    workdir: Path
+    hosts: tuple[str, ...] = ("127.0.0.2", "127.0.0.3")
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {self.kind!r}")
+
+    @property
+    def launcher_option(self) -> str:
+        """How this Hydra names its remote shell option: MPICH ``-launcher``, Intel MPI ``-bootstrap``."""
+        return "-launcher" if self.kind == "mpich" else "-bootstrap"
+
+    def mpiexec(
+        self,
+        command: Sequence[str],
+        *,
+        np: int | None = None,
+        ppn: int = 2,
+        env: Mapping[str, str] | None = None,
+        mpiexec_args: Sequence[str] = (),
+    ) -> list[str]:
+        """The ``mpiexec`` command line that runs ``command`` on the simulated nodes (installing Hydra if needed).
+
+        ``-iface lo`` makes the proxies call back ``mpiexec`` at 127.0.0.1 instead of this machine's host name,
+        which need not resolve (a CI runner); it adds ``MPIR_CVAR_NEMESIS_TCP_NETWORK_IFACE=lo`` (MPICH) or
+        ``HYDRA_BSTRAP_IFACE=lo`` (Intel MPI) to every rank.
+
+        Args:
+            command: The program and its arguments.
+            np: Number of ranks; ``ppn`` on every host by default.
+            ppn: Ranks per host, in blocks: ``ppn=2`` puts ranks 0, 1 on the first host and 2, 3 on the second;
+                ``ppn=1`` with more ranks than hosts deals them round-robin (rank ``i`` on host ``i % len(hosts)``).
+            env: Variables for every rank, passed as ``-genv NAME VALUE``.
+            mpiexec_args: Further ``mpiexec`` options, placed before ``command``.
+
+        Returns:
+            The argument list, to run with :mod:`subprocess`.
+        """
+        bin_dir = ensure_venv(self.kind)
+        args = [str(bin_dir / "mpiexec"), self.launcher_option, "ssh", f"{self.launcher_option}-exec", str(AGENT)]
+        args += ["-iface", "lo", "-hosts", ",".join(self.hosts)]
+        args += ["-n", str(np if np is not None else ppn * len(self.hosts)), "-ppn", str(ppn)]
+        for name, value in (env or {}).items():
+            args += ["-genv", name, value]
+        return [*args, *mpiexec_args, *command]
+
+    def run(
+        self,
+        command: Sequence[str],
+        *,
+        timeout: float,
+        np: int | None = None,
+        ppn: int = 2,
+        env: Mapping[str, str] | None = None,
+        mpiexec_args: Sequence[str] = (),
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` like :meth:`mpiexec` and return its output, never waiting past ``timeout`` seconds.
+
+        ``mpiexec`` gets this process's environment minus every launcher variable (:func:`launcher_free`): Hydra
+        hands its whole environment to the ranks, and a stale ``PMI_RANK`` or ``SLURM_*`` would mix into theirs.
+        On timeout ``mpiexec`` gets SIGTERM, then SIGKILL; its proxies then kill the ranks themselves.
+
+        Raises:
+            subprocess.TimeoutExpired: With the output so far, after the job was stopped.
+        """
+        argv = self.mpiexec(command, np=np, ppn=ppn, env=env, mpiexec_args=mpiexec_args)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with subprocess.Popen(
+            argv,
+            cwd=self.workdir,
+            env=launcher_free(os.environ),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as process:
+            try:
+                stdout, stderr = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    stdout, stderr = process.communicate(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    stdout, stderr = process.communicate()
+                raise subprocess.TimeoutExpired(argv, timeout, output=stdout, stderr=stderr) from None
+        return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+    def rank_environments(
+        self,
+        *,
+        np: int | None = None,
+        ppn: int = 2,
+        env: Mapping[str, str] | None = None,
+        mpiexec_args: Sequence[str] = (),
+        timeout: float = 120,
+    ) -> list[dict[str, str]]:
+        """What every rank of one ``mpiexec`` sees: ``hostname`` plus the launcher variables, sorted by rank.
+
+        Arguments as for :meth:`mpiexec`; every rank runs :func:`dump_environment` (``dump-env``).
+
+        Raises:
+            RuntimeError: The job failed, or not every rank reported.
+        """
+        completed = self.run(
+            [str(RANK_PYTHON), str(Path(__file__).resolve()), "dump-env"],
+            timeout=timeout,
+            np=np,
+            ppn=ppn,
+            env=env,
+            mpiexec_args=mpiexec_args,
+        )
+        ranks = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
+        expected = np if np is not None else ppn * len(self.hosts)
+        if completed.returncode != 0 or len(ranks) != expected:
+            raise RuntimeError(
+                f"{self.kind} job failed (exit {completed.returncode}, {len(ranks)}/{expected} ranks reported):\n"
+                + completed.stdout[-2000:]
+                + completed.stderr[-4000:]
+            )
+        # MPICH's `mpiexec -pmi-port` exports PMI_ID instead of PMI_RANK.
+        return sorted(ranks, key=lambda rank: int(rank.get("PMI_RANK", rank.get("PMI_ID", "-1"))))
+
+
+def dump_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's host name and launcher variables (:data:`CAPTURED_PREFIXES`, :data:`CAPTURED_NAMES`).
+
+    >>> dump_environment({"PMI_RANK": "1", "HOME": "/root", "I_MPI_HYDRA_UUID": "x"})["I_MPI_HYDRA_UUID"]
+    'x'
+    """
+    env = os.environ if environ is None else environ
+    found = {name: env[name] for name in sorted(env) if name.startswith(CAPTURED_PREFIXES) or name in CAPTURED_NAMES}
+    return {"hostname": socket.gethostname(), **found}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One captured ``mpiexec`` run: ``tests/data/<kind>/<name>.json``."""
+
+    name: str
+    np: int
+    ppn: int
+    env: Mapping[str, str] = field(default_factory=dict)
+    mpiexec_args: tuple[str, ...] = ()
+    kinds: tuple[Kind, ...] = KINDS
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("mpiexec_block_n4_ppn2", np=4, ppn=2),
+    # The same again: what changes from one mpiexec to the next (Intel MPI's I_MPI_HYDRA_UUID; nothing in MPICH).
+    Scenario("mpiexec_block_n4_ppn2_rerun", np=4, ppn=2),
+    Scenario("mpiexec_round-robin_n4_ppn1", np=4, ppn=1),
+    Scenario("mpiexec_uneven_n3_ppn2", np=3, ppn=2),
+    Scenario("mpiexec_genv-master_n4_ppn2", np=4, ppn=2, env={"MASTER_ADDR": "127.0.0.2", "MASTER_PORT": "29511"}),
+    # MPICH's PMI_PORT model: PMI_ID and PMI_PORT instead of PMI_RANK, PMI_SIZE and PMI_FD (no world size at all).
+    Scenario("mpiexec_pmi-port_n4_ppn2", np=4, ppn=2, mpiexec_args=("-pmi-port",), kinds=("mpich",)),
+)
+"""The captured runs."""
+
+
+def capture(kind: Kind, workdir: Path) -> list[Path]:
+    """Run every scenario of :data:`SCENARIOS` for ``kind`` and (re)write ``tests/data/<kind>/<name>.json``."""
+    cluster = HydraCluster(kind, workdir)
+    written = []
+    for scenario in SCENARIOS:
+        if kind not in scenario.kinds:
+            continue
+        ranks = cluster.rank_environments(
+            np=scenario.np, ppn=scenario.ppn, env=scenario.env, mpiexec_args=scenario.mpiexec_args
+        )
+        path = DATA_DIR / kind / f"{scenario.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(ranks, indent=2) + "\n")
+        written.append(path)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``dump-env`` (in every rank: one JSON line, one write) or ``capture [KIND...]`` (rewrite ``tests/data``)."""
+    parser = argparse.ArgumentParser(prog="python -m tests.clusters.hydra", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("dump-env", help="print this rank's launcher variables as one JSON line")
+    capture_parser = sub.add_parser("capture", help="rewrite tests/data/<kind>/*.json from real mpiexec runs")
+    capture_parser.add_argument("kinds", nargs="*", metavar="KIND", help=f"{' or '.join(KINDS)} (default: all)")
+    capture_parser.add_argument("--workdir", type=Path, default=Path("/tmp/hydra-capture"))
+    args = parser.parse_args(argv)
+    if args.action == "dump-env":
+        os.write(1, (json.dumps(dump_environment(), sort_keys=False) + "\n").encode())  # one write: lines never merge
+        return
+    unknown = sorted(set(args.kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"unknown kind {', '.join(unknown)}: choose from {', '.join(KINDS)}")
+    for kind in args.kinds or KINDS:
+        for path in capture(kind, args.workdir / kind):
+            print(path.relative_to(REPO))
+
+
+if __name__ == "__main__":  # not when pytest imports it to look for doctests
+    main()
