@@ -36,8 +36,8 @@ from pathlib import Path
 from lightning_mpi_env.simcluster import SimulatedCluster, processes_with
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = str(ROOT / "tests" / "jobs" / "lightning_job.py")
-TAMPER = str(ROOT / "tests" / "jobs" / "tamper.py")
+JOB = str(ROOT / "examples" / "instrumented" / "trainer_job.py")
+TAMPER = str(ROOT / "examples" / "instrumented" / "tamper.py")
 ERROR_PATTERNS = {
     "ddp_mpi": re.compile(r"RendezvousError: (Duplicate rank|Rank \d+ of \d+ never arrived)"),
     "ddp": re.compile(r"(Error|error):"),

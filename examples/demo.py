@@ -12,7 +12,7 @@ from pathlib import Path
 
 from lightning_mpi_env.simcluster import SimulatedCluster
 
-JOB = Path(__file__).parents[1] / "tests" / "jobs" / "lightning_job.py"
+JOB = Path(__file__).parent / "instrumented" / "trainer_job.py"
 
 
 def main() -> int:

@@ -11,8 +11,14 @@ import pytest
 from lightning_mpi_env.simcluster import SimulatedCluster
 
 JOBS = Path(__file__).parent / "jobs"
+"""Programs only the tests run (a single rendezvous claim)."""
+INSTRUMENTED = Path(__file__).parents[1] / "examples" / "instrumented"
+"""The instrumented Lightning job and the fault injector, shared with the demo and the benchmarks."""
+TRAINER_JOB = INSTRUMENTED / "trainer_job.py"
+TAMPER = INSTRUMENTED / "tamper.py"
 # Job scripts run under mpirun; they are programs, not test modules (doctest collection would execute them).
 collect_ignore_glob = ["jobs/*"]
+pytest_plugins = ["tests.clusters.fixtures"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

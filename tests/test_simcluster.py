@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from lightning_mpi_env.simcluster import SimulatedCluster
-from tests.conftest import JOBS
+from tests.conftest import TRAINER_JOB
 
 SAMPLES = 64
 
 
 def run_lightning_job(cluster: SimulatedCluster, *args: str, map_by: str = "slot") -> list[dict]:
     completed = cluster.run(
-        [sys.executable, str(JOBS / "lightning_job.py"), "--samples", str(SAMPLES), *args],
+        [sys.executable, str(TRAINER_JOB), "--samples", str(SAMPLES), *args],
         timeout=240,
         map_by=map_by,
         export={**cluster.job_environment(), "PYTHONPATH": str(Path(__file__).parents[1])},
@@ -65,7 +65,7 @@ def test_two_simulated_nodes(cluster: SimulatedCluster, namespace: str, map_by: 
 @pytest.mark.mpi
 def test_trainer_settings_that_do_not_match_the_launch_fail_at_once(cluster: SimulatedCluster):
     completed = cluster.run(
-        [sys.executable, str(JOBS / "lightning_job.py"), "--devices", "4", "--num-nodes", "1"],
+        [sys.executable, str(TRAINER_JOB), "--devices", "4", "--num-nodes", "1"],
         timeout=240,
         export={**cluster.job_environment(), "PYTHONPATH": str(Path(__file__).parents[1])},
     )

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from lightning_mpi_env.simcluster import SimulatedCluster, processes_with
+from tests.conftest import TAMPER as TAMPER_PATH
+from tests.conftest import TRAINER_JOB
 
-JOBS = Path(__file__).parent / "jobs"
-JOB = str(JOBS / "lightning_job.py")
-TAMPER = str(JOBS / "tamper.py")
+JOB = str(TRAINER_JOB)
+TAMPER = str(TAMPER_PATH)
 SAMPLES = 64
 
 

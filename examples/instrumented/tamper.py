@@ -1,4 +1,4 @@
-"""Fault injection under mpirun: tamper one rank's environment, then run the real command in its place.
+"""Fault injection under mpirun (tests, benchmarks): tamper one rank's environment, then run the real command.
 
 Usage: python tamper.py [--rank R (--claim C | --exit)] [--torch-env] -- COMMAND...
 

@@ -1,4 +1,10 @@
-"""A tiny real Lightning training job, run under mpirun by the tests; prints one JSON line per rank."""
+"""An instrumented Lightning Trainer job: one JSON line per rank saying where it ran and what it trained on.
+
+Run it under your launcher to check a cluster (unique ranks, node ranks matching the hosts, disjoint data shards,
+identical weights): `mpirun -np 4 python examples/instrumented/trainer_job.py --devices 2 --num-nodes 2`. The
+demo, the tests and the benchmarks run it on simulated nodes; `--vanish-rank`, `--step-seconds` and `--tag` serve
+their fault and interruption scenarios.
+"""
 
 import argparse
 import importlib
