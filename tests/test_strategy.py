@@ -10,7 +10,6 @@ import textwrap
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
