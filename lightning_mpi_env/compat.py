@@ -33,6 +33,9 @@ from lightning_mpi_env.namespaces import package_of
 TRAINER_ENTRY_POINTS = ("fit", "validate", "test", "predict")
 """The Trainer methods whose arguments (model, datamodule) the mixed-import guard checks before Lightning does."""
 
+FABRIC_ENTRY_POINTS = ("launch", "setup", "setup_module")
+"""The Fabric methods before which the guard checks the strategy (one of them starts any Fabric program)."""
+
 
 def is_trainer(obj: object) -> bool:
     """Whether ``obj`` is a ``Trainer`` of either namespace (by its class, without importing Lightning)."""
@@ -112,6 +115,42 @@ def constructing_trainer(start: FrameType | None = None, max_depth: int = 12) ->
     return None
 
 
+def constructing_fabric(start: FrameType | None = None, max_depth: int = 16) -> object | None:
+    """The Fabric whose ``__init__`` is on the stack, if any (as :func:`constructing_trainer`)."""
+    for frame in frames_above(start or sys._getframe(1), max_depth):
+        if frame.f_code.co_name == "__init__":
+            candidate: object = frame.f_locals.get("self")
+            if candidate is not None and is_fabric(candidate):
+                return candidate
+    return None
+
+
+def arguments_given(start: FrameType | None = None, max_depth: int = 24) -> frozenset[str] | None:
+    """Which of ``devices``/``num_nodes`` the user gave to the Trainer or Fabric being built; ``None``: unknown.
+
+    Private: for the Trainer, the ``kwargs`` of ``insert_env_defaults``, Lightning's wrapper of
+    ``Trainer.__init__`` (2.1+), hold exactly what was passed, ``PL_TRAINER_*`` defaults included. ``Fabric.__init__``
+    keeps no such record: there a value other than the default (``"auto"``, ``1``) counts as given, and so does
+    ``LT_DEVICES``/``LT_NUM_NODES``.
+    """
+    import os
+
+    for frame in frames_above(start or sys._getframe(1), max_depth):
+        local = frame.f_locals
+        if frame.f_code.co_name == "insert_env_defaults" and is_trainer(local.get("self")):
+            kwargs = local.get("kwargs")
+            if isinstance(kwargs, dict):
+                return frozenset(name for name in ("devices", "num_nodes") if name in kwargs)
+        if frame.f_code.co_name == "__init__" and is_fabric(local.get("self")):
+            given = set()
+            if local.get("devices", "auto") != "auto" or os.environ.get("LT_DEVICES"):
+                given.add("devices")
+            if local.get("num_nodes", 1) != 1 or os.environ.get("LT_NUM_NODES"):
+                given.add("num_nodes")
+            return frozenset(given)
+    return None
+
+
 def launching_trainer(start: FrameType | None = None, max_depth: int = 40) -> tuple[object | None, list[object]]:
     """The Trainer being launched, and the positional arguments of the function launched (model, data, ...).
 
@@ -187,10 +226,13 @@ def _safe_getattr(obj: object, name: str) -> object | None:
 
 
 __all__ = [
+    "FABRIC_ENTRY_POINTS",
     "SETTING_RANKS",
     "SRUN_NOT_USED",
     "TRAINER_ENTRY_POINTS",
     "Proposal",
+    "arguments_given",
+    "constructing_fabric",
     "constructing_trainer",
     "frames_above",
     "is_fabric",

@@ -10,26 +10,37 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from lightning_utilities.core.rank_zero import rank_zero_only
 from typing_extensions import override
 
-from lightning_mpi_env.compat import Proposal, proposal, silence_srun_not_used
+from lightning_mpi_env.compat import (
+    Proposal,
+    constructing_fabric,
+    constructing_trainer,
+    is_trainer,
+    proposal,
+    silence_srun_not_used,
+)
 from lightning_mpi_env.errors import LayoutError, SettingError
 from lightning_mpi_env.launchers import detect_launcher
 from lightning_mpi_env.layout import Placement, RankLayout, from_env
-from lightning_mpi_env.trainer_guard import check_launching_trainer, guard_constructing_trainer
+from lightning_mpi_env.requeue import Requeue, callback_for, newest_checkpoint
+from lightning_mpi_env.trainer_guard import attach, check_launching_trainer, check_mixed_arguments
 from lightning_mpi_env.values import is_count, parse_count
 
 if TYPE_CHECKING:
+    import inspect
+
     from lightning_mpi_env.rendezvous import RendezvousResult
 
 log = logging.getLogger(__name__)
@@ -164,11 +175,20 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     (:mod:`lightning_mpi_env.rendezvous`): a missing, duplicate or disagreeing rank stops every process with a
     :class:`~lightning_mpi_env.RendezvousError` naming it, instead of a silent hang; node ranks become exact.
 
+    **Checkpoint and requeue.** Under Slurm, Grid Engine, PBS or LSF, the requeue signal (``SIGUSR1`` unless told
+    otherwise) makes every rank save Lightning's HPC checkpoint at the next training step; rank 0 then puts the job
+    back in the queue (:mod:`lightning_mpi_env.requeue`), and the job, started again, resumes from it.
+
     Args:
         environ: The environment to read; ``os.environ`` by default.
         roll_call: Run the roll call; else ``LIGHTNING_MPI_ENV_ROLL_CALL`` (``0``/``1``), else on.
         rendezvous_timeout: Seconds to wait for every rank in the roll call; else
             ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, else 120.
+        auto_requeue: Checkpoint and requeue on ``requeue_signal``; else ``LIGHTNING_MPI_ENV_REQUEUE`` (``0``/``1``),
+            else on under a scheduler that can requeue.
+        requeue_signal: The signal that asks for it (as Lightning's ``SLURMEnvironment``).
+        requeue_command: The command that puts the job back in the queue, instead of the scheduler's (e.g.
+            ``["qsub", "job.sh"]`` where PBS's ``qrerun`` needs a manager).
     """
 
     def __init__(
@@ -177,6 +197,9 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         *,
         roll_call: bool | None = None,
         rendezvous_timeout: float | None = None,
+        auto_requeue: bool | None = None,
+        requeue_signal: signal.Signals | int = signal.SIGUSR1,
+        requeue_command: Sequence[str] | None = None,
     ) -> None:
         from lightning_mpi_env.rendezvous import resolve_timeout
 
@@ -197,8 +220,11 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         self._met: RendezvousResult | None = None  # keeps rank 0's store serving until init_process_group
         self._free_port: int | None = None
         self._made_in_pid = os.getpid()  # a copy in another process was forked or pickled there by Lightning
+        self.process_group_backend: str | None = None  # the strategy's, when it says (ddp_mpi); else the device's
+        self.requeue = Requeue.plan(env, enabled=auto_requeue, requeue_signal=requeue_signal, command=requeue_command)
         # Right from the start, so rank-zero-only logging is right before the Trainer sets ranks up.
         rank_zero_only.rank = self._ranks.global_rank  # type: ignore[attr-defined]
+        self._notice()  # made by "ddp_mpi" inside Trainer(...)/Fabric(...)
 
     # --- what Lightning reads ------------------------------------------------------------------------------------
 
@@ -278,14 +304,26 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         """Number of nodes: from the roll call once it ran, else from the launcher (``None`` when uneven)."""
         return self._ranks.num_nodes
 
+    def launch_shape(self) -> tuple[int | None, int | None] | None:
+        """``(devices, num_nodes)`` for the Trainer as the launch has it; ``None`` without a launcher.
+
+        Devices is the ranks per node; ``None`` with one launcher process per node, where Lightning starts the
+        workers and ``devices`` says how many (``"auto"``: every GPU). ``None`` as a whole when ranks are spread
+        unevenly, which Lightning cannot run.
+        """
+        layout = self._layout
+        if layout.launcher is None or not layout.is_even:
+            return None
+        if layout.local_size == 1:
+            return None, layout.world_size
+        return layout.local_size, layout.num_nodes
+
     # --- what Lightning proposes ---------------------------------------------------------------------------------
 
     @override
     def set_global_rank(self, rank: int) -> None:
         if proposal() is Proposal.CONSTRUCTION and self._stage is Stage.CONFIGURED:
-            # Inside Trainer(...): the one moment to reach the Trainer before fit() rejects a model of the other
-            # namespace with a message that does not say so.
-            guard_constructing_trainer()
+            self._notice()
         if self.managed_by_lightning:
             if self._stage is not Stage.MET:
                 self._ranks = replace(self._ranks, global_rank=rank)
@@ -373,6 +411,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     def _meet(self) -> None:
         """Run the roll call (unless it is off) and take the exact node ranks it finds."""
         self._stage = Stage.MET
+        if self.requeue is not None:
+            self.requeue.install()  # in the main thread, before training, in every strategy
         if not self.roll_call:
             return
         from lightning_mpi_env import rendezvous
@@ -395,9 +435,6 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             # One line per job, on stderr with the other diagnostics: stdout stays the program's.
             print(result.summary, file=sys.stderr, flush=True)
 
-    process_group_backend: str | None = None
-    """The backend the strategy will use, when it says so (``ddp_mpi`` does); else the device's default."""
-
     def _expected_node(self) -> Callable[[int], int] | None:
         """Where the launcher put each rank, to say where missing ranks were expected; ``None`` when unknown."""
         if self.managed_by_lightning:
@@ -411,7 +448,88 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             return lambda rank: rank % num_nodes
         return None
 
+    # --- the Trainer or Fabric this environment is given to -----------------------------------------------------
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type[MPIClusterEnvironment]:
+        # Lightning checks each plugin with isinstance() while it builds a Trainer or Fabric. With a single-device
+        # strategy that is the only call this environment ever gets: the moment to find the Trainer, and to stop
+        # it before every rank trains alone (see compat for the other route, the rank proposals).
+        self._notice()
+        return type(self)
+
+    def _notice(self) -> None:
+        """Attach this environment's checks to the Trainer or Fabric being built, if one is."""
+        owner = constructing_trainer() or constructing_fabric()
+        if owner is None or owner.__dict__.get("_lightning_mpi_env_noticed") is self:
+            return
+        # Nothing here may fail: an AttributeError raised from a __class__ lookup is swallowed by isinstance().
+        owner.__dict__["_lightning_mpi_env_noticed"] = self
+        if self.requeue is not None:
+            self.requeue.install()  # a signal may come before setup_distributed (and Fabric may never call it)
+        if is_trainer(owner):
+            attach(owner, check_mixed_arguments)
+        attach(owner, self._check_entry)
+
+    def _check_entry(self, owner: object, name: str, arguments: inspect.BoundArguments) -> None:
+        """Before a Trainer's ``fit``/... or a Fabric's ``launch``/``setup``: refuse lone training; resume."""
+        strategy = getattr(owner, "strategy", None)
+        if getattr(strategy, "cluster_environment", None) is not self and self._alone_would_be_wrong():
+            raise self._lone_training(type(strategy).__name__, "Trainer" if is_trainer(owner) else "Fabric")
+        if self.requeue is not None and is_trainer(owner):
+            callbacks = owner.callbacks  # type: ignore[attr-defined]
+            if not any(getattr(callback, "plan", None) is self.requeue for callback in callbacks):
+                callbacks.append(callback_for(owner, self.requeue))
+        if name == "fit" and self.requeue is not None and arguments.arguments.get("ckpt_path") is None:
+            checkpoint = newest_checkpoint(owner.default_root_dir)  # type: ignore[attr-defined]
+            if checkpoint is not None:
+                if self.global_rank() == 0:
+                    print(f"lightning-mpi-env: requeue: resuming from {checkpoint}", file=sys.stderr, flush=True)
+                arguments.arguments["ckpt_path"] = checkpoint
+
+    def _alone_would_be_wrong(self) -> bool:
+        return self._mode is LaunchMode.PER_RANK and self._layout.world_size > 1
+
+    def requeue_requested(self, fabric: object) -> bool:
+        """For a Fabric loop: whether any rank got the requeue signal (every rank calls it, at the same step).
+
+        A Fabric program saves its own checkpoint when this says so, then calls :meth:`requeue`.
+        """
+        if self.requeue is None:
+            return False
+        return self.requeue.agree(fabric.strategy.reduce_boolean_decision)  # type: ignore[attr-defined]
+
+    def requeue_now(self, fabric: object) -> NoReturn:
+        """For a Fabric loop, after the checkpoint: rank 0 requeues the job, then every rank exits.
+
+        Raises:
+            SystemExit: With the scheduler's requeue exit status (1 when the requeue command failed).
+            SettingError: Outside a scheduler that can requeue, or with requeue turned off.
+        """
+        if self.requeue is None:
+            raise SettingError(
+                "requeue_now() was called, but this job has no scheduler that can requeue it, or requeue is off.",
+                "Call it only when requeue_requested() said so.",
+            )
+        done = self.requeue.run_command() if fabric.global_rank == 0 else True  # type: ignore[attr-defined]
+        done = bool(fabric.broadcast(done, src=0))  # type: ignore[attr-defined]
+        raise SystemExit(self.requeue.exit_code if done else 1)
+
     # --- errors --------------------------------------------------------------------------------------------------
+
+    def _lone_training(self, strategy: str, api: str) -> LayoutError:
+        layout = self._layout
+        return LayoutError(
+            f"{layout.launcher_name} started {layout.describe_world()} ({layout.sources['world_size']}="
+            f"{layout.world_size}), but Lightning chose {strategy}, which never uses the cluster environment: every "
+            f"rank would train alone, on all of the data, and save over the others' checkpoints.",
+            f"Use {api}(strategy='ddp_mpi') (devices and num_nodes then come from the launch), or strategy='ddp' "
+            f"with {api}(devices={layout.local_size}"
+            f"{f', num_nodes={layout.num_nodes}' if layout.num_nodes else ''}).",
+            variable=layout.sources["world_size"],
+            value=str(layout.world_size),
+            launcher=layout.launcher_name,
+        )
 
     def _settings_mismatch(self, num_devices: int, num_nodes: int) -> LayoutError:
         layout = self._layout

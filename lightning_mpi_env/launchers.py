@@ -154,6 +154,7 @@ HYDRA = Launcher(
     ),
     launch_hint="Start every rank with MPICH's or Intel MPI's `mpiexec` (Hydra), which sets PMI_* and MPI_LOCAL*.",
     pass_main_address="`mpiexec -genv MASTER_ADDR $MASTER_ADDR`",
+    run_for_real="MPICH 5 and Intel MPI 2021 from PyPI (`mpich`, `impi-rt`), own venvs, on two simulated nodes",
     how_to_check=(
         '`mpiexec --version` says "HYDRA" (MPICH) or "Intel(R) MPI"; `mpiexec -n 1 env | grep -E \'PMI_|MPI_LOCAL\'`'
     ),
@@ -188,6 +189,7 @@ SLURM = Launcher(
         }
     ),
     scheduler="slurm",
+    run_for_real="Slurm 22.05 from Debian (`slurm-wlm`): slurmctld and two slurmd on one machine",
     launch_hint="Start every rank with `srun` inside the allocation (srun sets SLURM_PROCID and SLURM_STEP_*).",
     how_to_check="`srun -n1 env | grep SLURM_STEP_ID` (a batch script alone has `SLURM_PROCID` but no step)",
 )

@@ -37,6 +37,18 @@ class Scheduler(NamedTuple):
     """What ``simulate`` exports for it, as templates: ``{job}``, ``{nodelist}``, ``{num_nodes}``,
     ``{lsf_pairs}``; a host file is ``{file:hosts}`` (one line per host), ``{file:slots}`` (one per slot) or
     ``{file:pe}`` (Grid Engine's ``PE_HOSTFILE``)."""
+    requeue_command: tuple[str, ...] = ()
+    """The command that puts this job back in the queue (``{job}``: the job as :attr:`requeue_job` names it);
+    empty where the job does it by its exit status (:attr:`requeue_exit_code`) or cannot."""
+    requeue_job: tuple[str, ...] = ()
+    """How the requeue command names this job: the first template whose variables are all set (and, for those in
+    :attr:`nonzero`, not ``0``) wins; an array task before the whole array."""
+    nonzero: tuple[str, ...] = ()
+    """Variables that count as unset when ``0`` (LSF's ``LSB_JOBINDEX`` outside job arrays)."""
+    requeue_exit_code: int = 0
+    """The exit status of every rank after a checkpoint-and-requeue (Grid Engine reschedules a job that exits 99)."""
+    job_script: str = ""
+    """The job-script lines that make the scheduler send the requeue signal before the wall-clock limit."""
     run_for_real: str = ""
     """How the test suite runs this scheduler for real; empty: documented variables, not run here."""
 
@@ -54,6 +66,10 @@ SGE = Scheduler(
         HostList("PE_HOSTFILE", HostListForm.PE_HOSTFILE),
     ),
     simulated=MappingProxyType({"JOB_ID": "{job}", "SGE_JOB_HOSTLIST": "{file:hosts}", "PE_HOSTFILE": "{file:pe}"}),
+    # A job that exits 99 is rescheduled (unless the site sets FORBID_RESCHEDULE); `qmod -rj` needs a manager.
+    requeue_exit_code=99,
+    job_script="#$ -notify   (SIGUSR2 comes `notify` seconds, 60 by default, before h_rt's SIGKILL: "
+    "requeue_signal=signal.SIGUSR2; with s_rt, SIGUSR1)",
 )
 PBS = Scheduler(
     key="pbs",
@@ -61,6 +77,11 @@ PBS = Scheduler(
     job_id=("PBS_JOBID",),
     host_lists=(HostList("PBS_NODEFILE", HostListForm.HOST_PER_LINE),),
     simulated=MappingProxyType({"PBS_JOBID": "{job}.pbs", "PBS_NODEFILE": "{file:slots}"}),
+    # qrerun needs manager or operator rights on most sites: requeue_command=("qsub", "job.sh") resubmits instead.
+    requeue_command=("qrerun", "{job}"),
+    requeue_job=("{PBS_JOBID}",),
+    job_script="#PBS -r y   (PBS sends no warning signal: SIGTERM comes at the wall-clock limit, then SIGKILL after "
+    "kill_delay; requeue_signal=signal.SIGTERM, or `qsig -s USR1 $PBS_JOBID` from a watcher)",
 )
 LSF = Scheduler(
     key="lsf",
@@ -71,6 +92,10 @@ LSF = Scheduler(
         HostList("LSB_MCPU_HOSTS", HostListForm.LSF_PAIRS),
     ),
     simulated=MappingProxyType({"LSB_JOBID": "{job}", "LSB_MCPU_HOSTS": "{lsf_pairs}"}),
+    requeue_command=("brequeue", "{job}"),  # the job's owner may requeue it
+    requeue_job=("{LSB_JOBID}[{LSB_JOBINDEX}]", "{LSB_JOBID}"),
+    nonzero=("LSB_JOBINDEX",),
+    job_script="#BSUB -wa USR1 -wt 2   (SIGUSR1 two minutes before the run limit)",
 )
 SLURM = Scheduler(
     key="slurm",
@@ -83,6 +108,12 @@ SLURM = Scheduler(
     simulated=MappingProxyType(
         {"SLURM_JOB_ID": "{job}", "SLURM_JOB_NODELIST": "{nodelist}", "SLURM_JOB_NUM_NODES": "{num_nodes}"}
     ),
+    requeue_command=("scontrol", "requeue", "{job}"),  # the job's owner may requeue it (a batch job, requeueable)
+    # An array task by its array id: `scontrol requeue <SLURM_JOB_ID>` of the task running as the array's master
+    # id would requeue the whole array.
+    requeue_job=("{SLURM_ARRAY_JOB_ID}_{SLURM_ARRAY_TASK_ID}", "{SLURM_JOB_ID}"),
+    job_script="#SBATCH --signal=USR1@90\n#SBATCH --requeue   (SIGUSR1 to every step 90 s before the limit)",
+    run_for_real="Slurm 22.05 from Debian (`slurm-wlm`): slurmctld and two slurmd on one machine",
 )
 
 FLUX = Scheduler(

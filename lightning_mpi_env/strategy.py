@@ -24,7 +24,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from lightning_mpi_env.compat import silence_srun_not_used, strategy_registry
+from lightning_mpi_env.compat import arguments_given, silence_srun_not_used, strategy_registry
 from lightning_mpi_env.environment import MPIClusterEnvironment
 from lightning_mpi_env.errors import SettingError, StrategyImportError
 from lightning_mpi_env.launchers import SLURM, detect_launcher
@@ -90,6 +90,11 @@ def _build(package: str, strategies: ModuleType) -> type:
     class MPIDDPStrategy(base):  # type: ignore[misc]
         """Lightning's ``DDPStrategy`` with ``MPIClusterEnvironment``: the roll call before ``init_process_group``.
 
+        ``devices`` and ``num_nodes`` left out of ``Trainer(...)``/``Fabric(...)`` come from the launch: the ranks
+        on each node and the number of nodes. Values given must match the launch, or the job stops saying so.
+        (With Fabric, which keeps no record of its arguments, ``devices="auto"`` and ``num_nodes=1`` count as left
+        out.)
+
         Args:
             rendezvous_timeout: Seconds to wait for every rank in the roll call; else
                 ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, else 120. Separate from ``timeout``, the collective
@@ -111,6 +116,47 @@ def _build(package: str, strategies: ModuleType) -> type:
                 # The roll call compares the backend this strategy will use, when it is given.
                 cluster_environment.process_group_backend = kwargs.get("process_group_backend")
             super().__init__(cluster_environment=cluster_environment, **kwargs)
+
+        # Lightning hands the strategy its devices (``parallel_devices``) and node count (``num_nodes``, which both
+        # the Trainer and Fabric store in ``_num_nodes``) while it builds the Trainer or Fabric.
+
+        @property
+        def parallel_devices(self) -> Any:
+            return self.__dict__.get("_lme_parallel_devices")
+
+        @parallel_devices.setter
+        def parallel_devices(self, devices: Any) -> None:
+            self.__dict__["_lme_parallel_devices"] = self._devices_from_launch(devices)
+
+        @property
+        def _num_nodes(self) -> int:
+            return int(self.__dict__.get("_lme_num_nodes", 1))
+
+        @_num_nodes.setter
+        def _num_nodes(self, num_nodes: int) -> None:
+            shape = self._launch_shape("num_nodes")
+            self.__dict__["_lme_num_nodes"] = shape[1] if shape is not None and shape[1] else num_nodes
+
+        def _launch_shape(self, argument: str) -> tuple[int | None, int | None] | None:
+            """The launch's ``(devices, num_nodes)`` when ``argument`` was left out of the Trainer/Fabric."""
+            environment = self.__dict__.get("cluster_environment")
+            if not isinstance(environment, MPIClusterEnvironment):
+                return None
+            given = arguments_given()
+            if given is None or argument in given:
+                return None
+            return environment.launch_shape()
+
+        def _devices_from_launch(self, devices: Any) -> Any:
+            shape = self._launch_shape("devices")
+            if devices is None or shape is None or shape[0] is None or len(devices) == shape[0]:
+                return devices
+            per_node = shape[0]
+            if len(devices) == 1:  # one device visible (CPU, or a GPU bound to each rank): each rank drives it
+                return list(devices) * per_node
+            if len(devices) > per_node:  # all of the node's GPUs visible: local rank i drives the i-th
+                return list(devices)[:per_node]
+            return devices  # fewer GPUs than ranks on the node: the settings check says so
 
         @property
         def rendezvous_timeout(self) -> float | None:

@@ -243,3 +243,92 @@ def run_python(program: str, cwd: Path, pythonpath: Path | None = None) -> dict[
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(completed.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+# --- no rank trains alone: every route that involves this environment, under a launcher of 4 ranks -------------------
+
+LONE = """
+import json, os, sys
+os.environ.update({env})
+import torch
+import {namespace} as L
+from lightning_mpi_env import MPIClusterEnvironment, LayoutError
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, index):
+        print("TRAINED ALONE", flush=True)
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.randn(4, 2), batch_size=2)
+
+try:
+    trainer = L.Trainer({arguments}, max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    print("STRATEGY", type(trainer.strategy).__name__, flush=True)
+    trainer.fit(Model())
+except LayoutError as error:
+    print("REFUSED", error.one_line(), flush=True)
+"""
+
+LONE_FABRIC = """
+import os
+os.environ.update({env})
+import torch
+import {namespace} as F
+from lightning_mpi_env import MPIClusterEnvironment, LayoutError
+
+try:
+    fabric = F.Fabric({arguments})
+    print("STRATEGY", type(fabric.strategy).__name__, flush=True)
+    fabric.launch()
+    model = fabric.setup_module(torch.nn.Linear(2, 1))
+    print("TRAINED ALONE", flush=True)
+except LayoutError as error:
+    print("REFUSED", error.one_line(), flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("program", "namespace", "arguments"),
+    [
+        # accelerator="cpu" with devices="auto" is one device: Lightning picks a single-device strategy.
+        (LONE, "lightning.pytorch", "accelerator='cpu', plugins=[MPIClusterEnvironment()]"),
+        (LONE, "pytorch_lightning", "accelerator='cpu', devices=1, plugins=[MPIClusterEnvironment()]"),
+        (LONE, "lightning.pytorch", "accelerator='cpu', strategy='single_device', plugins=[MPIClusterEnvironment()]"),
+        (LONE_FABRIC, "lightning.fabric", "accelerator='cpu', plugins=[MPIClusterEnvironment()]"),
+        (LONE_FABRIC, "lightning_fabric", "accelerator='cpu', devices=1, plugins=[MPIClusterEnvironment()]"),
+    ],
+)
+def test_a_single_device_strategy_under_a_launcher_is_refused_before_training(tmp_path, program, namespace, arguments):
+    env = {**open_mpi(rank=1, world_size=4, local_size=2), "LIGHTNING_MPI_ENV_ROLL_CALL": "0"}
+    code = program.format(env=repr(env), namespace=namespace, arguments=arguments)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert "TRAINED ALONE" not in result.stdout, result.stdout + result.stderr[-2000:]
+    assert "STRATEGY SingleDeviceStrategy" in result.stdout, result.stdout + result.stderr[-2000:]
+    refusal = next(line for line in result.stdout.splitlines() if line.startswith("REFUSED"))
+    assert "Open MPI started 4 ranks, 2 per node" in refusal
+    assert "Lightning chose SingleDeviceStrategy, which never uses the cluster environment: every rank" in refusal
+    assert "HINT: Use" in refusal
+    assert "(strategy='ddp_mpi')" in refusal
+    assert "devices=2, num_nodes=2" in refusal
+
+
+def test_a_single_process_may_train_on_one_device(tmp_path):
+    # Without a launcher (or with one rank) a single-device strategy is right: nothing to refuse.
+    code = LONE.format(env=repr({}), namespace="lightning.pytorch", arguments="accelerator='cpu', "
+                       "plugins=[MPIClusterEnvironment()]")  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert "TRAINED ALONE" in result.stdout, result.stderr[-2000:]
+    assert "REFUSED" not in result.stdout

@@ -30,6 +30,13 @@ def main():
     parser.add_argument("--vanish-rank", type=int, help="this rank exits with status 0 at its second step")
     parser.add_argument("--plain-ddp", action="store_true", help="Lightning's DDPStrategy with its own environment")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep in every training step (a long job)")
+    parser.add_argument(
+        "--zero-config",
+        action="store_true",
+        help="leave devices and num_nodes out (ddp_mpi takes them from the launch)",
+    )
+    parser.add_argument("--root-dir", help="Trainer(default_root_dir=...): where HPC checkpoints go on a requeue")
+    parser.add_argument("--epochs", type=int, default=1)
     args = parser.parse_args()
     pl = importlib.import_module(args.namespace)
 
@@ -47,11 +54,17 @@ def main():
             torch.manual_seed(0)
             self.layer = torch.nn.Linear(4, 1)
             self.seen = []
+            self.first_global_step = None
 
         def training_step(self, batch, batch_index):
             index, x, y = batch
-            if batch_index == 0 and not self.seen:
-                print(f"FIRST_STEP rank={self.global_rank} time={time.time()!r}\n", end="", flush=True)
+            if self.first_global_step is None:  # the first step this process runs (past 0 after a resume)
+                self.first_global_step = self.trainer.global_step
+                print(
+                    f"FIRST_STEP rank={self.global_rank} time={time.time()!r} step={self.first_global_step}\n",
+                    end="",
+                    flush=True,
+                )
             if batch_index == 1 and self.global_rank == args.vanish_rank:
                 print(
                     f"VANISH: rank {self.global_rank} exits with status 0 in the middle of training\n",
@@ -77,13 +90,14 @@ def main():
         strategy, plugins = pl.strategies.DDPStrategy(process_group_backend="gloo"), []
     else:
         strategy, plugins = pl.strategies.DDPStrategy(process_group_backend="gloo"), [MPIClusterEnvironment()]
+    sizes = {} if args.zero_config else {"devices": args.devices, "num_nodes": args.num_nodes}
     trainer = pl.Trainer(
         accelerator="cpu",
-        devices=args.devices,
-        num_nodes=args.num_nodes,
+        **sizes,
         strategy=strategy,
         plugins=plugins,
-        max_epochs=1,
+        default_root_dir=args.root_dir,
+        max_epochs=args.epochs,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -104,6 +118,9 @@ def main():
                 "strategy_module": type(trainer.strategy).__mro__[1].__module__,
                 "hostname": socket.gethostname(),
                 "seen": model.seen,
+                "first_global_step": model.first_global_step,
+                "global_step": trainer.global_step,
+                "restart_count": os.environ.get("SLURM_RESTART_COUNT"),
                 "weights": [
                     round(v, 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
                 ],
