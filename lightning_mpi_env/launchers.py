@@ -15,6 +15,7 @@ from typing import NamedTuple
 from lightning_mpi_env.hostlist import HostList, HostListForm
 
 _NONE: Mapping[str, Mapping[str, str]] = MappingProxyType({})
+_NO_MODES: Mapping[str, str] = MappingProxyType({})
 
 
 class Launcher(NamedTuple):
@@ -57,6 +58,8 @@ class Launcher(NamedTuple):
     """The scheduler this launcher comes with, if any (``srun``: Slurm); ``simulate`` runs it under that one."""
     launch_hint: str = ""
     """How a user starts processes with this launcher, for messages."""
+    partial_modes: Mapping[str, str] = _NO_MODES
+    """Variables of a launch mode that omits some of the rank variables, each with the fix (for that error)."""
     pass_main_address: str = ""
     """How a job script passes ``MASTER_ADDR`` to every rank of this launcher, where documented."""
     how_to_check: str = ""
@@ -153,6 +156,13 @@ HYDRA = Launcher(
         }
     ),
     launch_hint="Start every rank with MPICH's or Intel MPI's `mpiexec` (Hydra), which sets PMI_* and MPI_LOCAL*.",
+    # MPICH's `mpiexec -pmi-port` sets PMI_ID and PMI_PORT (one per node) instead of PMI_RANK, PMI_SIZE and PMI_FD.
+    partial_modes=MappingProxyType(
+        {
+            "PMI_PORT": "MPICH's `mpiexec -pmi-port` gives the ranks no PMI_RANK or PMI_SIZE: drop `-pmi-port` "
+            "(the default mode exports them)."
+        }
+    ),
     pass_main_address="`mpiexec -genv MASTER_ADDR $MASTER_ADDR`",
     run_for_real="MPICH 5 and Intel MPI 2021 from PyPI (`mpich`, `impi-rt`), own venvs, on two simulated nodes",
     how_to_check=(

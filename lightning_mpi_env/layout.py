@@ -86,6 +86,8 @@ class RankLayout(NamedTuple):
     """For each field above, the variable (or rule) it came from; not compared."""
     warnings: tuple[LayoutWarning, ...] = ()
     """Things the user should hear about that do not stop the job, such as an approximate node rank."""
+    ranks_per_node: tuple[int, ...] = ()
+    """Every node's number of ranks, where the launcher exports them all (``SLURM_STEP_TASKS_PER_NODE``); else empty."""
 
     @property
     def launcher_name(self) -> str:
@@ -100,6 +102,8 @@ class RankLayout(NamedTuple):
     @property
     def is_even(self) -> bool:
         """Whether, as far as this process can tell, every node runs :attr:`local_size` processes."""
+        if self.ranks_per_node:
+            return len(set(self.ranks_per_node)) == 1
         return self.num_nodes is not None and self.num_nodes * self.local_size == self.world_size
 
     def describe_world(self) -> str:
@@ -110,7 +114,7 @@ class RankLayout(NamedTuple):
     def _compared(self) -> tuple[object, ...]:
         # The warnings are exceptions, which compare by identity: compare what they say.
         said = tuple((type(warning), str(warning)) for warning in self.warnings)
-        return (*self[:10], said)
+        return (*self[:10], said, self.ranks_per_node)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RankLayout):
@@ -126,7 +130,7 @@ class RankLayout(NamedTuple):
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
         # The read-only view of the sources does not pickle (spawned workers get the environment pickled).
-        return (_rebuild_layout, (tuple(self[:10]), dict(self.sources), self.warnings))
+        return (_rebuild_layout, (tuple(self[:10]), dict(self.sources), self.warnings, self.ranks_per_node))
 
     def __repr__(self) -> str:
         nodes = "?" if self.num_nodes is None else str(self.num_nodes)
@@ -138,9 +142,12 @@ class RankLayout(NamedTuple):
 
 
 def _rebuild_layout(
-    fields: tuple[object, ...], sources: dict[str, str], warnings: tuple[LayoutWarning, ...]
+    fields: tuple[object, ...],
+    sources: dict[str, str],
+    warnings: tuple[LayoutWarning, ...],
+    ranks_per_node: tuple[int, ...] = (),
 ) -> RankLayout:
-    return RankLayout._make((*fields, MappingProxyType(sources), warnings))
+    return RankLayout._make((*fields, MappingProxyType(sources), warnings, ranks_per_node))
 
 
 def from_env(
@@ -222,6 +229,7 @@ class _LayoutParser:
         self.read_text = read_text
         self.sources: dict[str, str] = {}
         self.warnings: list[LayoutWarning] = []
+        self.ranks_per_node: tuple[int, ...] = ()
 
     def parse(self) -> RankLayout:
         row = self.launcher
@@ -258,6 +266,7 @@ class _LayoutParser:
             placement=placement,
             sources=MappingProxyType(dict(self.sources)),
             warnings=tuple(self.warnings),
+            ranks_per_node=self.ranks_per_node,
         )
 
     # --- reading variables -------------------------------------------------------------------------------------
@@ -267,10 +276,12 @@ class _LayoutParser:
         missing = [name for name in row.variables if name not in self.env]
         if missing:
             present = ", ".join(f"{name}={self.env[name]!r}" for name in row.variables if name in self.env)
+            # A known launch mode that omits them gets its own fix; else the rank variables were copied or cleared.
+            modes = [fix for name, fix in row.partial_modes.items() if name in self.env]
             raise LayoutError(
                 f"{row.name} variables are only partly set: {present or f'{row.marker}={self.env[row.marker]!r}'} "
                 f"is set, but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing.",
-                f"{row.launch_hint} Do not set {row.marker} by hand or copy it between jobs.",
+                modes[0] if modes else f"{row.launch_hint} Do not set {row.marker} by hand or copy it between jobs.",
                 variable=missing[0],
                 launcher=row.name,
             )
@@ -326,6 +337,7 @@ class _LayoutParser:
                 self.env[row.tasks_per_node],
             )
         self.sources["local_size"] = f"{row.tasks_per_node}[{row.node_rank}]"
+        self.ranks_per_node = tuple(counts)
         return counts[node]
 
     def _check_bounds(self, variable: str, value: int, size_variable: str, size: int) -> None:

@@ -60,7 +60,7 @@ class Requeue(NamedTuple):
         env: Mapping[str, str],
         *,
         enabled: bool | None,
-        requeue_signal: signal.Signals | int,
+        requeue_signal: signal.Signals | int | None,
         command: Sequence[str] | None,
     ) -> Requeue | None:
         """The plan for the job this process runs in, or ``None`` (off, or no scheduler, or none that requeues).
@@ -78,7 +78,8 @@ class Requeue(NamedTuple):
             command = () if job is None else tuple(part.format(job=job) for part in scheduler.requeue_command)
         if not command and not scheduler.requeue_exit_code:
             return None  # Flux: nothing puts a job back in its queue
-        return cls(scheduler, signal.Signals(requeue_signal), tuple(command), scheduler.requeue_exit_code)
+        signum = scheduler.warning_signal if requeue_signal is None else signal.Signals(requeue_signal)
+        return cls(scheduler, signum, tuple(command), scheduler.requeue_exit_code)
 
     def install(self) -> None:
         """Note the signal when it comes (in the main thread only; Python allows handlers nowhere else)."""
@@ -189,21 +190,22 @@ def checkpoint_and_requeue(trainer: Any, plan: Requeue) -> None:
     Called by every rank at the same step, once :meth:`Requeue.agree` said so.
 
     Raises:
-        SystemExit: Always, with the plan's exit status (Grid Engine: 99); 1 when the requeue command failed.
+        SystemExit: Always, with the plan's exit status (Grid Engine: 99); on rank 0, 1 when the requeue command
+            failed.
     """
     strategy = trainer.strategy
     path = strategy.broadcast(next_checkpoint(trainer.default_root_dir), src=0)  # one name on every rank
     trainer.save_checkpoint(path)
     strategy.barrier("lightning_mpi_env.requeue.saved")
-    requeued = True
-    if trainer.global_rank == 0:
-        _say(f"saved {path} at step {trainer.global_step} after {plan.signum.name}")
-        requeued = plan.run_command()
-    requeued = bool(strategy.broadcast(requeued, src=0))
-    strategy.barrier("lightning_mpi_env.requeue.requeued")
-    if not requeued and trainer.global_rank == 0:
-        _say(f"the checkpoint {path} is saved: submit the job again to resume from it.")
-    raise SystemExit(plan.exit_code if requeued else 1)
+    if trainer.global_rank != 0:
+        # No collective after this: Slurm, PBS and LSF end every rank of a requeued job at once, and a rank still
+        # waiting on rank 0 would print a connection error. Rank 0's status says whether the requeue worked.
+        raise SystemExit(plan.exit_code)
+    _say(f"saved {path} at step {trainer.global_step} after {plan.signum.name}")
+    if plan.run_command():
+        raise SystemExit(plan.exit_code)
+    _say(f"the checkpoint {path} is saved: submit the job again to resume from it.")
+    raise SystemExit(1)
 
 
 _CALLBACKS: dict[str, type] = {}

@@ -7,6 +7,7 @@ other job shares) and the first host of the job's host list (where rank 0 runs),
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import NamedTuple
@@ -47,8 +48,13 @@ class Scheduler(NamedTuple):
     """Variables that count as unset when ``0`` (LSF's ``LSB_JOBINDEX`` outside job arrays)."""
     requeue_exit_code: int = 0
     """The exit status of every rank after a checkpoint-and-requeue (Grid Engine reschedules a job that exits 99)."""
+    warning_signal: signal.Signals = signal.SIGUSR1
+    """The signal this scheduler sends before it kills a job at its limit (as :attr:`job_script` sets it up): the
+    default ``requeue_signal``. ``SIGUSR1`` where the job script chooses it, as Lightning's ``SLURMEnvironment``."""
     job_script: str = ""
     """The job-script lines that make the scheduler send the requeue signal before the wall-clock limit."""
+    warning: str = ""
+    """When the signal comes, and what to do where the job script alone cannot make it come."""
     run_for_real: str = ""
     """How the test suite runs this scheduler for real; empty: documented variables, not run here."""
 
@@ -68,8 +74,10 @@ SGE = Scheduler(
     simulated=MappingProxyType({"JOB_ID": "{job}", "SGE_JOB_HOSTLIST": "{file:hosts}", "PE_HOSTFILE": "{file:pe}"}),
     # A job that exits 99 is rescheduled (unless the site sets FORBID_RESCHEDULE); `qmod -rj` needs a manager.
     requeue_exit_code=99,
-    job_script="#$ -notify   (SIGUSR2 comes `notify` seconds, 60 by default, before h_rt's SIGKILL: "
-    "requeue_signal=signal.SIGUSR2; with s_rt, SIGUSR1)",
+    warning_signal=signal.SIGUSR2,  # -notify: SIGUSR2 before SIGKILL (SIGUSR1 comes before a suspension)
+    job_script="#$ -notify",
+    warning="SIGUSR2 comes `notify` seconds (60 by default) before h_rt's SIGKILL; with s_rt instead, SIGUSR1: "
+    "`requeue_signal=signal.SIGUSR1`",
 )
 PBS = Scheduler(
     key="pbs",
@@ -80,8 +88,9 @@ PBS = Scheduler(
     # qrerun needs manager or operator rights on most sites: requeue_command=("qsub", "job.sh") resubmits instead.
     requeue_command=("qrerun", "{job}"),
     requeue_job=("{PBS_JOBID}",),
-    job_script="#PBS -r y   (PBS sends no warning signal: SIGTERM comes at the wall-clock limit, then SIGKILL after "
-    "kill_delay; requeue_signal=signal.SIGTERM, or `qsig -s USR1 $PBS_JOBID` from a watcher)",
+    job_script="#PBS -r y",
+    warning="PBS sends no warning signal: SIGTERM comes at the wall-clock limit, then SIGKILL after `kill_delay`; "
+    "`requeue_signal=signal.SIGTERM`, or `qsig -s USR1 $PBS_JOBID` from a watcher",
 )
 LSF = Scheduler(
     key="lsf",
@@ -95,7 +104,11 @@ LSF = Scheduler(
     requeue_command=("brequeue", "{job}"),  # the job's owner may requeue it
     requeue_job=("{LSB_JOBID}[{LSB_JOBINDEX}]", "{LSB_JOBID}"),
     nonzero=("LSB_JOBINDEX",),
-    job_script="#BSUB -wa USR1 -wt 2   (SIGUSR1 two minutes before the run limit)",
+    # bsub -W: "the job is sent a SIGUSR2 signal, and is killed if it does not terminate within ten minutes".
+    warning_signal=signal.SIGUSR2,
+    job_script="#BSUB -W 0:30",
+    warning="SIGUSR2 at the run limit, SIGKILL ten minutes later; `#BSUB -wa USR2 -wt 5` sends it five minutes "
+    "before the limit instead",
 )
 SLURM = Scheduler(
     key="slurm",
@@ -112,7 +125,10 @@ SLURM = Scheduler(
     # An array task by its array id: `scontrol requeue <SLURM_JOB_ID>` of the task running as the array's master
     # id would requeue the whole array.
     requeue_job=("{SLURM_ARRAY_JOB_ID}_{SLURM_ARRAY_TASK_ID}", "{SLURM_JOB_ID}"),
-    job_script="#SBATCH --signal=USR1@90\n#SBATCH --requeue   (SIGUSR1 to every step 90 s before the limit)",
+    # Under mpirun in sbatch the steps are Open MPI's daemons, which SIGUSR1 kills: the batch script gets it (B:).
+    job_script="#SBATCH --signal=USR1@90\n#SBATCH --requeue",
+    warning="SIGUSR1 to every `srun` step 90 s before the limit; `mpirun` in `sbatch`: `--signal=B:USR1@90` and a "
+    "trap that passes it on to `mpirun`, as `examples/jobs/slurm_mpirun.sbatch` does",
     run_for_real="Slurm 22.05 from Debian (`slurm-wlm`): slurmctld and two slurmd on one machine",
 )
 

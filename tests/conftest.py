@@ -22,16 +22,42 @@ pytest_plugins = ["tests.clusters.fixtures"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "mpi: runs a real mpirun job; in CI (CI set) a skip of it is a failure")
+    config.addinivalue_line(
+        "markers", "mpi: runs a real launcher job (mpirun, mpiexec, srun); in CI (CI set) a skip of it is a failure"
+    )
+    config.addinivalue_line("markers", "slurm: runs jobs on the real two-node Slurm cluster (tests/clusters/slurm.py)")
+    config.addinivalue_line("markers", "hydra: runs MPICH's or Intel MPI's real mpiexec (tests/clusters/hydra.py)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the groups into node id suffixes
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Real mpirun jobs (4 ranks each) run one at a time, on one xdist worker: concurrent jobs would share the
-    # simulated hosts, whose ports (derived from each job's id) could then clash, and would stretch the rendezvous
-    # timeouts of the fault tests. Measured: two lanes were no faster on 2 cores anyway.
+    # Real launcher jobs (4 ranks each: Open MPI, MPICH, Intel MPI, Slurm) run one at a time, in one xdist group:
+    # - every launcher puts its ranks on the same simulated hosts 127.0.0.2/3, where concurrent jobs could clash on
+    #   a main port (one concurrent pair did), and two jobs at once on 2 cores would stretch the rendezvous timeouts
+    #   of the fault tests; measured, two lanes were no faster anyway;
+    # - in one worker, one Slurm cluster starts (a session fixture), not one per worker.
+    # A file lock held by every such test (tests/clusters/fixtures.py) keeps them apart where the group does not:
+    # across concurrent pytest runs, and under an xdist that drops groups.
     for item in items:
         if item.get_closest_marker("mpi") is not None:
             item.add_marker(pytest.mark.xdist_group("mpirun"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which sends the node ids to the scheduler
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # pytest-xdist 3.8 names a test's group to its scheduler by appending "@group" to the node id, written to
+    # `item._nodeid`; pytest 9.2 keeps node ids in `item._id`, so no group arrived and the real jobs ran on both
+    # workers at once (pytest-xdist#1386, fix pending in #1388). Append it, as xdist does, where its write did not
+    # take; with the lock in tests/clusters/fixtures.py, a pytest that moves node ids again costs time, not safety.
+    if not getattr(session.config.option, "loadgroup", False):  # set in xdist's workers under --dist loadgroup
+        return
+    for item in session.items:
+        marks = item.iter_markers("xdist_group")
+        groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default")) for mark in marks})
+        suffix = "@" + "_".join(groups)
+        node_id = getattr(item, "_id", None)
+        if groups and not item.nodeid.endswith(suffix) and node_id is not None:
+            item._id = type(node_id).parse(item.nodeid + suffix)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -78,16 +78,21 @@ def scheduler_table() -> str:
 
 def requeue_table() -> str:
     """How each scheduler warns a job and takes it back."""
-    lines = ["| Scheduler | In the job script | Requeue | Exit status |", "|---|---|---|---|"]
+    lines = [
+        "| Scheduler | In the job script | Signal (default `requeue_signal`) | When | Requeue | Exit status |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in SCHEDULERS:
         if not row.requeue_command and not row.requeue_exit_code:
-            lines.append(f"| {row.name} | — | none: submit the job again yourself | — |")
+            lines.append(f"| {row.name} | — | — | — | none: submit the job again yourself | — |")
             continue
-        script = row.job_script.replace("\n", "<br>")
+        script = "<br>".join(f"`{line}`" for line in row.job_script.splitlines())
         command = f"`{' '.join(row.requeue_command)}`" if row.requeue_command else "by the exit status"
         if row.requeue_job:
             command += f", `{{job}}` = {' or '.join(f'`{template}`' for template in row.requeue_job)}"
-        lines.append(f"| {row.name} | `{script}` | {command} | {row.requeue_exit_code} |")
+        signal = f"`{row.warning_signal.name}`"
+        cells = (row.name, script, signal, row.warning, command, str(row.requeue_exit_code))
+        lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)
 
 

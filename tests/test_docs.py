@@ -21,6 +21,7 @@ ERRORS = {
     "MixedImportError",
     "StrategyImportError",
     "CommandError",
+    "MpirunNotFoundError",
     "ApproximateNodeRankWarning",
     "MixedImportWarning",
 }

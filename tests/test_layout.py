@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,23 @@ def test_slurm_uneven_task_counts_give_exact_node_and_local_size():
     assert (layout.node_rank, layout.local_size, layout.num_nodes) == (2, 3, 3)
     assert not layout.is_even
     assert layout.describe_world() == "11 ranks, 3 on this node"
+
+
+def test_uneven_slurm_task_counts_are_uneven_even_where_the_product_happens_to_match():
+    # 3 nodes x 2 on this node == 6 ranks, but the nodes run 3, 1 and 2: no Trainer(devices=2, num_nodes=3) fits.
+    env = {
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "4",
+        "SLURM_NTASKS": "6",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "3,1,2",
+        **ADDRESS,
+    }
+    layout = from_env(env)
+    assert (layout.local_size, layout.num_nodes, layout.ranks_per_node) == (2, 3, (3, 1, 2))
+    assert not layout.is_even
+    assert pickle.loads(pickle.dumps(layout)) == layout
 
 
 def test_pmix_alone_reads_sizes_from_torch_names():

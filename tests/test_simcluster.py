@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
-from lightning_mpi_env.simcluster import SimulatedCluster
+from lightning_mpi_env.errors import SettingError
+from lightning_mpi_env.simcluster import SimulatedCluster, loopback_hosts, processes_with
 from tests.conftest import TRAINER_JOB
 
 SAMPLES = 64
@@ -82,3 +85,47 @@ def test_mpirun_command_line(tmp_path: Path):
     assert args[args.index("--map-by") + 1] == "node"
     assert args[args.index("-x") + 1] == "A=1"
     assert cluster.hostfile.read_text() == "127.0.0.2 slots=2\n127.0.0.3 slots=2\n"
+
+
+def test_any_number_of_nodes(tmp_path: Path):
+    cluster = SimulatedCluster.of(tmp_path, nodes=5, per_node=3)
+    assert cluster.hosts == ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6")
+    assert (cluster.slots, cluster.size) == (3, 15)
+    args = cluster.mpirun(["true"])
+    assert args[args.index("-np") + 1] == "15"
+    assert cluster.hostfile.read_text().splitlines()[-1] == "127.0.0.6 slots=3"
+    assert loopback_hosts(256)[253:] == ("127.0.0.255", "127.0.1.0", "127.0.1.1")
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda path: SimulatedCluster.of(path, nodes=0), "A simulated cluster of 0 node"),
+        (lambda path: SimulatedCluster.of(path, nodes=2**24), "Ask for 1 to 16777213 nodes"),
+        (lambda path: SimulatedCluster(path, hosts=()), "needs at least one host"),
+        (lambda path: SimulatedCluster(path, hosts=("127.0.0.2", "127.0.0.2")), "each named once"),
+        (lambda path: SimulatedCluster(path, slots=0), "slots=0: every simulated node needs at least one slot"),
+        (lambda path: SimulatedCluster(path).mpirun(["true"], np=5), "np=5 does not fit 2 simulated node"),
+    ],
+    ids=["no-nodes", "past-loopback", "no-hosts", "twice", "no-slots", "np"],
+)
+def test_impossible_clusters_are_setting_errors(tmp_path: Path, make, match):
+    with pytest.raises(SettingError, match=match):
+        make(tmp_path)
+
+
+@pytest.mark.mpi
+def test_timeout_stops_every_rank(cluster: SimulatedCluster):
+    tag = f"simcluster-timeout-{uuid.uuid4().hex[:12]}"
+    with pytest.raises(subprocess.TimeoutExpired) as raised:
+        cluster.run([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)", tag], timeout=3)
+    assert raised.value.output.count("up\n") == 4  # the output so far comes with the exception
+    assert processes_with(tag) == []
+
+
+@pytest.mark.mpi
+def test_three_nodes_have_their_own_host_names(tmp_path: Path):
+    cluster = SimulatedCluster.of(tmp_path, nodes=3, per_node=1)
+    completed = cluster.run([sys.executable, "-c", "import socket; print(socket.gethostname())"], timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert sorted(completed.stdout.split()) == list(cluster.hosts)

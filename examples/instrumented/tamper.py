@@ -1,9 +1,10 @@
 """Fault injection under mpirun (tests, benchmarks): tamper one rank's environment, then run the real command.
 
-Usage: python tamper.py [--rank R (--claim C | --exit)] [--torch-env] -- COMMAND...
+Usage: python tamper.py [--rank R (--claim C | --world-size N | --exit)] [--torch-env] -- COMMAND...
 
-On the process whose launcher rank is R, ``--claim C`` makes it claim rank C (a duplicate), and ``--exit`` makes it
-exit with status 0 before anything starts (a rank that never arrives, while mpirun waits for the others).
+On the process whose launcher rank is R, ``--claim C`` makes it claim rank C (a duplicate), ``--world-size N`` makes
+it claim a job of N ranks (a rank that disagrees with the others), and ``--exit`` makes it exit with status 0 before
+anything starts (a rank that never arrives, while mpirun waits for the others).
 ``--torch-env`` then exports what a job script for Lightning's own environment would (``LOCAL_RANK``,
 ``NODE_RANK`` for block placement), computed from the (tampered) Open MPI variables.
 """
@@ -18,6 +19,7 @@ def main():
     parser.add_argument("--rank", type=int)
     fault = parser.add_mutually_exclusive_group()
     fault.add_argument("--claim", type=int)
+    fault.add_argument("--world-size", type=int)
     fault.add_argument("--exit", action="store_true")
     parser.add_argument("--torch-env", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -32,6 +34,9 @@ def main():
             print(f"TAMPER: rank {args.rank} claims rank {args.claim}\n", end="", flush=True)
             os.environ["OMPI_COMM_WORLD_RANK"] = str(args.claim)
             os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(args.claim % int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"]))
+        if args.world_size is not None:
+            print(f"TAMPER: rank {args.rank} claims world size {args.world_size}\n", end="", flush=True)
+            os.environ["OMPI_COMM_WORLD_SIZE"] = str(args.world_size)
     if args.torch_env:
         local_size = int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"])
         os.environ["LOCAL_RANK"] = os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]

@@ -60,6 +60,7 @@ def main():
             index, x, y = batch
             if self.first_global_step is None:  # the first step this process runs (past 0 after a resume)
                 self.first_global_step = self.trainer.global_step
+                self.first_step_time = time.monotonic()
                 print(
                     f"FIRST_STEP rank={self.global_rank} time={time.time()!r} step={self.first_global_step}\n",
                     end="",
@@ -106,6 +107,7 @@ def main():
     model = Model()
     print(f"FIT pid={os.getpid()}\n", end="", flush=True)
     trainer.fit(model)
+    trained = time.monotonic() - model.first_step_time if model.first_global_step is not None else None
     print(
         "RESULT "
         + json.dumps(
@@ -121,6 +123,7 @@ def main():
                 "first_global_step": model.first_global_step,
                 "global_step": trainer.global_step,
                 "restart_count": os.environ.get("SLURM_RESTART_COUNT"),
+                "train_seconds": trained,  # from this process's first training step to the end of fit()
                 "weights": [
                     round(v, 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
                 ],

@@ -4,9 +4,13 @@
 #$ -l h_rt=0:30:00
 #$ -j y
 #$ -cwd
+# SIGUSR2 60 s (the queue's `notify`) before h_rt's SIGKILL, to the whole job: every rank checkpoints, exits 99,
+# and Grid Engine reschedules the job, which resumes from the checkpoint.
+#$ -notify
 # SGE_JOB_HOSTLIST (one host per line) names rank 0's host and JOB_ID gives the port. The host file may exist
 # only on this (the first) node, so rank 0's host is read here and passed on as MASTER_ADDR.
 set -eu
+trap : USR1 USR2  # -notify's signals: this script stays to exit with mpirun's status (99: reschedule)
 PER_NODE="${PER_NODE:-4}"
 NODES=$(wc -l < "$SGE_JOB_HOSTLIST")
 MPIRUN="${MPIRUN:-mpirun}"

@@ -14,13 +14,14 @@ Run as a script to rewrite the captured environments under ``tests/data/<kind>/`
 
     .venv/bin/python -m tests.clusters.hydra capture [mpich|intelmpi ...]
 
-Standard library only: the rank side (``dump-env``) runs in every rank, before anything else is imported.
+Standard library only: the rank side (``dump-env``, ``probe``) runs in every rank, before anything else is imported.
+``probe`` is not Hydra's alone: the Slurm tests run it under ``srun`` and under ``mpirun`` in a batch job too.
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
+import importlib.metadata
 import json
 import os
 import shutil
@@ -29,11 +30,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
+
+from tests.clusters.locks import file_lock
 
 Kind = Literal["mpich", "intelmpi"]
 """Which Hydra: MPICH's (``pip install mpich``) or Intel MPI's (``pip install impi-rt``)."""
@@ -58,9 +61,12 @@ RANK_PYTHON = Path(sys.executable)
 MARKER = ".lightning-mpi-env-launcher"
 """File in a launcher venv naming the requirement installed there; written last, so a broken install is redone."""
 
-CAPTURED_PREFIXES = ("PMI", "MPI_", "I_MPI", "HYDRA", "HYDI", "MPIR", "OMPI", "PRTE", "SLURM", "FLUX", "PALS", "MV2_")
-"""Launcher variables recorded by :func:`dump_environment` (and kept out of a job's own environment by
-:meth:`HydraCluster.run`, so that whatever a rank shows came from its ``mpiexec``)."""
+CAPTURED_PREFIXES = (
+    *("PMI", "MPI_", "I_MPI", "HYDRA", "HYDI", "MPIR", "OMPI", "PRTE", "SLURM", "FLUX", "PALS", "MV2_"),
+    *("PBS_", "LSB_", "SGE_", "JSM_"),  # schedulers' (a test run inside a PBS job must not leak PBS_NODEFILE)
+)
+"""Launcher and scheduler variables recorded by :func:`dump_environment` (and kept out of a job's own environment
+by :meth:`HydraCluster.run`, so that whatever a rank shows came from its ``mpiexec``)."""
 
 CAPTURED_NAMES = (
     "MASTER_ADDR",
@@ -72,6 +78,8 @@ CAPTURED_NAMES = (
     "NODE_RANK",
     "GROUP_RANK",
     "GFORTRAN_UNBUFFERED_PRECONNECTED",  # set by both Hydras in every rank
+    "JOB_ID",  # Grid Engine's
+    "PE_HOSTFILE",
 )
 """Further variables recorded when present."""
 
@@ -83,20 +91,18 @@ def venv_dir(kind: Kind) -> Path:
     return LAUNCHERS_DIR / kind
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _installed(venv: Path, requirement: str) -> bool:
     marker = venv / MARKER
     return marker.is_file() and marker.read_text().strip() == requirement and (venv / "bin" / "mpiexec").exists()
+
+
+def _pip_version() -> tuple[int, ...]:
+    """This Python's pip version, ``(0,)`` without pip."""
+    try:
+        text = importlib.metadata.version("pip")
+    except importlib.metadata.PackageNotFoundError:
+        return (0,)
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
 
 
 def ensure_venv(kind: Kind, *, timeout: float = 1800) -> Path:
@@ -120,14 +126,23 @@ def ensure_venv(kind: Kind, *, timeout: float = 1800) -> Path:
     requirement = REQUIREMENTS[kind]
     if _installed(venv, requirement):
         return venv / "bin"
-    with _locked(LAUNCHERS_DIR / f".{kind}.lock"):
+    with file_lock(LAUNCHERS_DIR / f".{kind}.lock"):
         if _installed(venv, requirement):
             return venv / "bin"  # another process finished it while we waited for the lock
         print(f"hydra: installing {requirement} into {venv} (once)", file=sys.stderr, flush=True)
         deadline = time.monotonic() + timeout
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=timeout)
+        # This Python's pip installs into the venv (`pip --python`, pip 22.3+): a venv of its own pip (ensurepip)
+        # took 4 to 20 s more, on 2 busy cores, for nothing.
+        own_pip = _pip_version() >= (22, 3)
         subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", requirement],
+            [sys.executable, "-m", "venv", "--clear", *(["--without-pip"] if own_pip else []), str(venv)],
+            check=True,
+            timeout=timeout,
+        )
+        python = str(venv / "bin" / "python")
+        pip = [sys.executable, "-m", "pip", "--python", python] if own_pip else [python, "-m", "pip"]
+        subprocess.run(
+            [*pip, "install", "--disable-pip-version-check", "-q", requirement],
             check=True,
             timeout=max(1.0, deadline - time.monotonic()),
         )
@@ -342,6 +357,97 @@ def dump_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]
     return {"hostname": socket.gethostname(), **found}
 
 
+PROBE_SUFFIX = ".probe.json"
+"""Name ending of the files :func:`probe` writes, one per rank."""
+
+
+def probe_command(out_dir: Path, command: Sequence[str]) -> list[str]:
+    """What a launcher runs in every rank so that :func:`probe` records ``command``'s output with the rank's truth.
+
+    Args:
+        out_dir: Where every rank writes its record (a directory all simulated nodes share: they are this machine).
+        command: The program to run in the rank, e.g. ``lightning-mpi-env show --json``.
+    """
+    return [str(RANK_PYTHON), str(Path(__file__).resolve()), "probe", str(out_dir), *command]
+
+
+def probe(out_dir: Path, command: Sequence[str], *, timeout: float = 300) -> Path:
+    """Run ``command`` in this rank and write what the launcher said beside what the command printed.
+
+    The record is ``{"launcher": dump_environment(), "returncode": ..., "stdout": ..., "stderr": ...}``, written to
+    its own file (renamed into place, so a reader never sees half of it): a launcher that forwards the ranks'
+    output in chunks (``srun``: 1 KiB) cannot interleave records, and none of it depends on who reports first.
+
+    Returns:
+        The file written, ``<out_dir>/<host>-<pid>.probe.json``.
+    """
+    completed = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout, check=False)
+    record = {
+        "launcher": dump_environment(),
+        "returncode": completed.returncode,
+        "stdout": completed.stdout,
+        "stderr": completed.stderr,
+    }
+    path = out_dir / f"{socket.gethostname()}-{os.getpid()}{PROBE_SUFFIX}"
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(record))
+    partial.rename(path)
+    return path
+
+
+def read_probes(out_dir: Path) -> list[dict[str, Any]]:
+    """The records :func:`probe` wrote into ``out_dir``, in no particular order."""
+    return [json.loads(path.read_text()) for path in sorted(out_dir.glob(f"*{PROBE_SUFFIX}"))]
+
+
+def launcher_truth(
+    records: Sequence[Mapping[str, Any]], hosts: Sequence[str], *, rank: str, world_size: str, local_rank: str
+) -> list[dict[str, Any]]:
+    """What the launcher told each probed rank, and where it really ran, in ``show --json``'s terms; sorted by rank.
+
+    Args:
+        records: What :func:`probe` recorded in every rank of one launch.
+        hosts: The launch's hosts in order (``-hosts``, the job's node list): a rank's node index is its host's place.
+        rank: The launcher's own variable for the global rank (``PMI_RANK``, ``SLURM_PROCID``...).
+        world_size: Its variable for the number of ranks.
+        local_rank: Its variable for the rank on the node.
+
+    Returns:
+        ``global_rank``, ``world_size``, ``local_rank``, ``local_size`` and ``num_nodes`` (counted from the host
+        names the ranks saw), ``node_rank`` and ``host``, for each rank.
+    """
+    said = [record["launcher"] for record in records]
+    per_host = Counter(env["hostname"] for env in said)
+    truth = [
+        {
+            "global_rank": int(env[rank]),
+            "world_size": int(env[world_size]),
+            "local_rank": int(env[local_rank]),
+            "local_size": per_host[env["hostname"]],
+            "node_rank": list(hosts).index(env["hostname"]),
+            "num_nodes": len(per_host),
+            "host": env["hostname"],
+        }
+        for env in said
+    ]
+    return sorted(truth, key=lambda row: row["global_rank"])
+
+
+def printed_results(records: Sequence[Mapping[str, Any]], prefix: str = "RESULT ") -> list[dict[str, Any]]:
+    """The JSON objects the probed ranks printed on lines starting with ``prefix`` (the instrumented jobs' results)."""
+    return [
+        json.loads(line[len(prefix) :])
+        for record in records
+        for line in record["stdout"].splitlines()
+        if line.startswith(prefix)
+    ]
+
+
+def shown(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What ``lightning-mpi-env show --json`` printed in each probed rank, sorted by the rank it resolved."""
+    return sorted((json.loads(record["stdout"]) for record in records), key=lambda row: row["global_rank"])
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One captured ``mpiexec`` run: ``tests/data/<kind>/<name>.json``."""
@@ -385,16 +491,25 @@ def capture(kind: Kind, workdir: Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``dump-env`` (in every rank: one JSON line, one write) or ``capture [KIND...]`` (rewrite ``tests/data``)."""
+    """``dump-env`` (in every rank: one JSON line, one write), ``probe DIR CMD...`` (in every rank: see
+    :func:`probe`) or ``capture [KIND...]`` (rewrite ``tests/data``)."""
     parser = argparse.ArgumentParser(prog="python -m tests.clusters.hydra", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("dump-env", help="print this rank's launcher variables as one JSON line")
+    probe_parser = sub.add_parser("probe", help="run CMD and record its output with this rank's launcher variables")
+    probe_parser.add_argument("out_dir", type=Path, metavar="DIR", help="where to write <host>-<pid>.probe.json")
+    probe_parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command to run")
     capture_parser = sub.add_parser("capture", help="rewrite tests/data/<kind>/*.json from real mpiexec runs")
     capture_parser.add_argument("kinds", nargs="*", metavar="KIND", help=f"{' or '.join(KINDS)} (default: all)")
     capture_parser.add_argument("--workdir", type=Path, default=Path("/tmp/hydra-capture"))
     args = parser.parse_args(argv)
     if args.action == "dump-env":
         os.write(1, (json.dumps(dump_environment(), sort_keys=False) + "\n").encode())  # one write: lines never merge
+        return
+    if args.action == "probe":
+        if not args.cmd:
+            parser.error("probe needs a command to run")
+        probe(args.out_dir, args.cmd)
         return
     unknown = sorted(set(args.kinds) - set(KINDS))
     if unknown:

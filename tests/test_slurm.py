@@ -1,0 +1,194 @@
+"""A real two-node Slurm cluster (``node1``, ``node2``) on this machine: ``srun``, and ``mpirun`` in a batch job.
+
+Every task runs ``lightning-mpi-env show --json`` under a probe that records, beside its output, the task's own
+variables and the host name it really ran on (:func:`tests.clusters.hydra.probe`): under ``srun``, Slurm's
+``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID`` are the truth; under ``mpirun``, Open MPI's. The cluster starts
+once per session (``slurm_cluster``, ~1 s; it installs Slurm and MUNGE with apt-get as root when they are missing).
+Each task writes its own file: srun forwards task output in 1 KiB chunks, which interleave between tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_mpi_env.layout import derive_port
+from lightning_mpi_env.simcluster import find_mpirun
+from tests.clusters.fixtures import real_launch_lock
+from tests.clusters.hydra import launcher_truth, printed_results, probe_command, read_probes, shown
+from tests.clusters.slurm import SlurmCluster
+from tests.conftest import TRAINER_JOB
+from tests.test_simcluster import SAMPLES, assert_trained_as_one_job
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slurm]
+
+CONSOLE_SCRIPT = Path(sys.executable).parent / "lightning-mpi-env"
+SHOW = [str(CONSOLE_SCRIPT), "show", "--json"]
+TIMEOUT = 120
+LIGHTNING_TIMEOUT = 300  # four Lightning processes on two (maybe busy) cores
+SRUN_TRUTH = {"rank": "SLURM_PROCID", "world_size": "SLURM_NTASKS", "local_rank": "SLURM_LOCALID"}
+OPEN_MPI_TRUTH = {
+    "rank": "OMPI_COMM_WORLD_RANK",
+    "world_size": "OMPI_COMM_WORLD_SIZE",
+    "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK",
+}
+
+
+def srun_probed(cluster: SlurmCluster, out: Path, srun_args: list[str], command: list[str], timeout: float) -> list:
+    out.mkdir()
+    completed = cluster.run(["srun", *srun_args, *probe_command(out, command)], timeout=timeout)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-4000:]
+    records = read_probes(out)
+    for record in records:
+        assert record["returncode"] == 0, record["stderr"][-4000:]
+    return records
+
+
+def assert_resolved_as_launched(records: list[dict], truth: list[dict]) -> None:
+    """Every rank resolved the launcher's truth, rank 0's host as the main address and one port on all ranks."""
+    resolved = shown(records)
+    assert [{name: row[name] for name in truth[0]} for row in resolved] == truth
+    assert {row["main_address"] for row in resolved} == {truth[0]["host"]}
+    assert len({row["main_port"] for row in resolved}) == 1
+
+
+# --- srun ---------------------------------------------------------------------------------------------------------
+
+PLACEMENTS = {
+    "block": ["-N2", "--ntasks-per-node=2"],
+    "cyclic": ["-N2", "--ntasks-per-node=2", "-m", "cyclic"],
+    "uneven": ["-N2", "-n3"],
+}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_srun_show_resolves_what_slurm_says(slurm_cluster: SlurmCluster, placement: str, tmp_path: Path):
+    records = srun_probed(slurm_cluster, tmp_path / "probes", PLACEMENTS[placement], SHOW, TIMEOUT)
+    truth = launcher_truth(records, slurm_cluster.hosts, **SRUN_TRUTH)
+    said = {int(record["launcher"]["SLURM_PROCID"]): record["launcher"] for record in records}
+    # Slurm's node index is the host's place in the job's node list: both say the same.
+    assert [int(said[row["global_rank"]]["SLURM_NODEID"]) for row in truth] == [row["node_rank"] for row in truth]
+    # The launch is what the test claims (not asserting who reports first, only where each rank ran).
+    expected_nodes = {"block": [0, 0, 1, 1], "cyclic": [0, 1, 0, 1], "uneven": [0, 0, 1]}[placement]
+    assert [row["node_rank"] for row in truth] == expected_nodes
+    assert_resolved_as_launched(records, truth)
+    resolved = shown(records)
+    assert {(row["launcher"], row["placement"]) for row in resolved} == {("slurm", "launcher")}
+    step = said[0]["SLURM_JOB_ID"], said[0]["SLURM_STEP_ID"]
+    assert {(row["main_port"], row["sources"]["main_port"]) for row in resolved} == {
+        (derive_port("/".join(step)), "derived from SLURM_JOB_ID+SLURM_STEP_ID")
+    }
+
+
+def run_lightning_under_srun(
+    cluster: SlurmCluster, out: Path, strategy: str, placement: str = "block"
+) -> tuple[list[dict], list[dict]]:
+    command = [sys.executable, str(TRAINER_JOB), "--samples", str(SAMPLES), "--strategy", strategy]
+    if strategy == "ddp_mpi":
+        command.append("--zero-config")  # no devices/num_nodes: ddp_mpi takes them from the step
+    records = srun_probed(cluster, out, PLACEMENTS[placement], command, LIGHTNING_TIMEOUT)
+    results = printed_results(records)
+    return records, results
+
+
+@pytest.mark.parametrize(("strategy", "placement"), [("ddp", "block"), ("ddp_mpi", "block"), ("ddp_mpi", "cyclic")])
+def test_srun_trains_lightning_on_two_nodes(slurm_cluster: SlurmCluster, strategy: str, placement: str, tmp_path: Path):
+    # "ddp": DDPStrategy with MPIClusterEnvironment (devices=2, num_nodes=2); "ddp_mpi": the package's strategy with
+    # its roll call and no devices/num_nodes at all. No MASTER_ADDR/MASTER_PORT: the step's nodes and job id give them.
+    records, results = run_lightning_under_srun(slurm_cluster, tmp_path / "probes", strategy, placement)
+    assert_trained_as_one_job(results, slurm_cluster, per_node=2)
+    truth = launcher_truth(records, slurm_cluster.hosts, **SRUN_TRUTH)
+    assert sorted((r["global_rank"], r["local_rank"], r["node_rank"], r["hostname"]) for r in results) == [
+        (row["global_rank"], row["local_rank"], row["node_rank"], row["host"]) for row in truth
+    ]
+    expected = "MPIDDPStrategy" if strategy == "ddp_mpi" else "DDPStrategy"
+    assert {r["strategy"] for r in results} == {expected}
+
+
+# --- mpirun inside an allocation ----------------------------------------------------------------------------------
+
+
+def mpirun_command(out: Path, command: list[str]) -> list[str]:
+    """Open MPI's ``mpirun`` from this venv, with no host list: it takes the allocation's nodes from Slurm."""
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [find_mpirun(), *root, *probe_command(out, command)]
+
+
+@pytest.fixture(scope="module")
+def batch_job(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ``sbatch -N2 --ntasks-per-node=2`` job: the batch script runs ``show`` and ``doctor`` itself, then
+    ``mpirun`` runs ``show`` in 4 ranks. Its directory holds the records: ``script/``, ``doctor/``, ``ranks/``."""
+    out = tmp_path_factory.mktemp("sbatch")
+    for sub in ("script", "doctor", "ranks"):
+        (out / sub).mkdir()
+    lines = [
+        probe_command(out / "script", SHOW),
+        probe_command(out / "doctor", [str(CONSOLE_SCRIPT), "doctor"]),
+        mpirun_command(out / "ranks", SHOW),
+    ]
+    script = "#!/bin/bash\nset -e\n" + "".join(" ".join(f"'{arg}'" for arg in line) + "\n" for line in lines)
+    with real_launch_lock():  # a module's fixture runs before the tests' own hold of the lock
+        job = slurm_cluster.sbatch(script, ["--nodes=2", "--ntasks-per-node=2"])
+        state = slurm_cluster.wait(job, timeout=TIMEOUT)
+    assert state == "COMPLETED", slurm_cluster.output(job)[-4000:]
+    return out
+
+
+def test_batch_script_is_not_a_launch(batch_job: Path):
+    [record] = read_probes(batch_job / "script")
+    # The batch script inherits SLURM_PROCID=0 of a 4-task job, but no job step: it is one process.
+    assert (record["launcher"]["SLURM_PROCID"], record["launcher"]["SLURM_NTASKS"]) == ("0", "4")
+    assert "SLURM_STEP_ID" not in record["launcher"]
+    [row] = shown([record])
+    assert (row["launcher"], row["placement"], row["world_size"], row["global_rank"]) == (None, "single", 1, 0)
+    assert row["host"] == "node1"
+
+
+def test_doctor_in_batch_script_names_the_inherited_rank_variables(batch_job: Path):
+    [record] = read_probes(batch_job / "doctor")
+    assert record["returncode"] == 0, record["stdout"] + record["stderr"]
+    assert "[info] launcher: no launcher detected: this is a single process." in record["stdout"]
+    inherited = "SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID alone is inherited from a batch script"
+    assert inherited in record["stdout"]
+
+
+def assert_open_mpi_resolved_as_launched(records: list[dict], cluster: SlurmCluster) -> None:
+    """Open MPI's truth on every rank; the job's first node and one port, from mpirun's PMIx namespace, on all."""
+    truth = launcher_truth(records, cluster.hosts, **OPEN_MPI_TRUTH)
+    assert [row["global_rank"] for row in truth] == [0, 1, 2, 3]
+    assert_resolved_as_launched(records, truth)
+    resolved = shown(records)
+    assert {(row["launcher"], row["main_address"]) for row in resolved} == {("openmpi", cluster.hosts[0])}
+    [namespace] = {record["launcher"]["PMIX_NAMESPACE"] for record in records}
+    assert {row["main_port"] for row in resolved} == {derive_port(namespace)}
+
+
+def test_mpirun_in_sbatch_ignores_the_inherited_slurm_variables(slurm_cluster: SlurmCluster, batch_job: Path):
+    records = read_probes(batch_job / "ranks")
+    # The trap: node1's ranks inherit the batch script's SLURM_PROCID=0 (no step); node2's the job step of the daemon
+    # srun started there: SLURM_PROCID=0 again, a SLURM_STEP_ID and a node2-only SLURM_STEP_NODELIST.
+    said = [record["launcher"] for record in records]
+    assert {(env["hostname"], env["SLURM_PROCID"], env.get("SLURM_STEP_NODELIST")) for env in said} == {
+        ("node1", "0", None),
+        ("node2", "0", "node2"),
+    }
+    assert_open_mpi_resolved_as_launched(records, slurm_cluster)
+
+
+def test_mpirun_in_salloc_ignores_the_inherited_slurm_variables(slurm_cluster: SlurmCluster, tmp_path: Path):
+    out = tmp_path / "ranks"
+    out.mkdir()
+    # salloc runs mpirun here, outside the allocation's nodes: Open MPI starts its daemons on both with srun.
+    completed = slurm_cluster.run(["salloc", "-N2", "--ntasks-per-node=2", *mpirun_command(out, SHOW)], timeout=TIMEOUT)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-4000:]
+    records = read_probes(out)
+    # Every rank inherits the job step of the daemon srun started on its node: SLURM_PROCID 0 on node1, 1 on node2.
+    said = [record["launcher"] for record in records]
+    assert {(env["hostname"], env["SLURM_PROCID"], env["SLURM_NTASKS"], env["SLURM_STEP_ID"]) for env in said} == {
+        ("node1", "0", "2", "0"),
+        ("node2", "1", "2", "0"),
+    }
+    assert_open_mpi_resolved_as_launched(records, slurm_cluster)
