@@ -236,11 +236,22 @@ def test_grid_engine_exits_99_after_the_checkpoint_and_the_job_resumes_from_it(r
 
 
 @pytest.mark.mpi
-def test_rank_0_runs_the_scheduler_s_requeue_command_after_the_checkpoint(requeue_job):
-    returncode, output, results = requeue_job({"PBS_JOBID": "4242.pbs01"}, signal_it=True, strategy="ddp_mpi")
+@pytest.mark.parametrize(
+    ("scheduler_env", "signum", "strategy", "expected"),
+    [
+        # PBS: SIGUSR1 (qsub -l signal or qsig), ddp_mpi; LSF: SIGUSR2 (bsub -wa USR2), the plugin with ddp.
+        ({"PBS_JOBID": "4242.pbs01"}, signal.SIGUSR1, "ddp_mpi", "qrerun 4242.pbs01 checkpoints=1"),
+        ({"LSB_JOBID": "7"}, signal.SIGUSR2, "ddp", "brequeue 7 checkpoints=1"),
+    ],
+    ids=["pbs", "lsf"],
+)
+def test_rank_0_runs_the_scheduler_s_requeue_command_after_the_checkpoint(
+    requeue_job, scheduler_env, signum, strategy, expected
+):
+    returncode, output, results = requeue_job(scheduler_env, signal_it=True, strategy=strategy, signum=signum)
     assert returncode == 0, output[-3000:]
     assert not results
-    assert _recorded(requeue_job) == ["qrerun 4242.pbs01 checkpoints=1"]  # once, by rank 0, after the checkpoint
+    assert _recorded(requeue_job) == [expected]  # once, by rank 0, after the checkpoint
     assert "the job goes back in the queue" in output
     assert "Error" not in output  # no rank waits on rank 0 after the requeue (there, the job is killed)
 
