@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -475,7 +476,10 @@ def test_mpirun_torchrun_args_one_process_per_node(tmp_path):
         map_by="node",
         export={**cluster.job_environment(), "OMP_NUM_THREADS": "1"},
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    # torchrun's own report names only the signal a worker died of: show the workers' first error lines too.
+    output = (result.stdout + result.stderr).splitlines()
+    said = [line for line in output if re.search(r"terminate|what\(\)|Error", line)]
+    assert result.returncode == 0, "\n".join(said[:20]) + "\n...\n" + result.stderr[-3000:]
     results = _results(result.stdout)
     assert [(r["rank"], r["world_size"], r["local_rank"], r["node_rank"]) for r in results] == [
         (0, 4, 0, 0),

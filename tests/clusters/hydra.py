@@ -21,6 +21,7 @@ Standard library only: the rank side (``dump-env``, ``probe``) runs in every ran
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.metadata
 import json
 import os
@@ -31,12 +32,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
-
-from tests.clusters.locks import file_lock
 
 Kind = Literal["mpich", "intelmpi"]
 """Which Hydra: MPICH's (``pip install mpich``) or Intel MPI's (``pip install impi-rt``)."""
@@ -86,6 +86,22 @@ CAPTURED_NAMES = (
 DATA_DIR = REPO / "tests" / "data"
 
 
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` until the block ends or the process dies.
+
+    Not :func:`tests.clusters.locks.file_lock`: this file also runs as the ranks' probe script, outside the
+    repository's import path, so it imports the standard library only.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def venv_dir(kind: Kind) -> Path:
     """The launcher venv of ``kind`` (which may not exist yet)."""
     return LAUNCHERS_DIR / kind
@@ -126,7 +142,7 @@ def ensure_venv(kind: Kind, *, timeout: float = 1800) -> Path:
     requirement = REQUIREMENTS[kind]
     if _installed(venv, requirement):
         return venv / "bin"
-    with file_lock(LAUNCHERS_DIR / f".{kind}.lock"):
+    with _locked(LAUNCHERS_DIR / f".{kind}.lock"):
         if _installed(venv, requirement):
             return venv / "bin"  # another process finished it while we waited for the lock
         print(f"hydra: installing {requirement} into {venv} (once)", file=sys.stderr, flush=True)
