@@ -111,6 +111,8 @@ class Requeue(NamedTuple):
         """Put the job back in the queue (rank 0 calls this, after the checkpoint); whether that worked."""
         if not self.command:
             return True
+        # Said first: the scheduler may end this job the moment its command returns (Slurm does, under load).
+        _say(f"the job goes back in the queue: `{' '.join(self.command)}`")
         try:
             done = subprocess.run(self.command, capture_output=True, text=True, timeout=120, check=False)
         except (OSError, subprocess.TimeoutExpired) as error:
@@ -119,7 +121,6 @@ class Requeue(NamedTuple):
         if done.returncode != 0:
             _say(f"`{' '.join(self.command)}` failed (exit status {done.returncode}): {done.stderr.strip()}")
             return False
-        _say(f"the job goes back in the queue: `{' '.join(self.command)}`")
         return True
 
 
