@@ -36,7 +36,7 @@ from lightning_mpi_env.launchers import detect_launcher
 from lightning_mpi_env.layout import Placement, RankLayout, from_env
 from lightning_mpi_env.requeue import Requeue, callback_for, newest_checkpoint
 from lightning_mpi_env.trainer_guard import attach, check_launching_trainer, check_mixed_arguments
-from lightning_mpi_env.values import is_count, parse_count
+from lightning_mpi_env.values import is_count, parse_count, resolve_switch
 
 if TYPE_CHECKING:
     import inspect
@@ -212,7 +212,12 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         # Lightning's own variables in its workers are not stale: keep them out of the core's stale check.
         own = ("LOCAL_RANK", "WORLD_SIZE")
         self._layout = from_env({k: v for k, v in env.items() if k not in own} if spawned else env)
-        self.roll_call = _resolve_roll_call(roll_call, env)
+        self.roll_call = resolve_switch(
+            roll_call,
+            env,
+            ROLL_CALL_VARIABLE,
+            hint=f"Unset {ROLL_CALL_VARIABLE} (the roll call is on by default), or set it to 0 to skip it.",
+        )
         self.rendezvous_timeout = resolve_timeout(rendezvous_timeout, env)
         if not self.roll_call:  # with the roll call, node ranks become exact before any use: nothing to warn of
             for warning in self._layout.warnings:
@@ -583,23 +588,6 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             value=str(layout.rank),
             launcher=layout.launcher_name,
         )
-
-
-def _resolve_roll_call(value: bool | None, env: Mapping[str, str]) -> bool:
-    if value is not None:
-        return value
-    raw = env.get(ROLL_CALL_VARIABLE, "")
-    text = raw.strip().lower()
-    if text in ("", "1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise SettingError(
-        f"{ROLL_CALL_VARIABLE}={raw!r} is not one of 1, 0 (also true/false, yes/no, on/off).",
-        f"Unset {ROLL_CALL_VARIABLE} (the roll call is on by default), or set it to 0 to skip it.",
-        variable=ROLL_CALL_VARIABLE,
-        value=raw,
-    )
 
 
 def _initial_mode_and_ranks(layout: RankLayout, env: Mapping[str, str], spawned: bool) -> tuple[LaunchMode, Ranks]:

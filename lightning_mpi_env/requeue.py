@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any, NamedTuple
 
-from lightning_mpi_env.errors import SettingError
 from lightning_mpi_env.schedulers import SCHEDULERS, Scheduler
+from lightning_mpi_env.values import resolve_switch
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ class Requeue(NamedTuple):
         Raises:
             SettingError: If ``LIGHTNING_MPI_ENV_REQUEUE`` is neither on nor off.
         """
-        if not _enabled(enabled, env):
+        hint = f"Unset {REQUEUE_VARIABLE} (checkpoint-and-requeue is on under a scheduler), or set it to 0."
+        if not resolve_switch(enabled, env, REQUEUE_VARIABLE, hint=hint):
             return None
         scheduler = next((row for row in SCHEDULERS if all(env.get(v) for v in row.job_id)), None)
         if scheduler is None:
@@ -136,23 +137,6 @@ def job_name(scheduler: Scheduler, env: Mapping[str, str]) -> str | None:
         if all(env.get(name) and not (name in scheduler.nonzero and env[name] == "0") for name in names):
             return template.format(**{name: env[name] for name in names})
     return None
-
-
-def _enabled(value: bool | None, env: Mapping[str, str]) -> bool:
-    if value is not None:
-        return value
-    raw = env.get(REQUEUE_VARIABLE, "")
-    text = raw.strip().lower()
-    if text in ("", "1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise SettingError(
-        f"{REQUEUE_VARIABLE}={raw!r} is not one of 1, 0 (also true/false, yes/no, on/off).",
-        f"Unset {REQUEUE_VARIABLE} (checkpoint-and-requeue is on under a scheduler), or set it to 0.",
-        variable=REQUEUE_VARIABLE,
-        value=raw,
-    )
 
 
 def newest_checkpoint(directory: str) -> str | None:

@@ -1,13 +1,18 @@
-"""The one strict parser for every number this package reads: ranks, sizes, counts, ports and node indices.
+"""The one strict parser for every number this package reads, and for its own on/off switches.
+
+Numbers are ranks, sizes, counts, ports and node indices.
 
 Only plain ASCII digits are numbers: ``str.isdigit()`` also accepts ``'²'`` and ``int()`` accepts ``'٣'``, ``' 3'``
 and ``'+3'``, none of which a launcher ever exports. A value that is not a number gets a :class:`LayoutError`
-naming the variable, the value and the launcher, never a bare ``ValueError``.
+naming the variable, the value and the launcher, never a bare ``ValueError``; a switch that is neither on nor off
+gets a :class:`SettingError`.
 """
 
 from __future__ import annotations
 
-from lightning_mpi_env.errors import LayoutError
+from collections.abc import Mapping
+
+from lightning_mpi_env.errors import LayoutError, SettingError
 
 PORT_RANGE = range(1, 65536)
 """Valid TCP ports."""
@@ -91,4 +96,35 @@ def parse_port(value: str, *, variable: str, launcher: str | None = None, hint: 
     return int(value)
 
 
-__all__ = ["PORT_RANGE", "is_count", "parse_count", "parse_port"]
+def resolve_switch(value: bool | None, env: Mapping[str, str], variable: str, *, hint: str) -> bool:
+    """An on/off setting of this package: the argument if given, else ``variable`` (on when unset).
+
+    Args:
+        value: The constructor argument; ``None`` defers to the environment.
+        env: The environment to read ``variable`` from.
+        variable: The environment variable (``LIGHTNING_MPI_ENV_ROLL_CALL``, ...).
+        hint: The fix, should the variable hold anything but a switch.
+
+    Raises:
+        SettingError: Naming the variable and its value.
+
+    >>> resolve_switch(None, {"X": "off"}, "X", hint="Unset X.")
+    False
+    """
+    if value is not None:
+        return value
+    raw = env.get(variable, "")
+    text = raw.strip().lower()
+    if text in ("", "1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SettingError(
+        f"{variable}={raw!r} is not one of 1, 0 (also true/false, yes/no, on/off).",
+        hint,
+        variable=variable,
+        value=raw,
+    )
+
+
+__all__ = ["PORT_RANGE", "is_count", "parse_count", "parse_port", "resolve_switch"]
