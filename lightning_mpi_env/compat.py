@@ -19,7 +19,7 @@ Call order relied on (checked by the tests against the real Trainer and Fabric o
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import Enum
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
@@ -113,20 +113,20 @@ def constructing_trainer(start: FrameType | None = None, max_depth: int = 12) ->
     Private: relies on ``Trainer.__init__`` (its ``self``) calling into the strategy and cluster environment while
     the Trainer is built. Lightning offers no hook that hands a plugin its Trainer before ``fit()``.
     """
-    for frame in frames_above(start or sys._getframe(1), max_depth):
-        if frame.f_code.co_name == "__init__":
-            candidate: object = frame.f_locals.get("self")
-            if candidate is not None and is_trainer(candidate):
-                return candidate
-    return None
+    return _constructing(is_trainer, start or sys._getframe(1), max_depth)
 
 
 def constructing_fabric(start: FrameType | None = None, max_depth: int = 16) -> object | None:
     """The Fabric whose ``__init__`` is on the stack, if any (as :func:`constructing_trainer`)."""
-    for frame in frames_above(start or sys._getframe(1), max_depth):
+    return _constructing(is_fabric, start or sys._getframe(1), max_depth)
+
+
+def _constructing(kind: Callable[[object], bool], start: FrameType, max_depth: int) -> object | None:
+    """The ``self`` of the innermost ``__init__`` on the stack from ``start`` for which ``kind`` holds, if any."""
+    for frame in frames_above(start, max_depth):
         if frame.f_code.co_name == "__init__":
             candidate: object = frame.f_locals.get("self")
-            if candidate is not None and is_fabric(candidate):
+            if candidate is not None and kind(candidate):
                 return candidate
     return None
 

@@ -485,7 +485,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         """Before a Trainer's ``fit``/... or a Fabric's ``launch``/``setup``: refuse lone training; resume."""
         strategy = getattr(owner, "strategy", None)
         if getattr(strategy, "cluster_environment", None) is not self and self._alone_would_be_wrong():
-            raise self._lone_training(type(strategy).__name__, "Trainer" if is_trainer(owner) else "Fabric")
+            raise self._lone_training(type(strategy).__name__)
         if self.requeue is not None and is_trainer(owner):
             callbacks = owner.callbacks  # type: ignore[attr-defined]
             if not any(getattr(callback, "plan", None) is self.requeue for callback in callbacks):
@@ -529,8 +529,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     # --- errors --------------------------------------------------------------------------------------------------
 
-    def _lone_training(self, strategy: str, api: str) -> LayoutError:
-        layout = self._layout
+    def _lone_training(self, strategy: str) -> LayoutError:
+        layout, api = self._layout, self._api
         return LayoutError(
             f"{layout.launcher_name} started {layout.describe_world()} ({layout.sources['world_size']}="
             f"{layout.world_size}), but Lightning chose {strategy}, which never uses the cluster environment: every "
