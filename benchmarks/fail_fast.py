@@ -1,6 +1,6 @@
 """Fail-fast benchmark: the plugin with ``ddp``, ``ddp_mpi`` and Fabric against Lightning's default DDP, side by side.
 
-Real ``mpirun`` jobs on the simulated two-node cluster (:mod:`lightning_mpi_env.simcluster`), 2 ranks per node,
+Real ``mpirun`` jobs on the simulated two-node cluster (:mod:`lightning_mpi_env.tools.simcluster`), 2 ranks per node,
 gloo on the CPU. The configurations (:data:`CONFIGS`) run interleaved, in a rotating order, so that load from other
 work on the machine hits them alike; every figure is a median over ``--repeat`` runs (5 by default):
 
@@ -47,7 +47,7 @@ from typing import Any
 
 from roll_call_scale import machine_description  # the machine line both benchmarks print (benchmarks/ is on path)
 
-from lightning_mpi_env.simcluster import SimulatedCluster, processes_with
+from lightning_mpi_env.tools.simcluster import SimulatedCluster, processes_with
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTRUMENTED = ROOT / "examples" / "instrumented"

@@ -27,7 +27,7 @@ import time
 CHILD = """\
 import sys, time
 import lightning_mpi_env
-from lightning_mpi_env import _import_hooks
+from lightning_mpi_env.imports import hooks as _import_hooks
 if sys.argv[1] == "without":
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _import_hooks._PostImportFinder)]
 cpu, wall = time.process_time(), time.perf_counter()
@@ -38,7 +38,7 @@ print(time.process_time() - cpu, time.perf_counter() - wall)
 INSTRUMENTED = """\
 import sys, time
 import lightning_mpi_env
-from lightning_mpi_env import _import_hooks
+from lightning_mpi_env.imports import hooks as _import_hooks
 spent = [0.0, 0]
 finder = _import_hooks._PostImportFinder
 original = finder.find_spec

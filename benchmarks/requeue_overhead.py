@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lightning_mpi_env.simcluster import SimulatedCluster
+from lightning_mpi_env.tools.simcluster import SimulatedCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "instrumented" / "trainer_job.py"

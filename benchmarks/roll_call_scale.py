@@ -1,6 +1,6 @@
 """Roll-call scale benchmark: thousands of simulated ranks meeting in one ``TCPStore`` on this machine.
 
-Every rank runs the real :func:`lightning_mpi_env.rendezvous.rendezvous` with its own real ``TCPStore`` client:
+Every rank runs the real :func:`lightning_mpi_env.rollcall.store.rendezvous` with its own real ``TCPStore`` client:
 
 - **rank 0** runs in a process of its own, as in a job: it serves the store (``multi_tenant``, libuv) and meets the
   others. Its resident memory is read right after its imports (the baseline), when its own roll call returned, and
@@ -64,8 +64,8 @@ def machine_description() -> str:
             versions.append(f"{name} {metadata.version(name)}")
         except metadata.PackageNotFoundError:
             versions.append(f"{name} (not installed)")
-    from lightning_mpi_env.errors import MpiEnvError
-    from lightning_mpi_env.simcluster import find_mpirun
+    from lightning_mpi_env.core.errors import MpiEnvError
+    from lightning_mpi_env.tools.simcluster import find_mpirun
 
     try:
         first = subprocess.run([find_mpirun(), "--version"], capture_output=True, text=True, timeout=30).stdout
@@ -148,7 +148,8 @@ def raise_fd_limit(needed: int) -> int:
 
 def claims(world_size: int, port: int, per_node: int, ranks: Sequence[int]) -> list[Any]:
     """The claims of ``ranks``: hosts of ``per_node`` ranks each, this process's software versions."""
-    from lightning_mpi_env.rendezvous import Claim, local_facts
+    from lightning_mpi_env.rollcall.facts import local_facts
+    from lightning_mpi_env.rollcall.verdicts import Claim
 
     facts = local_facts("gloo")
     return [
@@ -163,7 +164,8 @@ def say(tag: str, payload: dict[str, Any]) -> None:
 
 def serve(args: argparse.Namespace) -> None:
     """Rank 0: serve the store and meet; report times and memory."""
-    from lightning_mpi_env.rendezvous import RendezvousError, rendezvous
+    from lightning_mpi_env.core.errors import RendezvousError
+    from lightning_mpi_env.rollcall.store import rendezvous
 
     fd_limit = raise_fd_limit(2 * args.world_size + 256)
     (claim,) = claims(args.world_size, args.port, args.per_node, [0])
@@ -195,8 +197,8 @@ def serve(args: argparse.Namespace) -> None:
 
 def clients(args: argparse.Namespace) -> None:
     """Ranks 1..N-1 (less the missing one), one thread and one TCPStore client each."""
-    import lightning_mpi_env.rendezvous as rendezvous_module
-    from lightning_mpi_env.rendezvous import RendezvousError
+    import lightning_mpi_env.rollcall.store as rendezvous_module
+    from lightning_mpi_env.core.errors import RendezvousError
 
     ranks = range(args.first_rank, args.end_rank)
     fd_limit = raise_fd_limit(2 * args.world_size + 256)

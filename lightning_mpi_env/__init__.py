@@ -10,33 +10,35 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from lightning_mpi_env import _registration, import_sites, report
-from lightning_mpi_env.errors import LayoutError as LayoutError
-from lightning_mpi_env.errors import MixedImportError as MixedImportError
-from lightning_mpi_env.errors import MixedImportWarning as MixedImportWarning
-from lightning_mpi_env.errors import MpiEnvError as MpiEnvError
-from lightning_mpi_env.errors import RendezvousError as RendezvousError
-from lightning_mpi_env.layout import Placement as Placement
-from lightning_mpi_env.layout import RankLayout as RankLayout
-from lightning_mpi_env.layout import from_env as from_env
+from lightning_mpi_env.core import report
+from lightning_mpi_env.core.errors import LayoutError as LayoutError
+from lightning_mpi_env.core.errors import MixedImportError as MixedImportError
+from lightning_mpi_env.core.errors import MixedImportWarning as MixedImportWarning
+from lightning_mpi_env.core.errors import MpiEnvError as MpiEnvError
+from lightning_mpi_env.core.errors import RendezvousError as RendezvousError
+from lightning_mpi_env.core.layout import Placement as Placement
+from lightning_mpi_env.core.layout import RankLayout as RankLayout
+from lightning_mpi_env.core.layout import from_env as from_env
+from lightning_mpi_env.imports import sites as import_sites
+from lightning_mpi_env.lightning import registration as _registration
 
 if TYPE_CHECKING:
-    from lightning_mpi_env.class_check import check_mixed_imports as check_mixed_imports
-    from lightning_mpi_env.environment import MPIClusterEnvironment as MPIClusterEnvironment
-    from lightning_mpi_env.interop import jax_distributed_kwargs as jax_distributed_kwargs
-    from lightning_mpi_env.interop import torch_env as torch_env
-    from lightning_mpi_env.strategy import strategy_class as strategy_class
-    from lightning_mpi_env.unify import unify_imports as unify_imports
+    from lightning_mpi_env.imports.class_check import check_mixed_imports as check_mixed_imports
+    from lightning_mpi_env.imports.unify import unify_imports as unify_imports
+    from lightning_mpi_env.lightning.environment import MPIClusterEnvironment as MPIClusterEnvironment
+    from lightning_mpi_env.lightning.strategy import strategy_class as strategy_class
+    from lightning_mpi_env.tools.interop import jax_distributed_kwargs as jax_distributed_kwargs
+    from lightning_mpi_env.tools.interop import torch_env as torch_env
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "MPIClusterEnvironment": "lightning_mpi_env.environment",
-    "strategy_class": "lightning_mpi_env.strategy",
-    "check_mixed_imports": "lightning_mpi_env.class_check",
-    "jax_distributed_kwargs": "lightning_mpi_env.interop",
-    "torch_env": "lightning_mpi_env.interop",
-    "unify_imports": "lightning_mpi_env.unify",
+    "MPIClusterEnvironment": "lightning_mpi_env.lightning.environment",
+    "strategy_class": "lightning_mpi_env.lightning.strategy",
+    "check_mixed_imports": "lightning_mpi_env.imports.class_check",
+    "jax_distributed_kwargs": "lightning_mpi_env.tools.interop",
+    "torch_env": "lightning_mpi_env.tools.interop",
+    "unify_imports": "lightning_mpi_env.imports.unify",
 }
 """Public names whose modules load on first use (PEP 562): the Lightning-facing ones, and the rarely used."""
 
@@ -62,7 +64,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """The lazily loaded public names, and ``MPIDDPStrategy`` (the class of the one Lightning namespace imported)."""
     if name == "MPIDDPStrategy":
-        return importlib.import_module("lightning_mpi_env.strategy").loaded_strategy_class()
+        return importlib.import_module("lightning_mpi_env.lightning.strategy").loaded_strategy_class()
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_mpi_env.simcluster import SimulatedCluster
+from lightning_mpi_env.tools.simcluster import SimulatedCluster
 
 JOBS = Path(__file__).parent / "jobs"
 """Programs only the tests run (a single rendezvous claim)."""

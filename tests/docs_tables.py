@@ -1,4 +1,4 @@
-"""The docs' tables, rendered from the rows of lightning_mpi_env.launchers and .schedulers.
+"""The docs' tables, rendered from the rows of lightning_mpi_env.core.launchers and .schedulers.
 
 `tests/test_docs.py` checks that the docs hold exactly these tables; after changing a row, rewrite them with
 `.venv/bin/python -m tests.docs_tables`.
@@ -10,8 +10,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from lightning_mpi_env.launchers import LAUNCHERS, Launcher
-from lightning_mpi_env.schedulers import SCHEDULERS
+from lightning_mpi_env.core.launchers import LAUNCHERS, Launcher
+from lightning_mpi_env.core.schedulers import SCHEDULERS
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_RUN = "documented variables, not run here"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lightning_mpi_env.launchers import Launcher
+from lightning_mpi_env.core.launchers import Launcher
 
 
 def launcher_env(

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from lightning_mpi_env import from_env
-from lightning_mpi_env.layout import Placement
-from lightning_mpi_env.simcluster import RSH_AGENT, SimulatedCluster
-from lightning_mpi_env.simulate import simulate
+from lightning_mpi_env.core.layout import Placement
+from lightning_mpi_env.tools.simcluster import RSH_AGENT, SimulatedCluster
+from lightning_mpi_env.tools.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

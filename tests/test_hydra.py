@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_mpi_env.layout import DEFAULT_MAIN_PORT, derive_port
+from lightning_mpi_env.core.layout import DEFAULT_MAIN_PORT, derive_port
 from tests.clusters.hydra import (
     HydraCluster,
     free_port,
@@ -24,7 +24,7 @@ from tests.clusters.hydra import (
     shown,
 )
 from tests.conftest import TRAINER_JOB
-from tests.test_simcluster import SAMPLES, assert_trained_as_one_job
+from tests.tools.test_simcluster import SAMPLES, assert_trained_as_one_job
 
 pytestmark = [pytest.mark.mpi, pytest.mark.hydra]
 

@@ -151,7 +151,7 @@ def test_installed_wheel_runs_a_simulated_cluster_job(installed: Path):
     env = _venv_environment(installed)
     where = _run(
         installed / "python", "-c",
-        "import lightning_mpi_env.simcluster as s; print(s.__file__); print(s.find_mpirun())",
+        "import lightning_mpi_env.tools.simcluster as s; print(s.__file__); print(s.find_mpirun())",
         env=env, cwd=installed,
     ).stdout.split()  # fmt: skip
     # The package and Open MPI both come from the venv, not from this checkout or its venv.

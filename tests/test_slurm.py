@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from lightning_mpi_env.layout import derive_port
-from lightning_mpi_env.simcluster import find_mpirun
+from lightning_mpi_env.core.layout import derive_port
+from lightning_mpi_env.tools.simcluster import find_mpirun
 from tests.clusters.fixtures import real_launch_lock
 from tests.clusters.hydra import launcher_truth, printed_results, probe_command, read_probes, shown
 from tests.clusters.slurm import SlurmCluster
 from tests.conftest import TRAINER_JOB
-from tests.test_simcluster import SAMPLES, assert_trained_as_one_job
+from tests.tools.test_simcluster import SAMPLES, assert_trained_as_one_job
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slurm]
 

@@ -2,7 +2,7 @@
 
 Hydra is told to reach its "remote" nodes through the project's ``rsh-agent`` (``-launcher-exec`` for MPICH,
 ``-bootstrap-exec`` for Intel MPI), which runs the proxy command on this machine in a UTS namespace named after the
-node, exactly as :mod:`lightning_mpi_env.simcluster` does for Open MPI. Both Hydras call their launcher as
+node, exactly as :mod:`lightning_mpi_env.tools.simcluster` does for Open MPI. Both Hydras call their launcher as
 ``AGENT [-q] -x HOST PROXY-COMMAND...`` (``-q`` from Intel MPI only), which that agent already accepts.
 
 Each MPI lives in its own virtual environment under ``.venv/launchers/<kind>`` of this checkout, because ``pip

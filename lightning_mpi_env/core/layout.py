@@ -1,0 +1,515 @@
+"""The pure core: read a process's environment once and resolve where it sits in the job.
+
+Nothing here imports torch or Lightning, writes to ``os.environ`` or talks to the network: :func:`from_env` turns a
+``Mapping[str, str]`` into a frozen :class:`RankLayout` in one pass, or raises :class:`LayoutError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from enum import Enum
+from types import MappingProxyType
+from typing import NamedTuple
+
+from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, LayoutError, LayoutWarning
+from lightning_mpi_env.core.hostlist import expand_tasks_per_node
+from lightning_mpi_env.core.launchers import Launcher, detect_launcher, stray_rank_variables
+from lightning_mpi_env.core.schedulers import SCHEDULERS, first_host, job_identity, read_host_file
+from lightning_mpi_env.core.values import is_count, parse_count, parse_port
+
+DEFAULT_MAIN_PORT = 29500
+"""The main port when neither ``MASTER_PORT`` nor a job identity is available (PyTorch's own default)."""
+
+DERIVED_PORT_RANGE = range(20000, 30000)
+"""Ports derived from a job's identity fall in here: below Linux's ephemeral range (32768 and up)."""
+
+STALE_TORCH_VARIABLES: tuple[tuple[str, str], ...] = (
+    ("RANK", "rank"),
+    ("WORLD_SIZE", "world_size"),
+    ("LOCAL_RANK", "local_rank"),
+    ("LOCAL_WORLD_SIZE", "local_size"),
+)
+"""torchrun-style variables that must agree with the launcher when both are present."""
+
+LOOPBACK_ADDRESS = "127.0.0.1"
+
+
+class Placement(str, Enum):
+    """How the node rank was found."""
+
+    SINGLE = "single process"
+    """No launcher: one process on one node."""
+    LAUNCHER = "exported by the launcher"
+    """The launcher exports the node index (``SLURM_NODEID``, ``PALS_NODEID``): exact."""
+    BLOCK = "block placement"
+    """Consecutive ranks fill a node before the next (``--map-by slot``): ``rank // local_size``, exact."""
+    ROUND_ROBIN = "round-robin placement"
+    """Ranks dealt to nodes in turn (``--map-by node``): ``rank % num_nodes``, exact."""
+    UNKNOWN = "unknown placement"
+    """Neither placement explains this process's local rank, or both do with different answers: approximate."""
+
+
+DEALING: Mapping[Placement, tuple[str, str]] = {
+    Placement.BLOCK: ("slot", "block"),
+    Placement.ROUND_ROBIN: ("node", "cyclic"),
+}
+"""How a launch deals ranks to nodes, by placement: Open MPI's ``--map-by`` and Slurm's ``--distribution`` names."""
+
+
+class RankLayout(NamedTuple):
+    """Where one process sits in the job, and which variable each answer came from.
+
+    Immutable; two layouts are equal when every field but :attr:`sources` is.
+    """
+
+    world_size: int
+    """Number of processes in the job."""
+    rank: int
+    """Global rank of this process, always the launcher's own."""
+    local_rank: int
+    """Rank of this process on its node, always the launcher's own."""
+    local_size: int
+    """Number of processes on this node."""
+    node_rank: int
+    """Index of this node; approximate when :attr:`placement` is :attr:`Placement.UNKNOWN`."""
+    num_nodes: int | None
+    """Number of nodes, or ``None`` when this process cannot know it (ranks spread unevenly)."""
+    main_address: str
+    """Host of rank 0, where every process meets."""
+    main_port: int
+    """Port on :attr:`main_address`, identical on every rank."""
+    launcher: Launcher | None
+    """The launcher that started this process, or ``None`` outside any launcher."""
+    placement: Placement
+    """How :attr:`node_rank` was found."""
+    sources: Mapping[str, str] = MappingProxyType({})
+    """For each field above, the variable (or rule) it came from; not compared."""
+    warnings: tuple[LayoutWarning, ...] = ()
+    """Things the user should hear about that do not stop the job, such as an approximate node rank."""
+    ranks_per_node: tuple[int, ...] = ()
+    """Every node's number of ranks, where the launcher exports them all (``SLURM_STEP_TASKS_PER_NODE``); else empty."""
+
+    @property
+    def launcher_name(self) -> str:
+        """The launcher's name, or ``"no launcher"``."""
+        return self.launcher.name if self.launcher is not None else "no launcher"
+
+    @property
+    def node_rank_is_exact(self) -> bool:
+        """Whether :attr:`node_rank` is known for certain from this process's variables alone."""
+        return self.placement is not Placement.UNKNOWN
+
+    @property
+    def is_even(self) -> bool:
+        """Whether, as far as this process can tell, every node runs :attr:`local_size` processes."""
+        if self.ranks_per_node:
+            return len(set(self.ranks_per_node)) == 1
+        return self.num_nodes is not None and self.num_nodes * self.local_size == self.world_size
+
+    def describe_world(self) -> str:
+        """The launched world in words, for messages: ``"8 ranks, 4 per node"``."""
+        per_node = f"{self.local_size} on this node" if not self.is_even else f"{self.local_size} per node"
+        return f"{self.world_size} rank{'s' if self.world_size != 1 else ''}, {per_node}"
+
+    def _compared(self) -> tuple[object, ...]:
+        # The warnings are exceptions, which compare by identity: compare what they say.
+        said = tuple((type(warning), str(warning)) for warning in self.warnings)
+        return (*self[:10], said, self.ranks_per_node)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RankLayout):
+            return NotImplemented
+        return self._compared() == other._compared()
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash(self._compared())
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # The read-only view of the sources does not pickle (spawned workers get the environment pickled).
+        return (_rebuild_layout, (tuple(self[:10]), dict(self.sources), self.warnings, self.ranks_per_node))
+
+    def __repr__(self) -> str:
+        nodes = "?" if self.num_nodes is None else str(self.num_nodes)
+        node = f"{self.node_rank}{'' if self.node_rank_is_exact else '~'}/{nodes}"
+        return (
+            f"RankLayout(rank={self.rank}/{self.world_size}, local={self.local_rank}/{self.local_size}, "
+            f"node={node}, main={self.main_address}:{self.main_port}, from={self.launcher_name})"
+        )
+
+
+def _rebuild_layout(
+    fields: tuple[object, ...],
+    sources: dict[str, str],
+    warnings: tuple[LayoutWarning, ...],
+    ranks_per_node: tuple[int, ...] = (),
+) -> RankLayout:
+    return RankLayout._make((*fields, MappingProxyType(sources), warnings, ranks_per_node))
+
+
+def from_env(
+    env: Mapping[str, str],
+    *,
+    read_text: Callable[[str], str] | None = None,
+) -> RankLayout:
+    """Resolve this process's layout from its environment, in one pass.
+
+    Args:
+        env: The process environment (``os.environ`` or a plain dict).
+        read_text: Reads a scheduler's host file (``PBS_NODEFILE`` ...); the file system by default.
+
+    Returns:
+        The layout.
+
+    Raises:
+        LayoutError: If a variable is malformed, missing, contradictory or stale, or if a launcher's rank variable
+            is present without the rest of its launcher's variables.
+
+    >>> from_env({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    ...           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MASTER_ADDR": "nodea", "MASTER_PORT": "29611"})
+    RankLayout(rank=5/8, local=1/4, node=1/2, main=nodea:29611, from=Open MPI)
+    """
+    launcher = detect_launcher(env)
+    if launcher is None:
+        _refuse_stray_rank_variables(env)
+        return _single_process(env)
+    return _LayoutParser(env, launcher, read_text or read_host_file).parse()
+
+
+def _refuse_stray_rank_variables(env: Mapping[str, str]) -> None:
+    stray = stray_rank_variables(env)
+    if not stray:
+        return
+    variable, row = stray[0]
+    present = [f"{name}={env[name]!r}" for name in row.variables if name in env]
+    missing = [name for name in row.variables if name not in env]
+    raise LayoutError(
+        f"{', '.join(present)} {'is' if len(present) == 1 else 'are'} set, as {row.name} or another PMI-1 launcher "
+        f"(Flux, `srun --mpi=pmi2`) sets {variable}, but {', '.join(missing)} "
+        f"{'is' if len(missing) == 1 else 'are'} not, and no launcher this package knows started the process. "
+        f"Running it as a single process would make every rank train alone.",
+        f"{row.launch_hint} Under Flux or Slurm, start the ranks with `flux run` or `srun`, whose own variables "
+        f"(FLUX_TASK_*, SLURM_*) are read; do not copy {variable} by hand.",
+        variable=variable,
+        value=env[variable],
+        launcher=row.name,
+    )
+
+
+def _single_process(env: Mapping[str, str]) -> RankLayout:
+    port, port_source = _main_port(env, None)
+    address = env.get("MASTER_ADDR") or LOOPBACK_ADDRESS
+    sources = dict.fromkeys(("world_size", "rank", "local_rank", "local_size", "node_rank", "num_nodes"), "no launcher")
+    sources["main_address"] = "MASTER_ADDR" if env.get("MASTER_ADDR") else "single node: loopback"
+    sources["main_port"] = port_source
+    return RankLayout(
+        world_size=1,
+        rank=0,
+        local_rank=0,
+        local_size=1,
+        node_rank=0,
+        num_nodes=1,
+        main_address=address,
+        main_port=port,
+        launcher=None,
+        placement=Placement.SINGLE,
+        sources=MappingProxyType(sources),
+    )
+
+
+class _LayoutParser:
+    """One pass over one launcher's row; each method adds to ``sources`` the variables it used."""
+
+    def __init__(self, env: Mapping[str, str], launcher: Launcher, read_text: Callable[[str], str]) -> None:
+        self.env = env
+        self.launcher = launcher
+        self.read_text = read_text
+        self.sources: dict[str, str] = {}
+        self.warnings: list[LayoutWarning] = []
+        self.ranks_per_node: tuple[int, ...] = ()
+
+    def parse(self) -> RankLayout:
+        row = self.launcher
+        self._require_complete_row()
+        rank = self._integer(row.rank, "rank")
+        world_size = self._integer(row.world_size, "world_size", minimum=1)
+        local_rank = self._integer(row.local_rank, "local_rank")
+        local_size = self._local_size(world_size)
+        self._check_bounds(row.rank, rank, row.world_size, world_size)
+        self._check_bounds(row.local_rank, local_rank, self.sources["local_size"], local_size)
+        if local_size > world_size:
+            raise self._conflict(
+                f"{self.sources['local_size']}={local_size} ranks on this node is more than "
+                f"{row.world_size}={world_size} ranks in the whole job.",
+                self.sources["local_size"],
+                str(local_size),
+            )
+        node_rank, num_nodes, placement = self._node(rank, world_size, local_rank, local_size)
+        self._check_stale_torch_variables(
+            {"rank": rank, "world_size": world_size, "local_rank": local_rank, "local_size": local_size}
+        )
+        address = self._main_address(num_nodes, world_size, local_size)
+        port, self.sources["main_port"] = _main_port(self.env, row)
+        return RankLayout(
+            world_size=world_size,
+            rank=rank,
+            local_rank=local_rank,
+            local_size=local_size,
+            node_rank=node_rank,
+            num_nodes=num_nodes,
+            main_address=address,
+            main_port=port,
+            launcher=row,
+            placement=placement,
+            sources=MappingProxyType(dict(self.sources)),
+            warnings=tuple(self.warnings),
+            ranks_per_node=self.ranks_per_node,
+        )
+
+    # --- reading variables -------------------------------------------------------------------------------------
+
+    def _require_complete_row(self) -> None:
+        row = self.launcher
+        missing = [name for name in row.variables if name not in self.env]
+        if missing:
+            present = ", ".join(f"{name}={self.env[name]!r}" for name in row.variables if name in self.env)
+            # A known launch mode that omits them gets its own fix; else the rank variables were copied or cleared.
+            modes = [fix for name, fix in row.partial_modes.items() if name in self.env]
+            raise LayoutError(
+                f"{row.name} variables are only partly set: {present or f'{row.marker}={self.env[row.marker]!r}'} "
+                f"is set, but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing.",
+                modes[0] if modes else f"{row.launch_hint} Do not set {row.marker} by hand or copy it between jobs.",
+                variable=missing[0],
+                launcher=row.name,
+            )
+
+    def _integer(self, variable: str, field_name: str, *, minimum: int = 0) -> int:
+        self.sources[field_name] = variable
+        row = self.launcher
+        return parse_count(
+            self.env[variable], variable=variable, launcher=row.name, minimum=minimum, hint=row.launch_hint
+        )
+
+    def _local_size(self, world_size: int) -> int:
+        row = self.launcher
+        if row.local_size is not None:
+            return self._integer(row.local_size, "local_size", minimum=1)
+        if row.tasks_per_node is not None and row.node_rank is not None:
+            return self._local_size_from_task_counts(world_size)
+        # The launcher exports the node count but not the ranks per node: derive them for an even layout.
+        assert row.num_nodes is not None
+        nodes = self._integer(row.num_nodes, "num_nodes", minimum=1)
+        if world_size % nodes:
+            raise LayoutError(
+                f"{row.name} started {row.world_size}={world_size} ranks on {row.num_nodes}={nodes} nodes, which "
+                f"is not the same number on every node, and it does not export how many run on this one.",
+                f"Launch the same number of ranks on every node (e.g. `flux run -N {nodes} "
+                f"--tasks-per-node={max(1, world_size // nodes)}`).",
+                variable=row.world_size,
+                value=str(world_size),
+                launcher=row.name,
+            )
+        self.sources["local_size"] = f"{row.world_size} / {row.num_nodes}"
+        return world_size // nodes
+
+    def _local_size_from_task_counts(self, world_size: int) -> int:
+        # Slurm: the count for this node out of the step's compressed per-node counts.
+        row = self.launcher
+        assert row.tasks_per_node is not None
+        assert row.node_rank is not None
+        counts = expand_tasks_per_node(self.env[row.tasks_per_node], variable=row.tasks_per_node)
+        node = self._integer(row.node_rank, "node_rank")
+        if node >= len(counts):
+            raise self._conflict(
+                f"{row.node_rank}={node} but {row.tasks_per_node}={self.env[row.tasks_per_node]!r} lists only "
+                f"{len(counts)} node(s).",
+                row.node_rank,
+                str(node),
+            )
+        if sum(counts) != world_size:
+            raise self._conflict(
+                f"{row.tasks_per_node}={self.env[row.tasks_per_node]!r} adds up to {sum(counts)} tasks but "
+                f"{row.world_size}={world_size}.",
+                row.tasks_per_node,
+                self.env[row.tasks_per_node],
+            )
+        self.sources["local_size"] = f"{row.tasks_per_node}[{row.node_rank}]"
+        self.ranks_per_node = tuple(counts)
+        return counts[node]
+
+    def _check_bounds(self, variable: str, value: int, size_variable: str, size: int) -> None:
+        if value >= size:
+            raise LayoutError(
+                f"{variable}={value} is out of range: {self.launcher.name} says there are only {size} "
+                f"({size_variable}={size}), so it must be below {size}.",
+                f"The variables disagree, so they were not all set by one launch. {self.launcher.launch_hint}",
+                variable=variable,
+                value=str(value),
+                launcher=self.launcher.name,
+            )
+
+    def _conflict(self, problem: str, variable: str, value: str) -> LayoutError:
+        return LayoutError(
+            f"{self.launcher.name}: {problem}",
+            f"The variables disagree, so they were not all set by one launch. {self.launcher.launch_hint}",
+            variable=variable,
+            value=value,
+            launcher=self.launcher.name,
+        )
+
+    # --- node rank --------------------------------------------------------------------------------------------
+
+    def _node(self, rank: int, world_size: int, local_rank: int, local_size: int) -> tuple[int, int | None, Placement]:
+        row = self.launcher
+        if row.node_rank is not None:
+            return self._node_from_launcher(world_size, local_size)
+        num_nodes = world_size // local_size if world_size % local_size == 0 else None
+        self.sources.setdefault("num_nodes", f"{row.world_size} / {self.sources['local_size']}")
+        block = (rank % local_size == local_rank, rank // local_size)
+        round_robin = (num_nodes is not None and rank // num_nodes == local_rank, rank % (num_nodes or 1))
+        if block[0] and (not round_robin[0] or block[1] == round_robin[1]):
+            self.sources["node_rank"] = f"{row.rank} // {self.sources['local_size']} (block placement)"
+            return block[1], num_nodes, Placement.BLOCK
+        if round_robin[0] and not block[0]:
+            self.sources["node_rank"] = f"{row.rank} % num_nodes (round-robin placement)"
+            return round_robin[1], num_nodes, Placement.ROUND_ROBIN
+        self.sources["node_rank"] = f"{row.rank} // {self.sources['local_size']} (approximate)"
+        why = (
+            "fits both block and round-robin placement with different answers"
+            if block[0]
+            else "fits neither block nor round-robin placement (a rankfile or an uneven mapping?)"
+        )
+        self.warnings.append(
+            ApproximateNodeRankWarning(
+                f"Node rank {block[1]} is approximate: {row.rank}={rank} with {row.local_rank}={local_rank} and "
+                f"{self.sources['local_size']}={local_size} {why}. Global and local ranks are exact; only the node "
+                f"index is a guess.",
+                "use Trainer(strategy='ddp_mpi') or the roll call of MPIClusterEnvironment, which resolve node "
+                "ranks exactly by exchanging host names.",
+                variable=row.rank,
+                value=str(rank),
+                launcher=row.name,
+            )
+        )
+        return block[1], num_nodes, Placement.UNKNOWN
+
+    def _node_from_launcher(self, world_size: int, local_size: int) -> tuple[int, int | None, Placement]:
+        row = self.launcher
+        assert row.node_rank is not None
+        node = self._integer(row.node_rank, "node_rank")
+        if row.tasks_per_node is not None:
+            num_nodes: int | None = len(
+                expand_tasks_per_node(self.env[row.tasks_per_node], variable=row.tasks_per_node)
+            )
+            self.sources["num_nodes"] = f"len({row.tasks_per_node})"
+        else:
+            num_nodes = world_size // local_size if world_size % local_size == 0 else None
+            self.sources["num_nodes"] = f"{row.world_size} / {self.sources['local_size']}"
+        if num_nodes is not None and node >= num_nodes:
+            raise self._conflict(
+                f"{row.node_rank}={node} but the job has only {num_nodes} node(s).", row.node_rank, str(node)
+            )
+        return node, num_nodes, Placement.LAUNCHER
+
+    # --- agreement with torchrun-style variables ---------------------------------------------------------------
+
+    def _check_stale_torch_variables(self, resolved: Mapping[str, int]) -> None:
+        for variable, field_name in STALE_TORCH_VARIABLES:
+            if variable not in self.env or variable in self.launcher.variables:
+                continue
+            value = self.env[variable]
+            if not is_count(value) or int(value) != resolved[field_name]:
+                raise LayoutError(
+                    f"{variable}={value!r} disagrees with {self.launcher.name}, which says "
+                    f"{self.sources[field_name]}={resolved[field_name]}. A stale {variable} (exported by a job "
+                    f"script or left over from torchrun) would give this process the wrong {field_name}.",
+                    f"Unset {variable} before launching (`unset {variable}`), or do not pass it to the ranks "
+                    f"(`mpirun -x` / `--export`).",
+                    variable=variable,
+                    value=value,
+                    launcher=self.launcher.name,
+                )
+
+    # --- main address -----------------------------------------------------------------------------------------
+
+    def _main_address(self, num_nodes: int | None, world_size: int, local_size: int) -> str:
+        if self.env.get("MASTER_ADDR"):
+            self.sources["main_address"] = "MASTER_ADDR"
+            return self.env["MASTER_ADDR"]
+        found = first_host(self.env, self.read_text, launch=(self.launcher.host_lists, self.launcher.name))
+        if found is not None:
+            host, variable = found
+            self.sources["main_address"] = f"{variable} (first host)"
+            return host
+        if num_nodes == 1:
+            self.sources["main_address"] = "single node: loopback"
+            return LOOPBACK_ADDRESS
+        sources = [*self.launcher.host_lists, *(source for scheduler in SCHEDULERS for source in scheduler.host_lists)]
+        lists = ", ".join(source.variable for source in sources)
+        nodes = f"{num_nodes} nodes" if num_nodes is not None else "more than one node"
+        raise LayoutError(
+            f"{self.launcher.name} started {world_size} ranks on {nodes} ({local_size} on this node), but "
+            f"MASTER_ADDR is not set and no scheduler host list ({lists}) names the host of rank 0. Using "
+            f"this host's loopback address would leave the other nodes waiting forever.",
+            "export MASTER_ADDR=<host name of rank 0's node> and pass it to every rank"
+            + (
+                f" ({self.launcher.name}: {self.launcher.pass_main_address})."
+                if self.launcher.pass_main_address
+                else "."
+            )
+            + " Under a scheduler, its host list does this for you.",
+            variable="MASTER_ADDR",
+            launcher=self.launcher.name,
+        )
+
+
+def _main_port(env: Mapping[str, str], launcher: Launcher | None) -> tuple[int, str]:
+    """``MASTER_PORT``; else derived from the launch's or the job's identity; else :data:`DEFAULT_MAIN_PORT`."""
+    name = launcher.name if launcher is not None else None
+    if "MASTER_PORT" in env:
+        port = parse_port(
+            env["MASTER_PORT"],
+            variable="MASTER_PORT",
+            launcher=name,
+            hint="export MASTER_PORT=<a free port such as 29500>, or unset it to derive one from the job id.",
+        )
+        return port, "MASTER_PORT"
+    if launcher is not None and launcher.job_identity and all(env.get(v) for v in launcher.job_identity):
+        identity = "/".join(env[variable] for variable in launcher.job_identity)
+        return derive_port(identity), f"derived from {'+'.join(launcher.job_identity)}"
+    job = job_identity(env)
+    if job is not None:
+        return derive_port(job[0]), f"derived from {'+'.join(job[1])}"
+    return DEFAULT_MAIN_PORT, "default"
+
+
+def derive_port(identity: str) -> int:
+    """A port in :data:`DERIVED_PORT_RANGE`, the same for the same job identity on every host.
+
+    A cryptographic hash spreads neighbouring job ids apart, unlike taking the id's last digits. Any text works,
+    non-ASCII included (Flux job ids start with ``ƒ``).
+
+    >>> derive_port("prterun-nodea-1234@1") == derive_port("prterun-nodea-1234@1")
+    True
+    >>> derive_port("ƒ2n7Sd1Ky") in DERIVED_PORT_RANGE
+    True
+    """
+    import hashlib  # Here, not at the top: most jobs set MASTER_PORT or have none to derive it from.
+
+    digest = int.from_bytes(hashlib.sha256(identity.encode("utf-8", "surrogateescape")).digest()[:8], "big")
+    return DERIVED_PORT_RANGE.start + digest % len(DERIVED_PORT_RANGE)
+
+
+__all__ = [
+    "DEFAULT_MAIN_PORT",
+    "DERIVED_PORT_RANGE",
+    "LayoutError",
+    "Placement",
+    "RankLayout",
+    "derive_port",
+    "from_env",
+    "parse_count",
+]

@@ -1,0 +1,130 @@
+"""The one strict parser for every number this package reads, and for its own on/off switches.
+
+Numbers are ranks, sizes, counts, ports and node indices.
+
+Only plain ASCII digits are numbers: ``str.isdigit()`` also accepts ``'²'`` and ``int()`` accepts ``'٣'``, ``' 3'``
+and ``'+3'``, none of which a launcher ever exports. A value that is not a number gets a :class:`LayoutError`
+naming the variable, the value and the launcher, never a bare ``ValueError``; a switch that is neither on nor off
+gets a :class:`SettingError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from lightning_mpi_env.core.errors import LayoutError, SettingError
+
+PORT_RANGE = range(1, 65536)
+"""Valid TCP ports."""
+
+
+def is_count(text: str) -> bool:
+    """Whether ``text`` is a non-negative integer written in plain ASCII digits.
+
+    >>> [is_count(text) for text in ("12", "0", "²", "٣", "-1", " 3", "")]
+    [True, True, False, False, False, False, False]
+    """
+    return text.isascii() and text.isdigit()
+
+
+def parse_count(
+    value: str,
+    *,
+    variable: str,
+    launcher: str | None = None,
+    minimum: int = 0,
+    maximum: int | None = None,
+    hint: str | None = None,
+) -> int:
+    """Parse a rank, size, count, port or index strictly.
+
+    Args:
+        value: The text as read (from a variable, a host file or an argument).
+        variable: Where it came from, for the message (``PMI_RANK``, ``PE_HOSTFILE line 2``).
+        launcher: The launcher or scheduler that set it, for the message; ``None`` outside any.
+        minimum: The smallest value allowed.
+        maximum: The largest value allowed, if any.
+        hint: The fix; by default, to let the launcher set the variable.
+
+    Returns:
+        The number.
+
+    Raises:
+        LayoutError: Naming the variable, the value and the launcher.
+
+    >>> parse_count("12", variable="PMI_RANK", launcher="MPICH/Intel MPI (Hydra)")
+    12
+    >>> parse_count("²", variable="MASTER_PORT")
+    Traceback (most recent call last):
+    ...
+    lightning_mpi_env.core.errors.LayoutError: MASTER_PORT='²' (no launcher) is not a non-negative integer.
+    HINT: Unset MASTER_PORT, or set it to a plain number.
+    """
+    where = launcher if launcher is not None else "no launcher"
+    fix = hint if hint is not None else f"Unset {variable}, or set it to a plain number."
+    fields = {"variable": variable, "value": value, "launcher": launcher}
+    if not is_count(value):
+        negative = value.startswith("-") and is_count(value[1:])
+        problem = "is negative" if negative else "is not a non-negative integer"
+        raise LayoutError(f"{variable}={value!r} ({where}) {problem}.", fix, **fields)
+    number = int(value)
+    if number < minimum:
+        raise LayoutError(f"{variable}={value!r} ({where}) must be at least {minimum}.", fix, **fields)
+    if maximum is not None and number > maximum:
+        raise LayoutError(f"{variable}={value!r} ({where}) must be at most {maximum}.", fix, **fields)
+    return number
+
+
+def parse_port(value: str, *, variable: str, launcher: str | None = None, hint: str) -> int:
+    """Parse a TCP port strictly (1 to 65535).
+
+    Raises:
+        LayoutError: Naming the variable, the value and the launcher.
+
+    >>> parse_port("29500", variable="MASTER_PORT", hint="Set a free port.")
+    29500
+    """
+    if not is_count(value) or int(value) not in PORT_RANGE:
+        where = launcher if launcher is not None else "no launcher"
+        raise LayoutError(
+            f"{variable}={value!r} is not a port number between 1 and 65535 (launcher: {where}).",
+            hint,
+            variable=variable,
+            value=value,
+            launcher=launcher,
+        )
+    return int(value)
+
+
+def resolve_switch(value: bool | None, env: Mapping[str, str], variable: str, *, hint: str) -> bool:
+    """An on/off setting of this package: the argument if given, else ``variable`` (on when unset).
+
+    Args:
+        value: The constructor argument; ``None`` defers to the environment.
+        env: The environment to read ``variable`` from.
+        variable: The environment variable (``LIGHTNING_MPI_ENV_ROLL_CALL``, ...).
+        hint: The fix, should the variable hold anything but a switch.
+
+    Raises:
+        SettingError: Naming the variable and its value.
+
+    >>> resolve_switch(None, {"X": "off"}, "X", hint="Unset X.")
+    False
+    """
+    if value is not None:
+        return value
+    raw = env.get(variable, "")
+    text = raw.strip().lower()
+    if text in ("", "1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SettingError(
+        f"{variable}={raw!r} is not one of 1, 0 (also true/false, yes/no, on/off).",
+        hint,
+        variable=variable,
+        value=raw,
+    )
+
+
+__all__ = ["PORT_RANGE", "is_count", "parse_count", "parse_port", "resolve_switch"]

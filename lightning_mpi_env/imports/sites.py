@@ -1,0 +1,284 @@
+"""Where each Lightning namespace entered the process, and the warning when both did.
+
+:func:`watch_imports` (run when ``lightning_mpi_env`` is imported) hooks the namespaces' root packages, so the file
+and line that imported each is known exactly when the import happens afterwards, and guessed from module globals
+when it happened before. The moment both namespaces are loaded, :class:`MixedImportWarning` names both importers
+(or :class:`MixedImportError` is raised, per ``LIGHTNING_MPI_ENV_MIXED_IMPORTS``). Standard library only.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+from collections.abc import Mapping
+from types import FrameType, FunctionType, ModuleType
+from typing import NamedTuple
+
+from lightning_mpi_env.core.errors import MixedImportError, MixedImportWarning, SettingError
+from lightning_mpi_env.core.namespaces import (
+    NAMESPACES,
+    NAMESPACES_BY_KEY,
+    STANDALONE,
+    UNIFIED,
+    namespace_of,
+    other,
+    package_of,
+)
+from lightning_mpi_env.imports.hooks import when_imported
+
+MODE_VARIABLE = "LIGHTNING_MPI_ENV_MIXED_IMPORTS"
+"""Environment variable choosing what a mixed import does: ``warn``, ``error`` or ``ignore``."""
+
+
+class Mode(enum.Enum):
+    """What a mixed import does, from ``LIGHTNING_MPI_ENV_MIXED_IMPORTS``."""
+
+    WARN = "warn"
+    ERROR = "error"
+    IGNORE = "ignore"
+
+
+def mode(environ: Mapping[str, str] | None = None) -> Mode:
+    """Read ``LIGHTNING_MPI_ENV_MIXED_IMPORTS``.
+
+    Args:
+        environ: The environment to read; ``os.environ`` by default.
+
+    Returns:
+        The mode; :attr:`Mode.WARN` when the variable is unset or empty.
+
+    Raises:
+        SettingError: The variable holds anything else than ``warn``, ``error`` or ``ignore`` (a ``ValueError``).
+
+    >>> mode({"LIGHTNING_MPI_ENV_MIXED_IMPORTS": "Error"})
+    <Mode.ERROR: 'error'>
+    """
+    raw = (os.environ if environ is None else environ).get(MODE_VARIABLE, "")
+    value = raw.strip().lower() or Mode.WARN.value
+    try:
+        return Mode(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in Mode)
+        raise SettingError(
+            f"{MODE_VARIABLE}={raw!r} is not one of {allowed}.",
+            f"Set {MODE_VARIABLE}=warn (the default), =error to fail on mixed Lightning imports, or =ignore to "
+            "silence them.",
+            variable=MODE_VARIABLE,
+            value=raw,
+        ) from None
+
+
+# Frames from these packages are never "the importer": the import system, Lightning itself, and us.
+_NOT_IMPORTERS = frozenset(
+    {"importlib", "lightning", "pytorch_lightning", "lightning_fabric", "lightning_utilities", "lightning_mpi_env"}
+)
+
+
+def loaded_roots(key: str) -> list[str]:
+    """Root packages of the namespace ``key`` really loaded: an alias made by ``unify_imports`` does not count."""
+    loaded = []
+    for root in NAMESPACES_BY_KEY[key].roots:
+        module = sys.modules.get(root)
+        if module is not None and getattr(module, "__name__", None) == root:
+            loaded.append(root)
+    return loaded
+
+
+def both_namespaces_loaded() -> bool:
+    """Whether modules of both namespaces are loaded in this process."""
+    return all(loaded_roots(namespace.key) for namespace in NAMESPACES)
+
+
+class ImportSite(NamedTuple):
+    """Where a namespace entered the process."""
+
+    module: str
+    """The Lightning module that arrived (``pytorch_lightning``, ``lightning.fabric``, ...)."""
+    file: str | None
+    """The importing file, ``None`` when unknown."""
+    line: int | None
+    """The importing line, ``None`` when unknown."""
+    exact: bool
+    """Seen by the import hook (exact), or guessed from module globals after the fact."""
+
+    def __str__(self) -> str:
+        where = "unknown file" if self.file is None else self.file
+        if self.line is not None:
+            where = f"{where}:{self.line}"
+        return f"{where} (imports `{self.module}`)" if self.exact else f"{where} (refers to `{self.module}`)"
+
+
+_sites: dict[str, ImportSite] = {}
+_reported = False
+
+
+def site_of(key: str) -> ImportSite | None:
+    """Where the namespace ``key`` was first imported, when seen by the hook."""
+    return _sites.get(key)
+
+
+def _importer_frame(frame: FrameType | None) -> tuple[FrameType | None, str | None]:
+    """The first frame outwards from ``frame`` outside the import system, Lightning and this package.
+
+    Returns:
+        That frame (``None`` if none) and the outermost Lightning module on the way: what the importer imported.
+    """
+    outermost = None
+    while frame is not None:
+        if not frame.f_code.co_filename.startswith("<frozen importlib"):
+            name = frame.f_globals.get("__name__")
+            if not isinstance(name, str) or name.partition(".")[0] not in _NOT_IMPORTERS:
+                return frame, outermost
+            if package_of(name) is not None:
+                outermost = name
+        frame = frame.f_back
+    return None, outermost
+
+
+def _guess_sites(key: str, limit: int = 3) -> list[ImportSite]:
+    """Modules whose globals hold a module, class or function of namespace ``key``: who imported it, after the fact."""
+    import warnings
+
+    sites: dict[str, ImportSite] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Some libraries warn on attribute access of deprecated names.
+        for name, module in list(sys.modules.items()):
+            top = name.partition(".")[0]
+            if not isinstance(module, ModuleType) or top in _NOT_IMPORTERS or top in sys.stdlib_module_names:
+                continue
+            found = _first_reference(module, key)
+            raw_file = getattr(module, "__file__", None)
+            file = raw_file if isinstance(raw_file, str) else None
+            if found is None or (file is not None and file in sites):
+                continue
+            sites[file or name] = ImportSite(found, file, _first_import_line(file, key), exact=False)
+            if len(sites) == limit:
+                break
+    return list(sites.values())
+
+
+def _first_reference(module: ModuleType, key: str) -> str | None:
+    for value in list(vars(module).values()):
+        owner: object
+        if isinstance(value, ModuleType):
+            owner = value.__name__
+        elif isinstance(value, (type, FunctionType)):
+            owner = getattr(value, "__module__", None)
+        else:
+            continue
+        if isinstance(owner, str) and namespace_of(owner) == key:
+            return owner
+    return None
+
+
+def _first_import_line(file: str | None, key: str) -> int | None:
+    if file is None:
+        return None
+    import linecache
+    import re
+
+    pattern = re.compile(NAMESPACES_BY_KEY[key].import_line)
+    for number, text in enumerate(linecache.getlines(file), start=1):
+        if pattern.match(text):
+            return number
+    return None
+
+
+def _describe(key: str) -> str:
+    label = NAMESPACES_BY_KEY[key].label
+    site = _sites.get(key)
+    if site is not None:
+        return f"{label}: first imported by {site}"
+    guesses = _guess_sites(key)
+    if not guesses:
+        roots = ", ".join(f"`{root}`" for root in loaded_roots(key))
+        return f"{label}: {roots} loaded before lightning_mpi_env; importer unknown"
+    listed = "; ".join(str(site) for site in guesses)
+    return f"{label}: loaded before lightning_mpi_env, importer unknown; used by {listed}"
+
+
+def _mixed_problem() -> str:
+    return (
+        "Both Lightning namespaces are imported in this process. Their classes are not interchangeable: a Trainer "
+        "from one refuses or silently ignores a model, callback, logger or plugin built on the other.\n"
+        f"  {_describe(STANDALONE.key)}\n"
+        f"  {_describe(UNIFIED.key)}"
+    )
+
+
+MIXED_HINT = (
+    "Import one namespace only: change `pytorch_lightning` to `lightning.pytorch` and `lightning_fabric` to "
+    "`lightning.fabric` in the files above, or, for code you cannot edit, call `lightning_mpi_env.unify_imports()` "
+    f"at the top of your entry script before any Lightning import. {MODE_VARIABLE}=error makes this an error, "
+    "=ignore silences it."
+)
+
+
+def _report(frame: FrameType | None) -> None:
+    """Warn or raise, per the mode, about the mixed import; at most once per process."""
+    global _reported
+    import warnings  # Here, not at the top: only a mixed import needs it.
+
+    current = mode()
+    if _reported or current is Mode.IGNORE:
+        return
+    _reported = True
+    problem = _mixed_problem()
+    if current is Mode.ERROR:
+        raise MixedImportError(problem, MIXED_HINT)
+    message = MixedImportWarning(problem, MIXED_HINT)
+    if frame is None:
+        warnings.warn(message, stacklevel=2)
+        return
+    # Attribute the warning to the importing line, as ``warnings.warn(stacklevel=...)`` would.
+    # No ``module_globals``: for ``python -c`` the loader is BuiltinImporter, whose get_source
+    # raises ImportError instead of letting the warning be shown.
+    registry = frame.f_globals.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(
+        message,
+        MixedImportWarning,  # ignored for a Warning instance; the signature wants it
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module=frame.f_globals.get("__name__"),
+        registry=registry,
+    )
+
+
+def _on_namespace_imported(module: ModuleType) -> None:
+    key = namespace_of(module.__name__)
+    if key is None:  # pragma: no cover - only Lightning roots are watched
+        return
+    frame, imported = _importer_frame(sys._getframe(1))
+    imported = imported or module.__name__
+    if frame is None:
+        site = ImportSite(imported, None, None, exact=True)
+    else:
+        site = ImportSite(imported, frame.f_code.co_filename, frame.f_lineno, exact=True)
+    _sites.setdefault(key, site)
+    if loaded_roots(other(key).key):
+        _report(frame)
+
+
+def watch_imports() -> None:
+    """At import of this package: hook the roots not loaded yet, and report a mix that is already there."""
+    mode()  # A bad value fails now, not at the first mixed import.
+    for namespace in NAMESPACES:
+        for root in namespace.roots:
+            if root not in sys.modules:
+                when_imported(root, _on_namespace_imported)
+    if both_namespaces_loaded():
+        _report(_importer_frame(sys._getframe(1))[0])
+
+
+__all__ = [
+    "MIXED_HINT",
+    "MODE_VARIABLE",
+    "ImportSite",
+    "Mode",
+    "both_namespaces_loaded",
+    "loaded_roots",
+    "mode",
+    "site_of",
+    "watch_imports",
+]

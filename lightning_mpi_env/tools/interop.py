@@ -1,0 +1,214 @@
+"""The resolved layout in the forms other tools read: torchrun's variables, torchrun's arguments, JAX's kwargs.
+
+Each function reads the environment once through :func:`~lightning_mpi_env.core.layout.from_env` and returns plain
+values; none of them writes to ``os.environ`` or imports torch or JAX.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Mapping
+from typing import TypedDict
+
+from lightning_mpi_env.core.errors import LayoutError
+from lightning_mpi_env.core.layout import RankLayout, from_env
+
+TORCH_VARIABLES: tuple[str, ...] = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+"""What torchrun exports to each worker and :func:`torch_env` reproduces (``GROUP_RANK`` is torchrun's node rank)."""
+
+VISIBLE_DEVICE_VARIABLES: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+"""Variables that restrict which accelerators a process sees, in the order we consult them."""
+
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9._:\[\]%-]+$")
+
+
+class JaxDistributedKwargs(TypedDict):
+    """The keyword arguments of ``jax.distributed.initialize``."""
+
+    coordinator_address: str
+    """``host:port`` of rank 0."""
+    num_processes: int
+    """Number of processes in the job."""
+    process_id: int
+    """Rank of this process."""
+    local_device_ids: list[int]
+    """The accelerators this process drives, as indices into the devices it sees."""
+
+
+def _layout(env: Mapping[str, str] | None) -> tuple[RankLayout, Mapping[str, str]]:
+    environ = os.environ if env is None else env
+    layout = from_env(environ)
+    for warning in layout.warnings:  # as the Lightning plugin does without its roll call
+        warnings.warn(warning, stacklevel=3)
+    return layout, environ
+
+
+def torch_layout_env(layout: RankLayout) -> dict[str, str]:
+    """The torchrun-style variables for an already resolved layout (see :func:`torch_env`)."""
+    return {
+        "RANK": str(layout.rank),
+        "LOCAL_RANK": str(layout.local_rank),
+        "WORLD_SIZE": str(layout.world_size),
+        "LOCAL_WORLD_SIZE": str(layout.local_size),
+        "NODE_RANK": str(layout.node_rank),
+        "GROUP_RANK": str(layout.node_rank),
+        "MASTER_ADDR": layout.main_address,
+        "MASTER_PORT": str(layout.main_port),
+    }
+
+
+def torch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables torchrun would export to this process, resolved from the launcher's own.
+
+    With them in ``os.environ``, an unmodified ``torch.distributed.init_process_group()`` (``env://``) works under
+    ``mpirun``/``srun``; ``lightning-mpi-env exec`` exports exactly these.
+
+    Args:
+        env: The environment to read; ``os.environ`` by default.
+
+    Returns:
+        ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``GROUP_RANK``,
+        ``MASTER_ADDR`` and ``MASTER_PORT``, as strings.
+
+    Raises:
+        LayoutError: If the launcher's variables are malformed, missing, contradictory or stale.
+
+    >>> torch_env({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
+    ...            "MASTER_ADDR": "nodea", "MASTER_PORT": "29500"})["GROUP_RANK"]
+    '1'
+    """
+    layout, _ = _layout(env)
+    return torch_layout_env(layout)
+
+
+def torchrun_args(env: Mapping[str, str] | None = None, *, nproc_per_node: int | str = 1) -> list[str]:
+    """The rendezvous arguments for a job that starts one process per node, which then runs torchrun.
+
+    The launcher's world becomes torchrun's nodes: ``--nnodes`` is the launcher's world size and ``--node_rank``
+    its rank.
+
+    Args:
+        env: The environment to read; ``os.environ`` by default.
+        nproc_per_node: Workers torchrun starts on each node (a count, or torchrun's ``gpu``/``cpu``/``auto``).
+
+    Returns:
+        ``["--nnodes=...", "--node_rank=...", "--nproc_per_node=...", "--master_addr=...", "--master_port=..."]``.
+
+    Raises:
+        LayoutError: If more than one process runs on this node, or the layout cannot be resolved.
+
+    >>> env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    ...        "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "MASTER_ADDR": "nodea", "MASTER_PORT": "29500"}
+    >>> torchrun_args(env, nproc_per_node=4)
+    ['--nnodes=2', '--node_rank=1', '--nproc_per_node=4', '--master_addr=nodea', '--master_port=29500']
+    """
+    layout, _ = _layout(env)
+    if layout.local_size != 1:
+        launcher = layout.launcher_name
+        raise LayoutError(
+            f"{launcher} started {layout.local_size} processes on this node "
+            f"({layout.sources.get('local_size', 'local size')}={layout.local_size}), but torchrun-args needs "
+            f"exactly one per node: torchrun itself starts the {nproc_per_node} worker(s) on each node.",
+            "Start one process per node: Open MPI `mpirun -npernode 1` (or `--map-by ppr:1:node`), MPICH/Intel MPI "
+            "`mpiexec -ppn 1`, Slurm `srun --ntasks-per-node=1`, Flux `flux run --tasks-per-node=1`.",
+            variable=layout.sources.get("local_size"),
+            value=str(layout.local_size),
+            launcher=launcher,
+        )
+    if not _SAFE_WORD.match(layout.main_address):
+        raise LayoutError(
+            f"The main address {layout.main_address!r} (from {layout.sources.get('main_address')}) is not a plain "
+            f"host name, so it cannot be passed through `$(lightning-mpi-env torchrun-args)` unquoted.",
+            "Set MASTER_ADDR to the plain host name or IP address of the first node.",
+            variable=layout.sources.get("main_address"),
+            value=layout.main_address,
+            launcher=layout.launcher_name,
+        )
+    return [
+        f"--nnodes={layout.world_size}",
+        f"--node_rank={layout.rank}",
+        f"--nproc_per_node={nproc_per_node}",
+        f"--master_addr={layout.main_address}",
+        f"--master_port={layout.main_port}",
+    ]
+
+
+def visible_devices(env: Mapping[str, str]) -> tuple[str, list[str]] | None:
+    """The variable restricting this process's accelerators and the devices it lists, or ``None`` if unset.
+
+    >>> visible_devices({"CUDA_VISIBLE_DEVICES": "0,1"})
+    ('CUDA_VISIBLE_DEVICES', ['0', '1'])
+    """
+    for variable in VISIBLE_DEVICE_VARIABLES:
+        if variable in env:
+            return variable, [device.strip() for device in env[variable].split(",") if device.strip()]
+    return None
+
+
+def local_device_ids(layout: RankLayout, env: Mapping[str, str]) -> list[int]:
+    """The accelerator this rank drives, as an index into the devices it sees.
+
+    A process that sees exactly one device (the launcher bound one GPU to each task) drives device 0; a process
+    that sees the whole node's devices drives the one at its local rank.
+
+    Raises:
+        LayoutError: If this process sees several devices, but fewer than its local rank needs.
+    """
+    found = visible_devices(env)
+    if found is None or not found[1]:
+        return [layout.local_rank]
+    variable, devices = found
+    if len(devices) == 1:
+        return [0]
+    if layout.local_rank >= len(devices):
+        raise LayoutError(
+            f"{variable}={env[variable]!r} lists {len(devices)} devices, but this process has local rank "
+            f"{layout.local_rank} of {layout.local_size} ({layout.launcher_name}), so it has no device of its own.",
+            "Show every local rank all of the node's devices, or exactly one each (e.g. `srun --gpus-per-task=1`), "
+            "and launch at most as many ranks per node as there are devices.",
+            variable=variable,
+            value=env[variable],
+            launcher=layout.launcher_name,
+        )
+    return [layout.local_rank]
+
+
+def jax_distributed_kwargs(env: Mapping[str, str] | None = None) -> JaxDistributedKwargs:
+    """Keyword arguments for ``jax.distributed.initialize(**jax_distributed_kwargs())`` under any launcher.
+
+    JAX's own cluster detection misses Open MPI 5 (no ``OMPI_MCA_orte_hnp_uri``) and most schedulers' host lists;
+    this resolves them like the Lightning plugin does. JAX is not imported.
+
+    Args:
+        env: The environment to read; ``os.environ`` by default.
+
+    Returns:
+        ``coordinator_address`` (``"host:port"`` of rank 0), ``num_processes``, ``process_id`` and
+        ``local_device_ids``.
+
+    Raises:
+        LayoutError: If the layout cannot be resolved or the visible devices do not fit the local ranks.
+
+    >>> jax_distributed_kwargs({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
+    ...                         "MASTER_ADDR": "nodea", "MASTER_PORT": "29500"})
+    {'coordinator_address': 'nodea:29500', 'num_processes': 4, 'process_id': 3, 'local_device_ids': [1]}
+    """
+    layout, environ = _layout(env)
+    host = f"[{layout.main_address}]" if ":" in layout.main_address else layout.main_address  # IPv6 literal
+    return JaxDistributedKwargs(
+        coordinator_address=f"{host}:{layout.main_port}",
+        num_processes=layout.world_size,
+        process_id=layout.rank,
+        local_device_ids=local_device_ids(layout, environ),
+    )

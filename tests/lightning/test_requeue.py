@@ -1,0 +1,405 @@
+"""Checkpoint and requeue: the plan each scheduler's row gives, and the signal handling for real under mpirun.
+
+Grid Engine, PBS and LSF are not installed here: their requeue command is a stand-in on PATH that records its
+arguments and how many HPC checkpoints existed when it ran (so: saved before the requeue). Slurm's requeue runs on
+the real two-node Slurm cluster (tests/clusters/slurm.py), through the example job scripts, with srun and with
+mpirun inside sbatch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from lightning_mpi_env import MPIClusterEnvironment
+from lightning_mpi_env.core.errors import SettingError
+from lightning_mpi_env.core.schedulers import LSF, PBS, SGE, SLURM
+from lightning_mpi_env.lightning.requeue import Requeue, job_name, newest_checkpoint, next_checkpoint
+from lightning_mpi_env.tools.simcluster import SimulatedCluster, find_mpirun
+from tests.conftest import TRAINER_JOB
+
+EXAMPLES_JOBS = TRAINER_JOB.parents[1] / "jobs"
+SLURM_TIMEOUT = 300  # two runs of a Lightning job on two (maybe busy) cores, and the requeue between them
+
+# --- the plan ---------------------------------------------------------------------------------------------------------
+
+
+def plan(env, **kwargs):
+    return Requeue.plan(
+        env,
+        enabled=kwargs.get("enabled"),
+        requeue_signal=kwargs.get("requeue_signal"),
+        command=kwargs.get("command"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "scheduler", "command", "exit_code", "signum"),
+    [
+        ({"SLURM_JOB_ID": "12"}, SLURM, ("scontrol", "requeue", "12"), 0, signal.SIGUSR1),
+        # An array task by its array id: requeuing "37" would hit the whole array when 37 is the array's master id.
+        (
+            {"SLURM_JOB_ID": "37", "SLURM_ARRAY_JOB_ID": "36", "SLURM_ARRAY_TASK_ID": "1"},
+            SLURM,
+            ("scontrol", "requeue", "36_1"),
+            0,
+            signal.SIGUSR1,
+        ),
+        # Grid Engine reschedules a job that exits 99; -notify sends SIGUSR2 before the kill.
+        ({"JOB_ID": "5"}, SGE, (), 99, signal.SIGUSR2),
+        ({"PBS_JOBID": "4242.pbs01"}, PBS, ("qrerun", "4242.pbs01"), 0, signal.SIGUSR1),
+        ({"LSB_JOBID": "7"}, LSF, ("brequeue", "7"), 0, signal.SIGUSR2),  # LSF's signal at the run limit
+        ({"LSB_JOBID": "7", "LSB_JOBINDEX": "3"}, LSF, ("brequeue", "7[3]"), 0, signal.SIGUSR2),
+        ({"LSB_JOBID": "7", "LSB_JOBINDEX": "0"}, LSF, ("brequeue", "7"), 0, signal.SIGUSR2),  # 0: not an array
+    ],
+)
+def test_each_scheduler_s_requeue(env, scheduler, command, exit_code, signum):
+    requeue = plan(env)
+    assert requeue is not None
+    assert (requeue.scheduler, requeue.command, requeue.exit_code, requeue.signum) == (
+        scheduler,
+        command,
+        exit_code,
+        signum,
+    )
+    assert plan(env, requeue_signal=signal.SIGHUP).signum is signal.SIGHUP  # the user's choice wins
+
+
+def test_no_scheduler_or_flux_or_off_means_no_requeue():
+    assert plan({}) is None
+    assert plan({"FLUX_ENCLOSING_ID": "ƒ2n7Sd1Ky"}) is None  # Flux puts no job back in its queue
+    assert plan({"SLURM_JOB_ID": "12"}, enabled=False) is None
+    assert plan({"SLURM_JOB_ID": "12", "LIGHTNING_MPI_ENV_REQUEUE": "0"}) is None
+    assert plan({"SLURM_JOB_ID": "12", "LIGHTNING_MPI_ENV_REQUEUE": "0"}, enabled=True) is not None
+
+
+def test_bad_requeue_variable_is_a_setting_error():
+    with pytest.raises(SettingError, match=r"LIGHTNING_MPI_ENV_REQUEUE='later' is not one of 1, 0"):
+        plan({"SLURM_JOB_ID": "12", "LIGHTNING_MPI_ENV_REQUEUE": "later"})
+
+
+def test_a_command_of_the_user_s_own():
+    # PBS's qrerun needs a manager on most sites: resubmit the job script instead.
+    requeue = plan({"PBS_JOBID": "1.pbs"}, command=["qsub", "job.sh"])
+    assert requeue is not None
+    assert requeue.command == ("qsub", "job.sh")
+
+
+def test_job_name_needs_every_variable():
+    assert job_name(SLURM, {"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "8"}) == "9"
+    assert job_name(LSF, {}) is None
+
+
+def test_checkpoint_numbering(tmp_path):
+    assert newest_checkpoint(str(tmp_path)) is None
+    assert next_checkpoint(str(tmp_path)) == str(tmp_path / "hpc_ckpt_1.ckpt")
+    for name in ("hpc_ckpt_2.ckpt", "hpc_ckpt_10.ckpt", "last_ckpt_99.ckpt", "hpc_ckpt_x.ckpt"):
+        (tmp_path / name).write_text("")
+    assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "hpc_ckpt_10.ckpt")
+    assert next_checkpoint(str(tmp_path)) == str(tmp_path / "hpc_ckpt_11.ckpt")
+
+
+def test_the_environment_plans_from_its_environment():
+    env = {"JOB_ID": "5", "MASTER_ADDR": "nodea"}
+    assert MPIClusterEnvironment(env).requeue is not None
+    assert MPIClusterEnvironment(env, auto_requeue=False).requeue is None
+    assert MPIClusterEnvironment(env).requeue.signum is signal.SIGUSR2  # Grid Engine's -notify signal
+    assert MPIClusterEnvironment(env, requeue_signal=signal.SIGUSR1).requeue.signum is signal.SIGUSR1
+    assert MPIClusterEnvironment({}).requeue is None
+
+
+def test_requeue_now_without_a_scheduler_says_so():
+    with pytest.raises(SettingError, match=r"requeue_now\(\) was called, but this job has no scheduler"):
+        MPIClusterEnvironment({}).requeue_now(object())
+
+
+def test_the_handler_notes_the_signal_and_keeps_the_previous_one():
+    program = textwrap.dedent(
+        """
+        import os, signal
+        from lightning_mpi_env.lightning.requeue import Requeue
+        seen = []
+        signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+        plan = Requeue.plan({"JOB_ID": "5"}, enabled=None, requeue_signal=signal.SIGUSR1, command=None)
+        plan.install()
+        plan.install()  # twice: one handler
+        assert not plan.requested
+        os.kill(os.getpid(), signal.SIGUSR1)
+        print(plan.requested, seen)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert result.stdout.strip() == "True [10]", result.stderr
+
+
+# --- for real, under mpirun ---------------------------------------------------------------------------------------
+
+STAND_IN = """#!/bin/sh
+# A scheduler's requeue command: record the call, and how many HPC checkpoints were saved by then.
+saved=$(ls "$REQUEUE_ROOT" | grep -c '^hpc_ckpt_')
+printf '%s %s checkpoints=%s\\n' "$(basename "$0")" "$*" "$saved" >> "$REQUEUE_RECORD"
+"""
+
+
+@pytest.fixture
+def requeue_job(tmp_path):
+    """Runs the instrumented job under mpirun on 2 simulated nodes; signals mpirun once it trains."""
+    bin_dir, root = tmp_path / "bin", tmp_path / "root"
+    bin_dir.mkdir()
+    root.mkdir()
+    for name in ("qrerun", "brequeue", "scontrol"):
+        (bin_dir / name).write_text(STAND_IN)
+        (bin_dir / name).chmod(0o755)
+    record = tmp_path / "record"
+    cluster = SimulatedCluster(tmp_path)
+
+    def run(
+        scheduler_env: dict[str, str],
+        *,
+        signal_it: bool,
+        strategy: str = "ddp",
+        signum: signal.Signals = signal.SIGUSR1,
+    ) -> tuple[int, str, list[dict]]:
+        export = {
+            **scheduler_env,
+            "MASTER_ADDR": "127.0.0.2",
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "REQUEUE_RECORD": str(record),
+            "REQUEUE_ROOT": str(root),
+            "OMP_NUM_THREADS": "1",
+        }
+        job = [sys.executable, str(TRAINER_JOB), "--strategy", strategy, "--devices", "1", "--num-nodes", "2"]
+        job += ["--samples", "160", "--step-seconds", "0.3", "--root-dir", str(root)]
+        process = subprocess.Popen(
+            cluster.mpirun(job, np=2, map_by="node", export=export),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        lines: list[str] = []
+        trained = threading.Event()
+
+        def read() -> None:
+            for line in process.stdout:  # type: ignore[union-attr]
+                lines.append(line)
+                if line.startswith("FIRST_STEP rank=0"):
+                    trained.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            if signal_it:
+                assert trained.wait(150), "".join(lines)
+                time.sleep(1)  # a step or two into training, as a scheduler's warning would come
+                process.send_signal(signum)  # mpirun forwards it to every rank
+            process.wait(timeout=150)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        reader.join(10)
+        output = "".join(lines)
+        results = [json.loads(line.split(" ", 1)[1]) for line in output.splitlines() if line.startswith("RESULT ")]
+        return process.returncode, output, results
+
+    run.record = record  # type: ignore[attr-defined]
+    run.root = root  # type: ignore[attr-defined]
+    return run
+
+
+def _recorded(run) -> list[str]:
+    return run.record.read_text().splitlines() if run.record.exists() else []
+
+
+@pytest.mark.mpi
+def test_grid_engine_exits_99_after_the_checkpoint_and_the_job_resumes_from_it(requeue_job):
+    # SIGUSR2: what -notify sends before h_rt's kill, the default signal under Grid Engine.
+    returncode, output, results = requeue_job({"JOB_ID": "424242"}, signal_it=True, signum=signal.SIGUSR2)
+    assert returncode == 99, output[-3000:]  # mpirun passes it on; the job script's `exit $?` reschedules the job
+    assert not results  # no rank finished training
+    assert "lightning-mpi-env: requeue: saved" in output
+    assert (requeue_job.root / "hpc_ckpt_1.ckpt").exists()
+    # Started again (rescheduled): resumes from the checkpoint, past step 0, and finishes.
+    returncode, output, results = requeue_job({"JOB_ID": "424242"}, signal_it=False)
+    assert returncode == 0, output[-3000:]
+    assert "lightning-mpi-env: requeue: resuming from" in output
+    assert len(results) == 2
+    assert all(result["first_global_step"] > 0 for result in results), results
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("scheduler_env", "signum", "strategy", "expected"),
+    [
+        # PBS: SIGUSR1 (qsub -l signal or qsig), ddp_mpi; LSF: SIGUSR2 (bsub -wa USR2), the plugin with ddp.
+        ({"PBS_JOBID": "4242.pbs01"}, signal.SIGUSR1, "ddp_mpi", "qrerun 4242.pbs01 checkpoints=1"),
+        ({"LSB_JOBID": "7"}, signal.SIGUSR2, "ddp", "brequeue 7 checkpoints=1"),
+    ],
+    ids=["pbs", "lsf"],
+)
+def test_rank_0_runs_the_scheduler_s_requeue_command_after_the_checkpoint(
+    requeue_job, scheduler_env, signum, strategy, expected
+):
+    returncode, output, results = requeue_job(scheduler_env, signal_it=True, strategy=strategy, signum=signum)
+    assert returncode == 0, output[-3000:]
+    assert not results
+    assert _recorded(requeue_job) == [expected]  # once, by rank 0, after the checkpoint
+    assert "the job goes back in the queue" in output
+    assert "Error" not in output  # no rank waits on rank 0 after the requeue (there, the job is killed)
+
+
+@pytest.mark.parametrize(
+    ("scheduler_env", "expected"),
+    [
+        ({"PBS_JOBID": "4242.pbs01"}, "qrerun 4242.pbs01 checkpoints=0"),
+        ({"LSB_JOBID": "7", "LSB_JOBINDEX": "3"}, "brequeue 7[3] checkpoints=0"),
+    ],
+)
+def test_the_requeue_command_runs_as_planned(tmp_path, monkeypatch, capsys, scheduler_env, expected):
+    record = stand_ins(tmp_path, monkeypatch)
+    assert plan(scheduler_env).run_command()
+    assert record.read_text().splitlines() == [expected]
+    assert "the job goes back in the queue" in capsys.readouterr().err
+
+
+def test_a_failed_requeue_command_is_reported(tmp_path, monkeypatch, capsys):
+    stand_ins(tmp_path, monkeypatch, status=3)
+    assert not plan({"PBS_JOBID": "4242.pbs01"}).run_command()
+    assert "`qrerun 4242.pbs01` failed (exit status 3)" in capsys.readouterr().err
+
+
+def stand_ins(tmp_path, monkeypatch, status: int = 0):
+    """The schedulers' requeue commands as stand-ins on PATH that record their arguments; returns the record."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("qrerun", "brequeue", "scontrol"):
+        (bin_dir / name).write_text(STAND_IN + f"exit {status}\n")
+        (bin_dir / name).chmod(0o755)
+    record = tmp_path / "record"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("REQUEUE_RECORD", str(record))
+    monkeypatch.setenv("REQUEUE_ROOT", str(tmp_path))
+    return record
+
+
+# --- for real, on the two-node Slurm cluster -------------------------------------------------------------------------
+
+SLURM_STEPS = 24  # 64 samples, batch 4, 2 ranks, 3 epochs
+
+
+def run_requeued_slurm_job(
+    cluster, tmp_path, script: str, *, signal_batch: bool, train_args: tuple[str, ...] = ()
+) -> tuple[str, list[dict]]:
+    """Runs an example job script (on 2 nodes, 1 rank each) with the instrumented job; signals it once it trains.
+
+    ``signal_batch``: as ``#SBATCH --signal=B:USR1@90`` does, to the batch script only; else, as
+    ``--signal=USR1@90`` does, to the job steps.
+    """
+    root = tmp_path / "root"
+    root.mkdir()
+    text = (EXAMPLES_JOBS / script).read_text()
+    text = "\n".join(line for line in text.splitlines() if "--gpus-per-node" not in line)  # no GPUs here
+    train = [sys.executable, str(TRAINER_JOB), "--samples", "64", "--epochs", "3", "--step-seconds", "0.3"]
+    train += ["--root-dir", str(root), *train_args]
+    env = {
+        "TRAIN": " ".join(train),
+        "MPIRUN": f"{find_mpirun()} --allow-run-as-root",
+        "OMP_NUM_THREADS": "1",
+    }
+    job = cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)
+    cluster.wait_output(job, "FIRST_STEP rank=0", timeout=SLURM_TIMEOUT)
+    time.sleep(1)  # a step or two into training, as the warning before a time limit would come
+    signalled = cluster.signal(job, "USR1", batch=signal_batch)
+    assert signalled.returncode == 0, signalled.stderr
+    state = cluster.wait(job, timeout=SLURM_TIMEOUT)
+    output = cluster.output(job)
+    assert state == "COMPLETED", output[-4000:]
+    [info] = cluster.job_info(job)
+    assert info["Restarts"] == "1", output[-4000:]
+    results = [json.loads(line.split(" ", 1)[1]) for line in output.splitlines() if line.startswith("RESULT ")]
+    return output, results
+
+
+def assert_resumed_and_finished(output: str, results: list[dict]) -> None:
+    assert "lightning-mpi-env: requeue: saved" in output
+    assert "the job goes back in the queue: `scontrol requeue" in output
+    assert "lightning-mpi-env: requeue: resuming from" in output
+    # Only the restarted run finished: both ranks, past step 0, to the last step, with the same weights.
+    assert sorted(result["global_rank"] for result in results) == [0, 1], output[-4000:]
+    assert {result["restart_count"] for result in results} == {"1"}
+    assert all(result["first_global_step"] > 0 for result in results), results
+    assert {result["global_step"] for result in results} == {SLURM_STEPS}
+    assert len({tuple(result["weights"]) for result in results}) == 1
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_slurm_srun_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
+    output, results = run_requeued_slurm_job(slurm_cluster, tmp_path, "slurm_srun.sbatch", signal_batch=False)
+    assert_resumed_and_finished(output, results)
+    assert {result["strategy"] for result in results} == {"DDPStrategy"}  # the plugin, under srun
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_slurm_mpirun_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
+    # The example's trap passes the batch script's signal to mpirun, which forwards it to every rank.
+    output, results = run_requeued_slurm_job(
+        slurm_cluster, tmp_path, "slurm_mpirun.sbatch", signal_batch=True, train_args=("--strategy", "ddp_mpi")
+    )
+    assert_resumed_and_finished(output, results)
+    assert {result["strategy"] for result in results} == {"MPIDDPStrategy"}
+
+
+# --- Fabric: the signal and the requeue, the checkpoint left to the loop ------------------------------------------
+
+FABRIC_LOOP = """
+import os, signal, sys
+import lightning.fabric as F
+from lightning_mpi_env import MPIClusterEnvironment
+
+environment = MPIClusterEnvironment()
+fabric = F.Fabric(accelerator="cpu", devices=1, plugins=[environment])
+fabric.launch()
+for step in range(100):
+    if step == 3:
+        os.kill(os.getpid(), signal.SIGUSR1)  # as the scheduler would
+    if environment.requeue_requested(fabric):
+        fabric.save(os.path.join(sys.argv[1], "state.ckpt"), {"step": step})
+        print(f"CHECKPOINT at step {step}", flush=True)
+        environment.requeue_now(fabric)
+"""
+
+
+def test_fabric_loop_checkpoints_and_requeues(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(STAND_IN)
+    (bin_dir / "scontrol").chmod(0o755)
+    (tmp_path / "loop.py").write_text(FABRIC_LOOP)
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_ID": "31",
+        "REQUEUE_RECORD": str(tmp_path / "record"),
+        "REQUEUE_ROOT": str(tmp_path),
+    }
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "loop.py"), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "CHECKPOINT at step 3" in result.stdout
+    assert (tmp_path / "state.ckpt").exists()
+    assert (tmp_path / "record").read_text().splitlines() == ["scontrol requeue 31 checkpoints=0"]

@@ -1,0 +1,365 @@
+"""MPIDDPStrategy: registration in both namespaces (in subprocesses) and real mpirun jobs on two simulated nodes."""
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+
+import pytest
+
+from lightning_mpi_env.tools.simcluster import SimulatedCluster, processes_with
+from tests.conftest import TAMPER as TAMPER_PATH
+from tests.conftest import TRAINER_JOB
+
+JOB = str(TRAINER_JOB)
+TAMPER = str(TAMPER_PATH)
+SAMPLES = 64
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", **env},
+    )
+
+
+def test_import_registers_nothing_and_imports_neither_namespace_nor_torch():
+    result = _python(
+        """
+        import sys
+        import lightning_mpi_env
+        assert not {"torch", "lightning", "pytorch_lightning"} & set(sys.modules), sorted(sys.modules)
+        try:
+            lightning_mpi_env.MPIDDPStrategy
+        except ImportError as error:
+            assert "neither lightning.pytorch nor pytorch_lightning is imported" in str(error), error
+        else:
+            raise AssertionError("no error")
+        print("OK")
+        """
+    )
+    assert result.stdout.strip() == "OK", result.stderr
+
+
+@pytest.mark.parametrize("order", ["plugin first", "lightning first"])
+def test_ddp_mpi_in_both_namespaces(order):
+    imports = (
+        "import lightning_mpi_env\nimport lightning.pytorch as L"
+        if order == "plugin first"
+        else "import lightning.pytorch as L\nimport lightning_mpi_env"
+    )
+    result = _python(
+        imports
+        + """
+from datetime import timedelta
+import sys
+from lightning_mpi_env.lightning.strategy import strategy_class
+from lightning_mpi_env import MPIClusterEnvironment
+assert "pytorch_lightning" not in sys.modules
+Lcls = lightning_mpi_env.MPIDDPStrategy  # only lightning.pytorch is loaded: unambiguous
+assert issubclass(Lcls, L.strategies.DDPStrategy)
+trainer = L.Trainer(strategy="ddp_mpi", accelerator="cpu", devices=2, num_nodes=1, logger=False)
+assert type(trainer.strategy) is Lcls
+assert isinstance(trainer.strategy.cluster_environment, MPIClusterEnvironment)
+assert trainer.strategy.rendezvous_timeout == 20.0  # from LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT
+
+import pytorch_lightning as pl
+PLcls = strategy_class("pytorch_lightning")
+assert issubclass(PLcls, pl.strategies.DDPStrategy) and not issubclass(PLcls, L.strategies.DDPStrategy)
+trainer = pl.Trainer(strategy="ddp_mpi", accelerator="cpu", devices=2, logger=False)
+assert type(trainer.strategy) is PLcls
+strategy = PLcls(timeout=timedelta(seconds=7), find_unused_parameters=True, process_group_backend="gloo",
+                 rendezvous_timeout=3)
+assert strategy._timeout == timedelta(seconds=7)
+assert strategy._ddp_kwargs == {"find_unused_parameters": True}
+assert strategy._process_group_backend == "gloo" and strategy.rendezvous_timeout == 3.0
+try:
+    lightning_mpi_env.MPIDDPStrategy
+except ImportError as error:
+    assert "ambiguous" in str(error)
+else:
+    raise AssertionError("no error")
+print("OK")
+""",
+        LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT="20",
+    )
+    assert result.stdout.strip().endswith("OK"), result.stderr[-3000:]
+
+
+# --- real mpirun jobs on two simulated nodes ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    return SimulatedCluster(tmp_path)
+
+
+def _results(stdout: str) -> list[dict]:
+    # Workers that Lightning starts share mpirun's pipe with their parent, so lines may run into each other.
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(part)[0] for part in stdout.split("RESULT ")[1:]]
+
+
+def _check_training(results: list[dict], namespace: str, hosts: dict[int, str]) -> None:
+    assert sorted(r["global_rank"] for r in results) == [0, 1, 2, 3]
+    assert {r["strategy"] for r in results} == {"MPIDDPStrategy"}
+    assert {r["strategy_module"] for r in results} == {f"{namespace}.strategies.ddp"}
+    for r in results:
+        assert r["world_size"] == 4
+        assert r["hostname"] == hosts[r["global_rank"]]
+        assert r["node_rank"] == ["127.0.0.2", "127.0.0.3"].index(r["hostname"])
+    # Local ranks are unique per host; data shards are disjoint and cover the data; weights agree.
+    assert len({(r["hostname"], r["local_rank"]) for r in results}) == 4
+    seen = [index for r in results for index in r["seen"]]
+    assert sorted(seen) == list(range(SAMPLES))
+    assert len({tuple(r["weights"]) for r in results}) == 1
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("map_by", "namespace", "hosts"),
+    [
+        ("slot", "lightning.pytorch", {0: "127.0.0.2", 1: "127.0.0.2", 2: "127.0.0.3", 3: "127.0.0.3"}),
+        ("node", "pytorch_lightning", {0: "127.0.0.2", 1: "127.0.0.3", 2: "127.0.0.2", 3: "127.0.0.3"}),
+    ],
+)
+def test_mpirun_ddp_mpi_trains(cluster, map_by, namespace, hosts):
+    result = cluster.run(
+        # --zero-config: no devices/num_nodes, ddp_mpi takes both from the launch (exact under either placement).
+        [
+            sys.executable,
+            JOB,
+            "--strategy",
+            "ddp_mpi",
+            "--zero-config",
+            "--namespace",
+            namespace,
+            "--samples",
+            str(SAMPLES),
+        ],
+        timeout=180,
+        map_by=map_by,
+        export=cluster.job_environment(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _check_training(_results(result.stdout), namespace, hosts)
+
+
+@pytest.mark.mpi
+def test_mpirun_one_process_per_node(cluster):
+    # 2 launcher ranks, one per node; Lightning starts the 2 local workers on each node itself.
+    result = cluster.run(
+        [sys.executable, JOB, "--strategy", "ddp_mpi", "--samples", str(SAMPLES)],
+        timeout=180,
+        np=2,
+        map_by="node",
+        export=cluster.job_environment(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _check_training(
+        _results(result.stdout),
+        "lightning.pytorch",
+        {0: "127.0.0.2", 1: "127.0.0.2", 2: "127.0.0.3", 3: "127.0.0.3"},
+    )
+
+
+@pytest.mark.mpi
+def test_mpirun_rank_that_dies_in_training_ends_the_job(cluster):
+    # Rank 3 exits with status 0 (which mpirun alone would not treat as a failure) at its second step.
+    result = cluster.run(
+        [sys.executable, JOB, "--strategy", "ddp_mpi", "--vanish-rank", "3", "--samples", str(SAMPLES)],
+        timeout=150,
+        export=cluster.job_environment(),
+    )
+    assert "VANISH: rank 3 exits" in result.stdout, result.stderr[-3000:]
+    assert result.returncode != 0
+    assert "RESULT" not in result.stdout
+    assert "Connection closed by peer" in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("phase", "signum", "target"),
+    [
+        ("rendezvous", signal.SIGTERM, "mpirun"),  # a scheduler ends a job that waits for a missing rank
+        ("training", signal.SIGINT, "mpirun"),  # ctrl-C
+        ("training", signal.SIGTERM, "ranks"),  # Slurm's scancel: SIGTERM to every process of the step
+    ],
+)
+def test_mpirun_interrupted_job_leaves_no_process(cluster, phase, signum, target):
+    tag = f"interrupt-{uuid.uuid4().hex[:10]}"
+    job = [sys.executable, JOB, "--strategy", "ddp_mpi", "--tag", tag, "--step-seconds", "1", "--samples", "400"]
+    if phase == "rendezvous":  # rank 3 never arrives; the others wait (timeout 120 s) in the rendezvous
+        job, ready, marker = [sys.executable, TAMPER, "--rank", "3", "--exit", "--", *job], 3, "FIT pid="
+    else:
+        ready, marker = 1, "FIRST_STEP"
+    environment = {**cluster.job_environment(), "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "120"}
+    process = subprocess.Popen(
+        cluster.mpirun(job, export=environment),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()  # type: ignore[union-attr]
+    try:
+        seen, output, deadline = 0, [], time.monotonic() + 120
+        while seen < ready:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            output.append(line)
+            seen += marker in line
+        time.sleep(2)  # well inside fit(): the rendezvous wait, or the second training step
+        if target == "mpirun":
+            process.send_signal(signum)
+        else:
+            ranks = [int(line.split()[0]) for line in processes_with(tag) if line.split()[1] == sys.executable]
+            assert len(ranks) == (3 if phase == "rendezvous" else 4), processes_with(tag)
+            for pid in ranks:
+                os.kill(pid, signum)
+        process.wait(timeout=60)  # a hang fails the test here
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    time.sleep(1)
+    assert processes_with(tag) == [], "".join(output)
+    assert "RESULT" not in "".join(output)
+    if target == "mpirun":
+        assert process.returncode != 0
+
+
+def test_no_launcher_lightning_starts_the_workers(tmp_path):
+    # `python train.py` on a workstation: one node, Lightning starts the second worker itself.
+    result = subprocess.run(
+        [sys.executable, JOB, "--strategy", "ddp_mpi", "--devices", "2", "--num-nodes", "1"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = _results(result.stdout)
+    assert sorted((r["global_rank"], r["local_rank"], r["node_rank"], r["world_size"]) for r in results) == [
+        (0, 0, 0, 2),
+        (1, 1, 0, 2),
+    ]
+    assert sorted(index for r in results for index in r["seen"]) == list(range(SAMPLES))
+
+
+def test_ddp_mpi_does_not_warn_about_approximate_node_ranks():
+    # A rankfile placement that fits neither block nor round-robin: the core warns, but ddp_mpi resolves it exactly.
+    env = {
+        "OMPI_COMM_WORLD_RANK": "3",
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "MASTER_ADDR": "nodea",
+    }
+    result = _python(
+        """
+        import warnings
+        import lightning.pytorch as L
+        import lightning_mpi_env
+        from lightning_mpi_env.core.errors import LayoutWarning
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lightning_mpi_env.MPIClusterEnvironment(roll_call=False)
+            assert any("approximate" in str(w.message) for w in caught), "the core should warn"
+            caught.clear()
+            L.Trainer(strategy="ddp_mpi", accelerator="cpu", devices=2, num_nodes=2, logger=False)
+        assert not [w for w in caught if issubclass(w.category, LayoutWarning)], [str(w.message) for w in caught]
+        print("OK")
+        """,
+        **env,
+    )
+    assert result.stdout.strip().endswith("OK"), result.stderr[-3000:]
+
+
+# --- zero config: ddp_mpi takes devices and num_nodes from the launch when they are left out ---------------------
+
+ZERO_CONFIG_PROGRAM = """
+import json, os
+os.environ.update({env})
+import lightning_mpi_env
+import {namespace} as L
+runner = L.{entry}(strategy="ddp_mpi", accelerator="cpu"{arguments}{logger})
+strategy = runner.strategy
+print(json.dumps({{"devices": len(strategy.parallel_devices), "num_nodes": strategy.num_nodes,
+                   "world_size": strategy.world_size, "global_rank": strategy.global_rank}}))
+"""
+
+
+def _open_mpi(rank, world_size, local_size):
+    return {
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_SIZE": str(world_size),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % local_size),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
+        "MASTER_ADDR": "nodea",
+        "MASTER_PORT": "29611",
+    }
+
+
+def _built(namespace, entry, arguments, env):
+    code = ZERO_CONFIG_PROGRAM.format(
+        env=repr(env), namespace=namespace, entry=entry, arguments=f", {arguments}" if arguments else "",
+        logger=", logger=False" if entry == "Trainer" else "",
+    )  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("namespace", "entry"),
+    [
+        ("lightning.pytorch", "Trainer"),
+        ("pytorch_lightning", "Trainer"),
+        ("lightning.fabric", "Fabric"),
+        ("lightning_fabric", "Fabric"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ("", {"devices": 3, "num_nodes": 2}),  # both from the launch: 6 ranks, 3 per node
+        ("devices=3", {"devices": 3, "num_nodes": 2}),  # num_nodes from the launch
+        ("num_nodes=2", {"devices": 3, "num_nodes": 2}),  # devices from the launch
+    ],
+)
+def test_zero_config_left_out_values_come_from_the_launch(namespace, entry, arguments, expected):
+    shape = _built(namespace, entry, arguments, _open_mpi(rank=4, world_size=6, local_size=3))
+    assert shape == {**expected, "world_size": 6, "global_rank": 4}
+
+
+def test_zero_config_given_values_stay_and_the_launch_check_still_refuses_them():
+    # Given and wrong: kept as given, so that validate_settings names the mismatch at launch (as before).
+    shape = _built(
+        "lightning.pytorch", "Trainer", "devices=6, num_nodes=1", _open_mpi(rank=4, world_size=6, local_size=3)
+    )
+    assert (shape["devices"], shape["num_nodes"]) == (6, 1)
+    shape = _built("lightning.pytorch", "Trainer", "num_nodes=1", _open_mpi(rank=4, world_size=6, local_size=3))
+    assert (shape["devices"], shape["num_nodes"]) == (3, 1)  # num_nodes=1 typed out is given, for the Trainer
+
+
+def test_zero_config_without_a_launcher_lightning_decides_as_usual():
+    shape = _built("lightning.pytorch", "Trainer", "", {})
+    assert (shape["devices"], shape["num_nodes"], shape["world_size"]) == (1, 1, 1)
+
+
+def test_zero_config_one_launcher_process_per_node_keeps_lightning_s_devices():
+    # 2 nodes, one launcher process each: devices says how many workers Lightning starts on each node.
+    shape = _built("lightning.pytorch", "Trainer", "devices=2", _open_mpi(rank=1, world_size=2, local_size=1))
+    assert (shape["devices"], shape["num_nodes"]) == (2, 2)

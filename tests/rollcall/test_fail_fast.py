@@ -1,0 +1,260 @@
+"""Fail fast on every launch path: real mpirun jobs on two simulated nodes, with a fault injected into one rank.
+
+Trainer and Fabric, each with ``plugins=[MPIClusterEnvironment()]`` (strategy ``ddp``) and with ``strategy="ddp_mpi"``:
+a missing, a duplicate or a disagreeing rank ends the whole job with the named error on the first screen, one line
+per process, no traceback. Ranks race to report: no assertion depends on which rank or host reports first.
+"""
+
+import collections
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from lightning_mpi_env.tools.simcluster import SimulatedCluster
+from tests.conftest import INSTRUMENTED, TAMPER, TRAINER_JOB
+
+FABRIC_JOB = INSTRUMENTED / "fabric_job.py"
+HOSTS = ("127.0.0.2", "127.0.0.3")
+BLOCK = {0: HOSTS[0], 1: HOSTS[0], 2: HOSTS[1], 3: HOSTS[1]}  # mpirun --map-by slot, 2 slots per host
+SAMPLES = 64
+# Longer than the spread of the ranks' start on a loaded 2-core machine (else a slow rank is reported missing too).
+ROLL_CALL_TIMEOUT = 20
+JOB_TIMEOUT = ROLL_CALL_TIMEOUT + 130  # the only time bound: the start of 4 ranks on a loaded machine takes most
+FIRST_SCREEN = 30
+PACKAGE_FRAME = re.compile(r'File "[^"]*lightning_mpi_env/')
+OPEN_MPI_NOISE = re.compile(r"^\[[^\]]+:\d+\] plm:")  # "[vm:1307] plm:ssh: Warning: setpgid(...)", now and then
+
+# The four launch paths: (job, strategy, who takes devices/num_nodes). "ddp": plugins=[MPIClusterEnvironment()].
+PATHS = {
+    "trainer-plugin": (TRAINER_JOB, "ddp", "Trainer"),
+    "fabric-plugin": (FABRIC_JOB, "ddp", "Fabric"),
+    "trainer-ddp_mpi": (TRAINER_JOB, "ddp_mpi", "Trainer"),
+    "fabric-ddp_mpi": (FABRIC_JOB, "ddp_mpi", "Fabric"),
+}
+# Rank 3 is tampered with (tamper.py). Each fault: tamper.py's option, the error's class, and pieces of the error that
+# hold whichever rank reports it. A rank that claims another world size stops by itself before the roll call, as
+# devices x num_nodes cannot fit it: the roll call's "expects world size 5 (rank 0 says 4)" needs a rank whose own
+# settings fit its world, which tests/rollcall/test_rendezvous.py covers without Lightning.
+FAULTS = {
+    "missing": (
+        ["--exit"],
+        "RendezvousError",
+        [
+            f"Rank 3 of 4 never arrived within the rendezvous timeout of {ROLL_CALL_TIMEOUT} s; it was expected on "
+            "node 1 (host 127.0.0.3). 3 rank(s) arrived.",
+            "HINT: Likely causes: MASTER_ADDR/MASTER_PORT differ",
+        ],
+    ),
+    "duplicate": (
+        ["--claim", "1"],
+        "RendezvousError",
+        ["Duplicate rank 1: it is claimed by host 127.0.0.", "HINT: The launcher's rank variables were overridden"],
+    ),
+    "world-size": (
+        ["--world-size", "5"],
+        "LayoutError",
+        [
+            "LayoutError: rank 3 on 127.0.0.3: ",
+            "this node runs OMPI_COMM_WORLD_LOCAL_SIZE=2 of 5 ranks",
+            "{owner}(devices=2, num_nodes=2)",
+            "HINT: Launch exactly 2 ranks per node",
+        ],
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    """A finished mpirun job: its exit status and its output lines, stdout and stderr in the order they came."""
+
+    returncode: int
+    lines: tuple[tuple[float, str, str], ...]
+    """``(seconds since the start, stream, line)``; ``stream`` is ``"stdout"`` or ``"stderr"``."""
+
+    @property
+    def output(self) -> list[str]:
+        """Both streams together, as a terminal shows them."""
+        return [line for _, _, line in self.lines]
+
+    @property
+    def stderr(self) -> list[str]:
+        return [line for _, stream, line in self.lines if stream == "stderr"]
+
+    @property
+    def text(self) -> str:
+        return "".join(self.output)
+
+    def tail(self) -> str:
+        """The end of the output, each line with its time and stream: what a failed assertion shows."""
+        return "".join(f"{seconds:6.1f} {stream[3:]} {line[:400]}" for seconds, stream, line in self.lines[-40:])
+
+
+def _run(cluster: SimulatedCluster, command: list[str], **variables: str) -> Job:
+    """Run ``python command`` on 4 ranks (2 per host); past JOB_TIMEOUT, end every process and fail the test."""
+    export = {**cluster.job_environment(), "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": str(ROLL_CALL_TIMEOUT)}
+    process = subprocess.Popen(
+        cluster.mpirun([sys.executable, *command], export={**export, **variables}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[tuple[float, str, str]] = []
+    lock = threading.Lock()
+    start = time.monotonic()
+
+    def read(stream: str) -> None:
+        for line in getattr(process, stream):
+            with lock:
+                lines.append((time.monotonic() - start, stream, line))
+
+    # One reader per stream, appending whole lines as they come: the order a terminal would show them in.
+    readers = [threading.Thread(target=read, args=(stream,), daemon=True) for stream in ("stdout", "stderr")]
+    for reader in readers:
+        reader.start()
+    try:
+        process.wait(timeout=JOB_TIMEOUT)
+        hung = False
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        hung = True
+    for reader in readers:
+        reader.join(timeout=30)
+    job = Job(process.returncode, tuple(lines))
+    if hung:
+        pytest.fail(f"the job still ran after {JOB_TIMEOUT} s:\n{job.tail()}")
+    return job
+
+
+def _command(path: str, *options: str, fault: list[str] | None = None) -> list[str]:
+    job, strategy, _ = PATHS[path]
+    command = [str(job), "--strategy", strategy, "--samples", str(SAMPLES), *options]
+    return [str(TAMPER), "--rank", "3", *fault, "--", sys.executable, *command] if fault else command
+
+
+def _results(job: Job) -> list[dict]:
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(part)[0] for part in job.text.split("RESULT ")[1:]]
+
+
+def _assert_cause_on_first_screen(job: Job, kind: str, expected: list[str]) -> None:
+    """The job failed with ``kind`` named in the first screen, one line per process, without a traceback."""
+    assert job.returncode != 0, job.tail()
+    assert "RESULT" not in job.text
+    # Under a launcher an error of this package is one stderr line, "LayoutError: rank 1 on 127.0.0.3: ...".
+    shown = [line for line in job.stderr if line.startswith(f"{kind}: rank ")]
+    assert shown, job.tail()
+    senders = collections.Counter(line.split(":", 2)[1] for line in shown)  # " rank 1 on 127.0.0.3"
+    assert max(senders.values()) == 1, job.tail()  # a duplicate rank 1 runs on both hosts: both may print
+    assert len(shown) <= 4, job.tail()
+    first = min(job.output.index(line) for line in shown)
+    assert first < FIRST_SCREEN, job.tail()
+    for text in expected:
+        # Every process stops for the same reason.
+        assert all(text in line for line in shown), f"{text!r} is not in every {kind} line:\n{job.tail()}"
+    assert "Traceback (most recent call last)" not in job.text, job.tail()
+    assert not PACKAGE_FRAME.search(job.text), job.tail()
+    # torch's store client logs two lines each time a wait of its times out: the roll call must not add them.
+    assert not [line for line in job.output if "[c10d]" in line], job.tail()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("path", PATHS)
+def test_fault_ends_the_job_with_the_cause_on_the_first_screen(cluster, path, fault):
+    option, kind, expected = FAULTS[fault]
+    owner = PATHS[path][2]
+    job = _run(cluster, _command(path, fault=option))
+    _assert_cause_on_first_screen(job, kind, [text.format(owner=owner) for text in expected])
+    if fault == "duplicate":
+        # Both claimants are named, in whichever order they registered.
+        pattern = r"claimed by host (\S+) \(pid \d+, local rank 1\) and by host (\S+) \(pid"
+        claimants = re.findall(pattern, "".join(job.stderr))
+        assert claimants, job.tail()
+        assert {frozenset(pair) for pair in claimants} == {frozenset(HOSTS)}
+
+
+@pytest.mark.mpi
+def test_debug_shows_the_traceback(cluster):
+    # LIGHTNING_MPI_ENV_DEBUG=1: Python's own traceback, through this package's frames, with the full message.
+    job = _run(cluster, _command("trainer-ddp_mpi", fault=["--claim", "1"]), LIGHTNING_MPI_ENV_DEBUG="1")
+    assert job.returncode != 0
+    assert "RESULT" not in job.text
+    assert "Traceback (most recent call last)" in job.text, job.tail()
+    assert PACKAGE_FRAME.search(job.text), job.tail()
+    assert "lightning_mpi_env.core.errors.RendezvousError: Duplicate rank 1: it is claimed by host" in job.text
+    assert not [line for line in job.stderr if line.startswith("RendezvousError: rank ")]
+
+
+@pytest.mark.mpi
+def test_wrong_trainer_devices_is_one_line_per_rank(cluster):
+    # 2 nodes x 2 ranks launched, Trainer(devices=4, num_nodes=1): every rank stops when fit() starts.
+    job = _run(cluster, _command("trainer-plugin", "--devices", "4", "--num-nodes", "1"))
+    _assert_cause_on_first_screen(
+        job,
+        "LayoutError",
+        [
+            "Open MPI launched 4 ranks, 2 per node",
+            "but Trainer(devices=4, num_nodes=1) expects 4 ranks, 4 per node.",
+            "HINT: Use Trainer(devices=2, num_nodes=2)",
+        ],
+    )
+
+
+def _assert_fabric_trained(job: Job, path: str, namespace: str) -> None:
+    assert job.returncode == 0, job.tail()
+    results = _results(job)
+    assert sorted(r["global_rank"] for r in results) == [0, 1, 2, 3], job.tail()
+    for r in results:
+        assert r["world_size"] == 4
+        assert r["hostname"] == BLOCK[r["global_rank"]]
+        assert r["node_rank"] == HOSTS.index(r["hostname"])
+        assert r["local_rank"] == r["global_rank"] % 2
+        assert r["rank_sum"] == 0 + 1 + 2 + 3  # all_reduce over the 4 ranks
+        assert r["strategy"] == ("MPIDDPStrategy" if path == "fabric-ddp_mpi" else "DDPStrategy")
+        assert r["ddp_module"] == f"{namespace}.strategies.ddp"
+    # Disjoint shards that cover the data; DDP kept the replicas identical.
+    seen = [index for r in results for index in r["seen"]]
+    assert sorted(seen) == list(range(SAMPLES))
+    assert len({tuple(r["weights"]) for r in results}) == 1
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("path", "namespace"),
+    # The fourth, fabric-ddp_mpi in lightning.fabric, trains in test_roll_call_adds_one_line_to_a_healthy_job.
+    [
+        ("fabric-plugin", "lightning.fabric"),
+        ("fabric-plugin", "lightning_fabric"),
+        ("fabric-ddp_mpi", "lightning_fabric"),
+    ],
+)
+def test_fabric_trains(cluster, path, namespace):
+    _assert_fabric_trained(_run(cluster, _command(path, "--namespace", namespace)), path, namespace)
+
+
+@pytest.mark.mpi
+def test_roll_call_adds_one_line_to_a_healthy_job(cluster):
+    # The same job with the roll call off and on: the roll call adds one summary line, on rank 0's stderr.
+    jobs = {
+        roll_call: _run(cluster, _command("fabric-ddp_mpi"), LIGHTNING_MPI_ENV_ROLL_CALL=roll_call)
+        for roll_call in ("0", "1")
+    }
+    for job in jobs.values():
+        _assert_fabric_trained(job, "fabric-ddp_mpi", "lightning.fabric")
+    lines = {key: [line for line in job.output if not OPEN_MPI_NOISE.match(line)] for key, job in jobs.items()}
+    assert len(lines["1"]) <= len(lines["0"]) + 1, (lines["0"], lines["1"])
+    added = [line for line in lines["1"] if "roll call" in line]
+    summary = "lightning-mpi-env: roll call: all 4 ranks met on 2 host(s) (127.0.0.2: ranks 0-1; 127.0.0.3: ranks 2-3)"
+    assert [line.startswith(summary) for line in added] == [True], added
+    assert added[0] in jobs["1"].stderr
+    assert not [line for line in lines["0"] if "roll call" in line]

@@ -1,0 +1,277 @@
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lightning_mpi_env import LayoutError
+from lightning_mpi_env.core.errors import RendezvousError
+from lightning_mpi_env.rollcall.store import rendezvous
+from lightning_mpi_env.rollcall.verdicts import (
+    DEFAULT_RENDEZVOUS_TIMEOUT,
+    Claim,
+    NodeAssignment,
+    assign_nodes,
+    disagreement_message,
+    duplicate_message,
+    format_ranks,
+    missing_message,
+    resolve_timeout,
+)
+
+# --- pure helpers -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [([3], "rank 3"), ([8, 9, 10, 11, 12, 13, 14, 15], "ranks 8-15"), ([1, 3, 4], "ranks 1, 3-4"), ([2, 2], "rank 2")],
+)
+def test_format_ranks(ranks, text):
+    assert format_ranks(ranks) == text
+
+
+@given(st.sets(st.integers(0, 200), min_size=1))
+def test_format_ranks_names_every_rank_once(ranks):
+    named: set[int] = set()
+    for part in format_ranks(ranks).split(" ", 1)[1].split(", "):
+        start, _, end = part.partition("-")
+        named.update(range(int(start), int(end or start) + 1))
+    assert named == ranks
+
+
+def test_resolve_timeout_precedence():
+    env = {"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"}
+    assert resolve_timeout(5, env) == 5.0
+    assert resolve_timeout(None, env) == 20.0
+    assert resolve_timeout(None, {}) == DEFAULT_RENDEZVOUS_TIMEOUT == 120.0
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "inf", "nan"])
+def test_resolve_timeout_rejects_bad_values(value):
+    with pytest.raises(LayoutError, match=rf"(?s)_RENDEZVOUS_TIMEOUT=.{value}. is not a positive.*HINT"):
+        resolve_timeout(None, {"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": value})
+
+
+def test_resolve_timeout_rejects_bad_argument():
+    with pytest.raises(LayoutError, match="rendezvous_timeout='0' is not a positive"):
+        resolve_timeout(0, {})
+
+
+@pytest.mark.parametrize(
+    ("hosts", "rank", "expected"),
+    [
+        (["a", "a", "b", "b"], 2, NodeAssignment(node_rank=1, num_nodes=2, local_rank=0, local_size=2)),
+        (["a", "b", "a", "b"], 2, NodeAssignment(node_rank=0, num_nodes=2, local_rank=1, local_size=2)),
+        # A rankfile that puts rank 0 on the second host listed: node 0 is always rank 0's host.
+        (["z", "y", "y", "z"], 1, NodeAssignment(node_rank=1, num_nodes=2, local_rank=0, local_size=2)),
+        (["a"], 0, NodeAssignment(node_rank=0, num_nodes=1, local_rank=0, local_size=1)),
+    ],
+)
+def test_assign_nodes(hosts, rank, expected):
+    assert assign_nodes(hosts, rank) == expected
+
+
+@given(st.integers(1, 5), st.integers(1, 5), st.booleans())
+def test_assign_nodes_gives_every_rank_a_unique_place(num_nodes, per_node, round_robin):
+    world = num_nodes * per_node
+    hosts = [f"n{rank % num_nodes if round_robin else rank // per_node}" for rank in range(world)]
+    places = [assign_nodes(hosts, rank) for rank in range(world)]
+    assert {(p.node_rank, p.local_rank) for p in places} == {
+        (n, lr) for n in range(num_nodes) for lr in range(per_node)
+    }
+    assert places[0].node_rank == 0
+    assert all(p.num_nodes == num_nodes and p.local_size == per_node for p in places)
+
+
+def test_assign_nodes_rejects_uneven_hosts():
+    with pytest.raises(RendezvousError, match=r"(?s)unevenly over the hosts \(a: ranks 0-2, b: rank 3\).*HINT: Launch"):
+        assign_nodes(["a", "a", "a", "b"], 0)
+
+
+def _claim(rank, *, host="a", pid=100, world_size=4, port=29500):
+    return Claim(rank, world_size, host, 0, pid, "main", port)
+
+
+def test_duplicate_message_names_rank_hosts_pids_and_cause():
+    text = str(duplicate_message(_claim(1, host="a", pid=11), _claim(1, host="b", pid=22)))
+    assert "Duplicate rank 1" in text
+    assert "host a (pid 11" in text
+    assert "host b (pid 22" in text
+    assert "HINT: The launcher's rank variables were overridden" in text
+
+
+def test_disagreement_message():
+    assert disagreement_message(_claim(0), _claim(2)) is None
+    error = disagreement_message(_claim(0), _claim(2, world_size=8, port=1234))
+    assert error is not None
+    text = str(error)
+    assert "expects world size 8 (rank 0 says 4) and main port 1234 (rank 0 says 29500)" in text
+
+
+def test_missing_message_says_where_ranks_were_expected():
+    arrived = {rank: _claim(rank, host="nodea" if rank < 4 else "nodeb") for rank in (0, 1, 2, 3, 4, 5)}
+    text = str(missing_message([6, 7, 8, 9, 10, 11], arrived, 12, 20, lambda rank: rank // 4))
+    assert text.startswith("Ranks 6-11 of 12 never arrived within the rendezvous timeout of 20 s")
+    assert "on node 1 (host nodeb): ranks 6-7" in text
+    assert "on node 2 (a node from which no rank arrived at all): ranks 8-11" in text
+    assert "MASTER_ADDR" in text
+    assert "firewall" in text
+    assert "failed to start" in text
+
+
+# --- real TCPStores, one thread per rank ----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _meet(claims: Sequence[Claim], timeout: float = 3.0) -> dict[int, object]:
+    """Run one rendezvous per claim in threads; index results (or errors) by position."""
+    results: dict[int, object] = {}
+
+    def run(index: int, claim: Claim) -> None:
+        try:
+            results[index] = rendezvous(claim, timeout=timeout, expected_node=lambda rank: rank % 2)
+        except Exception as error:  # noqa: BLE001  (the test inspects it)
+            results[index] = error
+
+    threads = [threading.Thread(target=run, args=(i, claim)) for i, claim in enumerate(claims)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 30)
+    assert not any(thread.is_alive() for thread in threads), "a rank was left hanging"
+    return results
+
+
+def _claims(ranks, world_size=4, hosts="ab", port=None):
+    port = port or _free_port()
+    claims, on_host = [], {}
+    for i, rank in enumerate(ranks):
+        host = hosts[i % len(hosts)]
+        local_rank = on_host[host] = on_host.get(host, -1) + 1  # as a launcher numbers them: distinct per host
+        claims.append(Claim(rank, world_size, host, local_rank, 1000 + i, "127.0.0.1", port))
+    return claims
+
+
+def test_rendezvous_resolves_round_robin_nodes():
+    results = _meet(_claims([0, 1, 2, 3]))
+    nodes = {i: result.nodes for i, result in results.items()}  # type: ignore[attr-defined]
+    assert nodes[0] == NodeAssignment(0, 2, 0, 2)
+    assert nodes[1] == NodeAssignment(1, 2, 0, 2)
+    assert nodes[2] == NodeAssignment(0, 2, 1, 2)
+    assert nodes[3] == NodeAssignment(1, 2, 1, 2)
+    assert results[3].hosts == ("a", "b", "a", "b")  # type: ignore[attr-defined]
+
+
+def test_rendezvous_duplicate_rank_stops_every_rank():
+    results = _meet(_claims([0, 1, 2, 1]), timeout=20)
+    for result in results.values():
+        assert isinstance(result, RendezvousError)
+        assert "Duplicate rank 1" in str(result)
+        assert "pid 1001" in str(result)
+        assert "pid 1003" in str(result)
+
+
+def test_rendezvous_names_missing_rank():
+    results = _meet(_claims([0, 1, 2]), timeout=2)
+    for result in results.values():
+        assert isinstance(result, RendezvousError)
+        assert "Rank 3 of 4 never arrived within the rendezvous timeout of 2 s" in str(result)
+        assert "it was expected on node 1 (host b)" in str(result)
+
+
+def test_rendezvous_without_rank_zero_says_main_address_never_answered():
+    port = _free_port()
+    results = _meet(_claims([1, 2, 3], port=port), timeout=1.5)
+    for result in results.values():
+        assert isinstance(result, RendezvousError)
+        assert f"rank 0 never answered at the main address 127.0.0.1:{port}" in str(result)
+
+
+def test_rendezvous_world_size_disagreement():
+    claims = _claims([0, 1, 2, 3])
+    claims[2] = Claim(2, 5, "a", 0, 1002, "127.0.0.1", claims[0].main_port)
+    results = _meet(claims, timeout=20)
+    for result in results.values():
+        assert isinstance(result, RendezvousError)
+        assert "Rank 2 on host a (pid 1002, local rank 0) expects world size 5 (rank 0 says 4)" in str(result)
+
+
+def test_rendezvous_uneven_hosts():
+    results = _meet(_claims([0, 1, 2, 3], hosts="aaab"), timeout=20)
+    for result in results.values():
+        assert isinstance(result, RendezvousError)
+        assert "spread unevenly" in str(result)
+
+
+# --- a duplicate rank 0 on another host ---------------------------------------------------------------------------
+
+CLAIM = str(Path(__file__).parents[1] / "jobs" / "rendezvous_claim.py")
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair (10.213.0.1 and .2): two hosts, each with its own ports.
+
+    The simulated cluster's nodes share one port space, so a second rank 0 there cannot even bind; on two real
+    hosts it can. Needs root and iproute2; the host's own network is not touched.
+    """
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 (`ip`) for network namespaces")
+    tag = f"lme{os.getpid() % 100000}"
+    names = (f"{tag}a", f"{tag}b")
+    commands = [
+        *(["ip", "netns", "add", name] for name in names),
+        ["ip", "link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb"],
+    ]
+    for name, end, address in zip(names, ("va", "vb"), ("10.213.0.1/24", "10.213.0.2/24"), strict=True):
+        commands += [
+            ["ip", "link", "set", f"{tag}{end}", "netns", name],
+            ["ip", "-n", name, "addr", "add", address, "dev", f"{tag}{end}"],
+            ["ip", "-n", name, "link", "set", f"{tag}{end}", "up"],
+            ["ip", "-n", name, "link", "set", "lo", "up"],
+        ]
+    try:
+        for command in commands:
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                pytest.skip(f"cannot make network namespaces here: {' '.join(command)}: {done.stderr.strip()}")
+        yield names
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", f"{tag}va"], capture_output=True, check=False)
+
+
+def test_duplicate_rank_zero_on_another_host_is_caught_at_once(two_hosts):
+    # A world of 3 where the launcher's rank 2, on node-b, claims rank 0. It serves its own store on its own host,
+    # but its store client connects to the main address: its claim lands in the real store, where the duplicate is
+    # seen, long before the timeout (else the real ranks would report rank 2 as missing after it).
+    host_a, host_b = two_hosts
+    timeout = 60
+    processes = []
+    for netns, rank, host in ((host_a, 0, "node-a"), (host_b, 0, "node-b"), (host_a, 1, "node-a")):
+        command = [sys.executable, CLAIM, str(rank), "3", host, "10.213.0.1", "29777", str(timeout)]
+        processes.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", netns, *command], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            )
+        )
+    outcomes = [json.loads(process.communicate(timeout=timeout + 30)[0]) for process in processes]
+    for outcome in outcomes:
+        assert not outcome["ok"], outcome
+        assert "Duplicate rank 0: it is claimed by host node-a" in outcome["error"], outcome
+        assert "and by host node-b" in outcome["error"], outcome
+        assert outcome["seconds"] < timeout / 2, outcome  # a bound on a hang, not a speed target

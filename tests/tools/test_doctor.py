@@ -1,0 +1,137 @@
+import errno
+
+import pytest
+
+from lightning_mpi_env.tools.doctor import Finding, Level, diagnose
+
+OPEN_MPI_RANK_0 = {
+    "OMPI_COMM_WORLD_RANK": "0",
+    "OMPI_COMM_WORLD_SIZE": "4",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    "MASTER_ADDR": "nodea",
+    "MASTER_PORT": "29611",
+}
+
+
+def _bind_ok(address, port):
+    return None
+
+
+def _bind_error(code):
+    def bind(address, port):
+        raise OSError(code, "simulated")
+
+    return bind
+
+
+def _diagnose(env, **overrides):
+    probes = {
+        "module_available": lambda name: False,
+        "loaded_modules": (),
+        "gpu_count": lambda: None,
+        "resolve": lambda host: "10.0.0.1",
+        "bind": _bind_ok,
+    }
+    return diagnose(env, **{**probes, **overrides})
+
+
+def _by_topic(findings, topic):
+    return [finding for finding in findings if finding.topic == topic]
+
+
+def test_healthy_rank_zero():
+    findings = _diagnose(OPEN_MPI_RANK_0)
+    assert not [finding for finding in findings if finding.level in (Level.WARN, Level.ERROR)]
+    assert str(_by_topic(findings, "launcher")[0]) == "[ok] launcher: Open MPI (found OMPI_COMM_WORLD_RANK='0')."
+    assert str(_by_topic(findings, "main port")[0]) == "[ok] main port: 10.0.0.1:29611 is free on rank 0's host."
+
+
+def test_single_process_and_inherited_batch_variables():
+    findings = _diagnose({"SLURM_PROCID": "0"})
+    assert "SLURM_PROCID alone is inherited from a batch script" in str(_by_topic(findings, "launcher")[0])
+
+
+def test_other_launchers_are_reported_as_ignored():
+    findings = _diagnose({**OPEN_MPI_RANK_0, "SLURM_STEP_ID": "0"})
+    assert "Slurm srun variables (SLURM_STEP_ID='0') are present too and ignored" in str(findings[1])
+
+
+def test_layout_error_is_a_finding_with_its_hint():
+    findings = _diagnose({**OPEN_MPI_RANK_0, "RANK": "3"})
+    (error,) = [finding for finding in findings if finding.level is Level.ERROR]
+    assert error.message.startswith("RANK='3' disagrees with Open MPI")
+    assert error.fix.startswith("Unset RANK")
+    assert not _by_topic(findings, "main address")  # nothing further to check without a layout
+
+
+def test_stale_node_rank():
+    findings = _diagnose({**OPEN_MPI_RANK_0, "NODE_RANK": "1"})
+    assert _by_topic(findings, "stale variable")[0].level is Level.WARN
+
+
+def test_master_addr_overriding_host_list():
+    findings = _diagnose({**OPEN_MPI_RANK_0, "SLURM_JOB_NODELIST": "gpu[01-02]"})
+    (finding,) = _by_topic(findings, "stale variable")
+    assert finding.message == "MASTER_ADDR='nodea' overrides the scheduler's first host 'gpu01' (SLURM_JOB_NODELIST)."
+    assert not _by_topic(_diagnose({**OPEN_MPI_RANK_0, "SLURM_JOB_NODELIST": "nodea"}), "stale variable")
+    # An unreadable host list is ignored while MASTER_ADDR is set.
+    assert not _by_topic(_diagnose({**OPEN_MPI_RANK_0, "PBS_NODEFILE": "/nonexistent"}), "stale variable")
+
+
+def test_lightning_and_mpi4py_installed():
+    findings = _diagnose(
+        OPEN_MPI_RANK_0, module_available=lambda name: True, loaded_modules=("lightning", "pytorch_lightning")
+    )
+    messages = [str(finding) for finding in findings]
+    assert any("both `lightning` and `pytorch_lightning` are installed" in message for message in messages)
+    assert any(message.startswith("[warn] lightning: both") and "imported" in message for message in messages)
+    assert any(message.startswith("[info] mpi4py: mpi4py is installed, and not needed") for message in messages)
+
+
+@pytest.mark.parametrize(
+    ("env", "gpus", "level", "text"),
+    [
+        ({}, None, Level.INFO, "no NVIDIA driver found"),
+        ({}, 1, Level.WARN, "1 GPU(s) on this host but 2 ranks run on this node"),
+        ({}, 2, Level.OK, "2 GPU(s) on this host for 2 rank(s)"),
+        ({"CUDA_VISIBLE_DEVICES": "3"}, 4, Level.OK, "one GPU per rank"),
+        ({"CUDA_VISIBLE_DEVICES": ""}, 4, Level.INFO, "hides every GPU"),
+    ],
+)
+def test_gpus_against_local_ranks(env, gpus, level, text):
+    (finding,) = _by_topic(_diagnose({**OPEN_MPI_RANK_0, **env}, gpu_count=lambda: gpus), "gpus")
+    assert finding.level is level
+    assert text in finding.message
+
+
+def test_unresolvable_main_address():
+    def resolve(host):
+        raise OSError("Name or service not known")
+
+    (finding,) = _by_topic(_diagnose(OPEN_MPI_RANK_0, resolve=resolve), "main address")
+    assert finding.level is Level.ERROR
+    assert "'nodea' (from MASTER_ADDR) does not resolve" in finding.message
+
+
+@pytest.mark.parametrize(
+    ("code", "topic", "text"),
+    [
+        (errno.EADDRINUSE, "main port", "port 29611 (MASTER_PORT) is already in use"),
+        (errno.EADDRNOTAVAIL, "main address", "is not an address of this host"),
+        (errno.EACCES, "main port", "could not test port 29611"),
+    ],
+)
+def test_main_port_on_rank_zero(code, topic, text):
+    findings = _diagnose(OPEN_MPI_RANK_0, bind=_bind_error(code))
+    assert any(text in finding.message for finding in _by_topic(findings, topic))
+
+
+def test_port_is_checked_only_on_rank_zero():
+    env = {**OPEN_MPI_RANK_0, "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    findings = _diagnose(env, bind=_bind_error(errno.EADDRINUSE))
+    assert not _by_topic(findings, "main port")
+
+
+def test_finding_str():
+    assert str(Finding(Level.WARN, "t", "m", "f")) == "[warn] t: m HINT: f"

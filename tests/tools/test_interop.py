@@ -1,0 +1,203 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lightning_mpi_env
+from lightning_mpi_env.core.errors import LayoutError, LayoutWarning
+from lightning_mpi_env.tools.interop import (
+    TORCH_VARIABLES,
+    jax_distributed_kwargs,
+    torch_env,
+    torchrun_args,
+    visible_devices,
+)
+from lightning_mpi_env.tools.simulate import HOST_FILE, LAUNCHER_KEYS, launch_environments, simulate
+
+OPEN_MPI_RANK_5 = {
+    "OMPI_COMM_WORLD_RANK": "5",
+    "OMPI_COMM_WORLD_SIZE": "8",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+    "MASTER_ADDR": "nodea",
+    "MASTER_PORT": "29611",
+}
+ONE_PER_NODE = {
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_JOB_ID": "99",
+}
+
+
+def test_torch_env_exports_torchrun_variables():
+    assert torch_env(OPEN_MPI_RANK_5) == {
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "4",
+        "NODE_RANK": "1",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "nodea",
+        "MASTER_PORT": "29611",
+    }
+    assert tuple(torch_env(OPEN_MPI_RANK_5)) == TORCH_VARIABLES
+
+
+@pytest.mark.parametrize("launcher", LAUNCHER_KEYS)
+def test_torch_env_agrees_with_simulated_layout(launcher, tmp_path):
+    _, _, environments, files = launch_environments(launcher, 2, 3, map_by="node", scheduler="slurm")
+    for path, text in files.items():  # the host files a launcher names (jsrun's rank file), on disk
+        (tmp_path / Path(path).name).write_text(text)
+    for row in simulate(launcher, nodes=2, ppn=3, map_by="node", scheduler="slurm").ranks:
+        env = {name: value.replace(HOST_FILE, str(tmp_path)) for name, value in row.env.items()}
+        exported = torch_env(env)
+        assert (int(exported["RANK"]), int(exported["GROUP_RANK"]), int(exported["LOCAL_RANK"])) == (
+            row.slot.rank,
+            row.slot.node,
+            row.slot.local_rank,
+        )
+        assert exported["MASTER_ADDR"] == "node001"
+
+
+def test_torch_env_reads_os_environ_by_default(monkeypatch):
+    for name in list(__import__("os").environ):
+        monkeypatch.delenv(name)
+    for name, value in OPEN_MPI_RANK_5.items():
+        monkeypatch.setenv(name, value)
+    assert torch_env()["RANK"] == "5"
+    assert lightning_mpi_env.torch_env is torch_env
+
+
+def test_torch_env_passes_a_resolved_environment_through():
+    # Exporting into an environment that already holds the same values changes nothing.
+    assert torch_env({**OPEN_MPI_RANK_5, **torch_env(OPEN_MPI_RANK_5)}) == torch_env(OPEN_MPI_RANK_5)
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_RANK": "five"}, "OMPI_COMM_WORLD_RANK='five' .* not a non-negative"),
+        ({**OPEN_MPI_RANK_5, "RANK": "0"}, "RANK='0' disagrees with Open MPI"),
+        ({**OPEN_MPI_RANK_5, "MASTER_PORT": "http"}, "MASTER_PORT='http' is not a port number"),
+    ],
+)
+def test_torch_env_refuses_bad_layouts(env, match):
+    with pytest.raises(LayoutError, match=match):
+        torch_env(env)
+
+
+def test_approximate_node_rank_warns():
+    # 3 nodes x 2 ranks: rank 2 (local 0) fits block (node 1) and round-robin (node 2) placement.
+    env = {**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "6",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}  # fmt: skip
+    with pytest.warns(LayoutWarning, match="Node rank 1 is approximate"):
+        assert torch_env(env)["GROUP_RANK"] == "1"
+    with pytest.warns(LayoutWarning, match="is approximate"):
+        jax_distributed_kwargs(env)
+
+
+def test_torchrun_args_one_process_per_node():
+    assert torchrun_args(ONE_PER_NODE, nproc_per_node=2) == [
+        "--nnodes=2",
+        "--node_rank=1",
+        "--nproc_per_node=2",
+        "--master_addr=gpu07",
+        f"--master_port={torch_env(ONE_PER_NODE)['MASTER_PORT']}",
+    ]
+    assert "--nproc_per_node=gpu" in torchrun_args(ONE_PER_NODE, nproc_per_node="gpu")
+
+
+def test_torchrun_args_single_process():
+    assert torchrun_args({}) == [
+        "--nnodes=1",
+        "--node_rank=0",
+        "--nproc_per_node=1",
+        "--master_addr=127.0.0.1",
+        "--master_port=29500",
+    ]
+
+
+def test_torchrun_args_refuses_several_processes_per_node():
+    with pytest.raises(LayoutError, match=r"(?s)Open MPI started 4 processes on this node .*mpirun -npernode 1"):
+        torchrun_args(OPEN_MPI_RANK_5)
+
+
+def test_torchrun_args_refuses_address_that_would_split():
+    with pytest.raises(LayoutError, match=r"main address 'node a; rm' .* not a plain host name"):
+        torchrun_args({**ONE_PER_NODE, "MASTER_ADDR": "node a; rm"})
+
+
+def test_jax_kwargs():
+    assert jax_distributed_kwargs(OPEN_MPI_RANK_5) == {
+        "coordinator_address": "nodea:29611",
+        "num_processes": 8,
+        "process_id": 5,
+        "local_device_ids": [1],
+    }
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        ({}, [1]),
+        ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, [1]),
+        ({"CUDA_VISIBLE_DEVICES": "2"}, [0]),  # one GPU bound to this task by the launcher
+        ({"CUDA_VISIBLE_DEVICES": ""}, [1]),
+        ({"ROCR_VISIBLE_DEVICES": "5"}, [0]),
+    ],
+)
+def test_jax_local_device_ids(visible, expected):
+    assert jax_distributed_kwargs({**OPEN_MPI_RANK_5, **visible})["local_device_ids"] == expected
+
+
+def test_jax_kwargs_refuse_too_few_devices():
+    with pytest.raises(
+        LayoutError, match=r"CUDA_VISIBLE_DEVICES=.0,1. lists 2 devices, but this process has local rank 3"
+    ):
+        jax_distributed_kwargs(
+            {
+                **OPEN_MPI_RANK_5,
+                "OMPI_COMM_WORLD_LOCAL_RANK": "3",
+                "OMPI_COMM_WORLD_RANK": "7",
+                "CUDA_VISIBLE_DEVICES": "0,1",
+            }
+        )
+
+
+def test_jax_coordinator_brackets_ipv6():
+    assert jax_distributed_kwargs({**OPEN_MPI_RANK_5, "MASTER_ADDR": "fe80::1"})["coordinator_address"] == (
+        "[fe80::1]:29611"
+    )
+
+
+def test_visible_devices_order():
+    assert visible_devices({"HIP_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0, 3"}) == (
+        "CUDA_VISIBLE_DEVICES",
+        ["0", "3"],
+    )
+    assert visible_devices({}) is None
+
+
+def test_interop_imports_neither_jax_nor_torch():
+    code = (
+        "import json, sys, lightning_mpi_env as m\n"
+        "kwargs = m.jax_distributed_kwargs({'PMI_RANK': '1', 'PMI_SIZE': '2', 'MPI_LOCALRANKID': '1',"
+        " 'MPI_LOCALNRANKS': '2'})\n"
+        "imported = sorted(name for name in ('jax', 'torch', 'mpi4py') if name in sys.modules)\n"
+        "print(json.dumps([kwargs, m.torch_env({}), imported]))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    kwargs, exported, imported = json.loads(result.stdout)
+    assert kwargs == {
+        "coordinator_address": "127.0.0.1:29500",
+        "num_processes": 2,
+        "process_id": 1,
+        "local_device_ids": [1],
+    }
+    assert exported["WORLD_SIZE"] == "1"
+    assert imported == []

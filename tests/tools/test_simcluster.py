@@ -1,0 +1,131 @@
+"""Real Open MPI jobs on simulated nodes, training with Lightning's real Trainer on CPU (gloo)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from lightning_mpi_env.core.errors import SettingError
+from lightning_mpi_env.tools.simcluster import SimulatedCluster, loopback_hosts, processes_with
+from tests.conftest import TRAINER_JOB
+
+SAMPLES = 64
+
+
+def run_lightning_job(cluster: SimulatedCluster, *args: str, map_by: str = "slot") -> list[dict]:
+    completed = cluster.run(
+        [sys.executable, str(TRAINER_JOB), "--samples", str(SAMPLES), *args],
+        timeout=240,
+        map_by=map_by,
+        export={**cluster.job_environment(), "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-4000:]
+    return [json.loads(line.split(" ", 1)[1]) for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+
+
+def assert_trained_as_one_job(results: list[dict], cluster: SimulatedCluster, per_node: int) -> None:
+    world = per_node * len(cluster.hosts)
+    assert len(results) == world
+    assert sorted(result["global_rank"] for result in results) == list(range(world))
+    assert {result["world_size"] for result in results} == {world}
+    for result in results:
+        # Each simulated node has its own host name (its address), so the truth is known from outside.
+        assert result["node_rank"] == cluster.hosts.index(result["hostname"]), result
+    assert len({(result["node_rank"], result["local_rank"]) for result in results}) == world
+    shards = [set(result["seen"]) for result in results]
+    assert sum(len(shard) for shard in shards) == SAMPLES  # disjoint ...
+    assert set().union(*shards) == set(range(SAMPLES))  # ... and covering the data set
+    assert len({json.dumps(result["weights"]) for result in results}) == 1  # DDP kept the replicas identical
+
+
+@pytest.mark.mpi
+def test_one_node_two_ranks(tmp_path: Path):
+    cluster = SimulatedCluster(tmp_path, hosts=("127.0.0.2",), slots=2)
+    results = run_lightning_job(cluster, "--devices", "2", "--num-nodes", "1")
+    assert_trained_as_one_job(results, cluster, per_node=2)
+    assert {result["hostname"] for result in results} == {"127.0.0.2"}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("namespace", "map_by"),
+    [("lightning.pytorch", "slot"), ("pytorch_lightning", "slot"), ("lightning.pytorch", "node")],
+    ids=["lightning-block", "pytorch_lightning-block", "lightning-round-robin"],
+)
+def test_two_simulated_nodes(cluster: SimulatedCluster, namespace: str, map_by: str):
+    results = run_lightning_job(cluster, "--namespace", namespace, map_by=map_by)
+    assert_trained_as_one_job(results, cluster, per_node=2)
+    if map_by == "node":
+        # --map-by node deals ranks out in turn: rank 1 is on the second node, where rank // local_size says 0.
+        assert next(result for result in results if result["global_rank"] == 1)["node_rank"] == 1
+
+
+@pytest.mark.mpi
+def test_trainer_settings_that_do_not_match_the_launch_fail_at_once(cluster: SimulatedCluster):
+    completed = cluster.run(
+        [sys.executable, str(TRAINER_JOB), "--devices", "4", "--num-nodes", "1"],
+        timeout=240,
+        export={**cluster.job_environment(), "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
+    assert completed.returncode != 0
+    assert "Open MPI launched 4 ranks, 2 per node (2 node(s)" in completed.stderr
+    assert "HINT: Use Trainer(devices=2, num_nodes=2)" in completed.stderr
+
+
+def test_mpirun_command_line(tmp_path: Path):
+    cluster = SimulatedCluster(tmp_path)
+    args = cluster.mpirun(["python", "x.py"], np=3, map_by="node", export={"A": "1"})
+    assert args[-2:] == ["python", "x.py"]
+    assert args[args.index("-np") + 1] == "3"
+    assert args[args.index("--map-by") + 1] == "node"
+    assert args[args.index("-x") + 1] == "A=1"
+    assert cluster.hostfile.read_text() == "127.0.0.2 slots=2\n127.0.0.3 slots=2\n"
+
+
+def test_any_number_of_nodes(tmp_path: Path):
+    cluster = SimulatedCluster.of(tmp_path, nodes=5, per_node=3)
+    assert cluster.hosts == ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6")
+    assert (cluster.slots, cluster.size) == (3, 15)
+    args = cluster.mpirun(["true"])
+    assert args[args.index("-np") + 1] == "15"
+    assert cluster.hostfile.read_text().splitlines()[-1] == "127.0.0.6 slots=3"
+    assert loopback_hosts(256)[253:] == ("127.0.0.255", "127.0.1.0", "127.0.1.1")
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda path: SimulatedCluster.of(path, nodes=0), "A simulated cluster of 0 node"),
+        (lambda path: SimulatedCluster.of(path, nodes=2**24), "Ask for 1 to 16777213 nodes"),
+        (lambda path: SimulatedCluster(path, hosts=()), "needs at least one host"),
+        (lambda path: SimulatedCluster(path, hosts=("127.0.0.2", "127.0.0.2")), "each named once"),
+        (lambda path: SimulatedCluster(path, slots=0), "slots=0: every simulated node needs at least one slot"),
+        (lambda path: SimulatedCluster(path).mpirun(["true"], np=5), "np=5 does not fit 2 simulated node"),
+    ],
+    ids=["no-nodes", "past-loopback", "no-hosts", "twice", "no-slots", "np"],
+)
+def test_impossible_clusters_are_setting_errors(tmp_path: Path, make, match):
+    with pytest.raises(SettingError, match=match):
+        make(tmp_path)
+
+
+@pytest.mark.mpi
+def test_timeout_stops_every_rank(cluster: SimulatedCluster):
+    tag = f"simcluster-timeout-{uuid.uuid4().hex[:12]}"
+    with pytest.raises(subprocess.TimeoutExpired) as raised:
+        cluster.run([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)", tag], timeout=3)
+    assert raised.value.output.count("up\n") == 4  # the output so far comes with the exception
+    assert processes_with(tag) == []
+
+
+@pytest.mark.mpi
+def test_three_nodes_have_their_own_host_names(tmp_path: Path):
+    cluster = SimulatedCluster.of(tmp_path, nodes=3, per_node=1)
+    completed = cluster.run([sys.executable, "-c", "import socket; print(socket.gethostname())"], timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert sorted(completed.stdout.split()) == list(cluster.hosts)
