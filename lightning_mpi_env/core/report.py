@@ -27,7 +27,7 @@ DEBUG_VARIABLE = "LIGHTNING_MPI_ENV_DEBUG"
 """Set to ``1`` to see the full traceback of this package's errors."""
 
 _PACKAGE = os.path.dirname(os.path.dirname(__file__)) + os.sep
-_WRAPPER_FILES = frozenset({os.path.join(os.path.dirname(__file__), "trainer_guard.py")})
+_WRAPPER_FILES = frozenset({os.path.join(os.path.dirname(os.path.dirname(__file__)), "lightning", "trainer_guard.py")})
 """Modules whose frames stand between the user's call and Lightning: left out of tracebacks."""
 
 

@@ -7,8 +7,8 @@ The public face of five modules, one job each:
   as both are loaded;
 - :mod:`lightning_mpi_env.imports.class_check`: :func:`check_mixed_imports`, naming every object built on the other
   namespace than the Trainer's;
-- :mod:`lightning_mpi_env.lightning.trainer_guard`: that check on the arguments of ``fit``/``validate``/``test``/``predict``
-  and at launch, for Trainers that use ``MPIClusterEnvironment`` or ``"ddp_mpi"``;
+- :mod:`lightning_mpi_env.lightning.trainer_guard`: that check on the arguments of ``fit``/``validate``/``test``/
+  ``predict`` and at launch, for Trainers that use ``MPIClusterEnvironment`` or ``"ddp_mpi"``;
 - :mod:`lightning_mpi_env.imports.unify`: :func:`unify_imports`, which aliases the old namespace to the new one.
 
 ``LIGHTNING_MPI_ENV_MIXED_IMPORTS``: ``warn`` (default) warns; ``error`` raises :class:`MixedImportError` instead of

@@ -177,8 +177,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     **Checkpoint and requeue.** Under Slurm, Grid Engine, PBS or LSF, the requeue signal (the scheduler's warning
     signal unless told otherwise) makes every rank save Lightning's HPC checkpoint at the next training step; rank 0
-    then puts the job back in the queue (:mod:`lightning_mpi_env.lightning.requeue`), and the job, started again, resumes from
-    it.
+    then puts the job back in the queue (:mod:`lightning_mpi_env.lightning.requeue`); the job, started again, resumes
+    from it.
 
     Args:
         environ: The environment to read; ``os.environ`` by default.

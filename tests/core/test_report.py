@@ -200,5 +200,5 @@ def test_error_in_a_guarded_fit_shows_no_guard_frame(tmp_path, debug):
     assert frames[-1].endswith("in training_step")
     assert any("lightning/pytorch/trainer/trainer.py" in frame for frame in frames)
     # The guard's frame is there (debug shows it), and left out of what the user sees.
-    assert any("lightning_mpi_env/trainer_guard.py" in frame for frame in frames) is bool(debug)
+    assert any("lightning_mpi_env/lightning/trainer_guard.py" in frame for frame in frames) is bool(debug)
     assert result.stderr.endswith("ValueError: boom in training_step\n")

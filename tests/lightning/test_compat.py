@@ -1,4 +1,4 @@
-"""Every private name of Lightning and torch in ``lightning_mpi_env.lightning.compat``, checked against the real objects.
+"""Every private name of Lightning and torch in ``lightning_mpi_env.lightning.compat``, checked on the real objects.
 
 Each check runs a program in a fresh interpreter (import order and namespace matter), once on the installed
 Lightning and once on the oldest supported one (2.1.4, :mod:`tests.clusters.lightning_versions`), so a supported
