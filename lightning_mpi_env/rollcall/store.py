@@ -25,9 +25,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from lightning_mpi_env.core.errors import RendezvousError
+from lightning_mpi_env.core.settings import VARIABLE
 from lightning_mpi_env.rollcall.verdicts import (
     MISSING_CAUSES,
-    RENDEZVOUS_TIMEOUT_VARIABLE,
     Claim,
     NodeAssignment,
     assign_all,
@@ -161,7 +161,7 @@ def _connect(claim: Claim, timeout: float) -> TCPStore:
             f"the rendezvous timeout of {timeout:g} s ({type(error).__name__}).",
             f"Rank 0 or its node failed to start, MASTER_ADDR/MASTER_PORT ({address} here) point at the wrong host "
             f"or differ between nodes, or a firewall blocks the port. To wait longer, raise "
-            f"{RENDEZVOUS_TIMEOUT_VARIABLE}.",
+            f"{VARIABLE['rendezvous_timeout']}.",
             variable="MASTER_ADDR",
             value=claim.main_address,
         ) from error
