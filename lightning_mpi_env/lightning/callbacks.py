@@ -42,6 +42,10 @@ def callback_class(package: str) -> type:
     class MPIEnvCallback(base):  # type: ignore[misc]
         """Checks what the Trainer holds at ``setup``; checkpoints and requeues on the scheduler's signal."""
 
+        def __reduce__(self) -> tuple[Any, tuple[str]]:
+            # The class is made per namespace: ddp_spawn pickles the Trainer, and it, by the namespace's name.
+            return _new_callback, (package,)
+
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             """Refuse objects of the other Lightning namespace before the Trainer uses them."""
             if mode() is not MixedImportMode.IGNORE and both_namespaces_loaded():
@@ -58,6 +62,10 @@ def callback_class(package: str) -> type:
     MPIEnvCallback.__qualname__ = "MPIEnvCallback"
     _CLASSES[package] = MPIEnvCallback
     return MPIEnvCallback
+
+
+def _new_callback(package: str) -> Any:
+    return callback_class(package)()
 
 
 def needed(env: Mapping[str, str]) -> bool:
