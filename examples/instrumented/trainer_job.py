@@ -106,7 +106,8 @@ def main():
     )
     model = Model()
     print(f"FIT pid={os.getpid()}\n", end="", flush=True)
-    trainer.fit(model)
+    # Lightning resumes from the HPC checkpoint by itself under Slurm only; on every scheduler, say where.
+    trainer.fit(model, ckpt_path=lightning_mpi_env.hpc_checkpoint(trainer))
     trained = time.monotonic() - model.first_step_time if model.first_global_step is not None else None
     print(
         "RESULT "

@@ -154,9 +154,13 @@ def hpc_checkpoint(trainer: Any) -> str | None:
     """The newest HPC checkpoint in ``trainer.default_root_dir``, for ``trainer.fit(model, ckpt_path=...)``.
 
     Lightning resumes from it by itself only under Slurm; under Grid Engine, PBS and LSF a requeued job resumes when
-    it passes this (``None`` on the first run: start afresh). Under Slurm passing it changes nothing.
+    it passes this (``None`` on the first run: start afresh). Under Slurm passing it changes nothing. Rank 0 says
+    which checkpoint it resumes from.
     """
-    return newest_checkpoint(str(trainer.default_root_dir))
+    checkpoint = newest_checkpoint(str(trainer.default_root_dir))
+    if checkpoint is not None and trainer.global_rank == 0:
+        _say(f"resuming from {checkpoint}")
+    return checkpoint
 
 
 def next_checkpoint(directory: str) -> str:

@@ -77,14 +77,6 @@ class RendezvousResult:
     """This process's node assignment."""
     summary: str = ""
     """One line saying who met where, for rank 0 to print."""
-    _hosts: tuple[str, ...] | None = None
-
-    @property
-    def hosts(self) -> tuple[str, ...]:
-        """The host name of every rank, by global rank (read from the store on first use)."""
-        if self._hosts is None:
-            self._hosts = tuple(json.loads(self.store.get(KEY_PREFIX + "hosts")))
-        return self._hosts
 
 
 # --- the roll call ---------------------------------------------------------------------------------------------------

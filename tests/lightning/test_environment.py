@@ -75,7 +75,8 @@ def test_validate_settings_accepts_the_launched_world():
         (
             8,
             1,
-            r"Open MPI launched 8 ranks, 4 per node \(2 node\(s\);.*but Trainer/Fabric\(devices=8, num_nodes=1\) expects",
+            r"Open MPI launched 8 ranks, 4 per node \(2 node\(s\);.*"
+            r"but Trainer/Fabric\(devices=8, num_nodes=1\) expects",
         ),
         (4, 1, r"Trainer/Fabric\(devices=4, num_nodes=1\) expects 4 ranks, 4 per node"),
         (2, 4, r"HINT: Use Trainer/Fabric\(devices=4, num_nodes=2\), or launch 8 ranks with 2 per node"),
