@@ -112,7 +112,7 @@ def test_sdist_holds_the_test_suite_completely(dist: dict[str, Path], checkout_c
     with tarfile.open(dist["sdist"]) as sdist:
         top = dist["sdist"].name.removesuffix(".tar.gz")  # every member sits under "lightning_mpi_env-<version>/"
         members = {str(PurePosixPath(name).relative_to(top)) for name in sdist.getnames()}
-        agent = sdist.getmember(f"{top}/lightning_mpi_env/simcluster/rsh-agent")
+        agent = sdist.getmember(f"{top}/lightning_mpi_env/tools/simcluster/rsh-agent")
     missing = _suite_files(checkout_copy) - members
     assert not missing, f"not in the sdist: {sorted(missing)}"
     assert not [name for name in members if "__pycache__" in name or name.endswith(".pyc")]
@@ -124,7 +124,7 @@ def test_wheel_ships_the_agent_runnable_and_the_license(dist: dict[str, Path]):
         modes = {info.filename: (info.external_attr >> 16) & 0o777 for info in wheel.infolist()}
         metadata_name = next(name for name in modes if name.endswith(".dist-info/METADATA"))
         metadata = email.parser.Parser().parsestr(wheel.read(metadata_name).decode())
-    assert modes["lightning_mpi_env/simcluster/rsh-agent"] == 0o755
+    assert modes["lightning_mpi_env/tools/simcluster/rsh-agent"] == 0o755
     assert "lightning_mpi_env/py.typed" in modes
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in modes)
     assert {name.split("/")[0] for name in modes} == {"lightning_mpi_env", metadata_name.split("/")[0]}  # no tests

@@ -92,9 +92,9 @@ def _build(package: str, strategies: ModuleType) -> type:
 
         ``devices`` and ``num_nodes`` left at their defaults in ``Trainer(...)``/``Fabric(...)`` come from the launch:
         the ranks on each node and the number of nodes. Lightning hands them over through the public
-        ``parallel_devices`` and ``num_nodes`` setters, which keep no record of what was typed, so ``"auto"``, one
-        device and ``num_nodes=1`` count as left out. Other values must match the launch, or the job stops saying
-        so.
+        ``parallel_devices`` and ``num_nodes`` setters, which keep no record of what was typed, so a value equal to
+        the default's counts as left out (``num_nodes=1``; ``devices`` equal to what ``"auto"`` gives). Other values
+        must match the launch, or the job stops saying so.
 
         Args:
             rendezvous_timeout: Seconds to wait for every rank in the roll call; else
@@ -161,12 +161,20 @@ def _build(package: str, strategies: ModuleType) -> type:
                 return devices
             if launch.devices == 1:  # one launcher process per node: Lightning starts the workers on its devices
                 return devices
+            if not self._as_if_auto(devices):
+                return devices  # given, and not the launch: the settings check names both
             per_node = launch.devices
             if len(devices) == 1:  # one device visible (CPU, or a GPU bound to each rank): each rank drives it
                 return list(devices) * per_node
             if len(devices) > per_node:  # all of the node's GPUs visible: local rank i drives the i-th
                 return list(devices)[:per_node]
             return devices  # fewer GPUs than ranks on the node: the settings check says so
+
+        def _as_if_auto(self, devices: Any) -> bool:
+            """Whether ``devices`` is what ``devices="auto"`` gives (every device the accelerator sees): left out."""
+            accelerator = getattr(self, "accelerator", None)
+            count = accelerator.auto_device_count() if accelerator is not None else 1
+            return len(devices) == count
 
         @property
         def rendezvous_timeout(self) -> float | None:

@@ -52,7 +52,7 @@ LAUNCHERS_DIR = REPO / ".venv" / "launchers"
 REQUIREMENTS: dict[Kind, str] = {"mpich": "mpich==5.0.2", "intelmpi": "impi-rt==2021.18.1"}
 """What each launcher venv installs; the versions the captured data under ``tests/data`` came from."""
 
-AGENT = REPO / "lightning_mpi_env" / "simcluster" / "rsh-agent"
+AGENT = REPO / "lightning_mpi_env" / "tools" / "simcluster" / "rsh-agent"
 """The launcher agent: runs ``HOST COMMAND...`` here, in a UTS namespace whose host name is ``HOST``."""
 
 RANK_PYTHON = Path(sys.executable)
