@@ -1,8 +1,8 @@
 """Start PyTorch Lightning, plain PyTorch DDP, torchrun and JAX correctly under MPI, or fail fast saying why.
 
-Importing this package needs the standard library only. The Lightning parts (``MPIClusterEnvironment``,
-``"ddp_mpi"``) load on first use, and when a Lightning namespace is imported, before or after this package; the
-check for mixed Lightning namespaces is installed right away.
+Importing this package needs the standard library only and changes no process-wide state but one import finder:
+the Lightning parts (``MPIClusterEnvironment``, ``"ddp_mpi"``) load on first use, and register with a Lightning
+namespace when it is imported, before or after this package; the same finder notices a second namespace.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from lightning_mpi_env.core import report
 from lightning_mpi_env.core.errors import LayoutError as LayoutError
 from lightning_mpi_env.core.errors import MixedImportError as MixedImportError
 from lightning_mpi_env.core.errors import MixedImportWarning as MixedImportWarning
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
     from lightning_mpi_env.imports.class_check import check_mixed_imports as check_mixed_imports
     from lightning_mpi_env.imports.unify import unify_imports as unify_imports
     from lightning_mpi_env.lightning.environment import MPIClusterEnvironment as MPIClusterEnvironment
+    from lightning_mpi_env.lightning.requeue import hpc_checkpoint as hpc_checkpoint
     from lightning_mpi_env.lightning.strategy import strategy_class as strategy_class
     from lightning_mpi_env.tools.interop import jax_distributed_kwargs as jax_distributed_kwargs
     from lightning_mpi_env.tools.interop import torch_env as torch_env
@@ -39,6 +39,7 @@ _LAZY = {
     "jax_distributed_kwargs": "lightning_mpi_env.tools.interop",
     "torch_env": "lightning_mpi_env.tools.interop",
     "unify_imports": "lightning_mpi_env.imports.unify",
+    "hpc_checkpoint": "lightning_mpi_env.lightning.requeue",
 }
 """Public names whose modules load on first use (PEP 562): the Lightning-facing ones, and the rarely used."""
 
@@ -54,6 +55,7 @@ __all__ = [
     "__version__",
     "check_mixed_imports",
     "from_env",
+    "hpc_checkpoint",
     "jax_distributed_kwargs",
     "strategy_class",
     "torch_env",
@@ -77,6 +79,7 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY, "MPIDDPStrategy"})
 
 
-report.install_excepthook()
+# The one process-wide effect of this import: a single import finder that registers "ddp_mpi" and the environment
+# with each Lightning namespace, and notices the second namespace, as they are imported (before or after this).
 import_sites.watch_imports()
 _registration.watch_lightning()

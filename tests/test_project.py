@@ -44,3 +44,49 @@ def test_lint_format_and_strict_types_are_clean(command):
         [str(tool), *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+LAYERS = {
+    "core": set(),
+    "rollcall": {"core"},
+    "imports": {"core"},
+    "lightning": {"core", "rollcall", "imports"},
+    "tools": {"core", "rollcall", ""},  # "": the package itself, for its __version__
+}
+"""What each layer may import of this package (docs/architecture.md)."""
+
+THIRD_PARTY = {
+    "core": set(),
+    "rollcall": {"torch"},
+    "imports": set(),
+    "lightning": {"typing_extensions", "lightning_utilities", "torch"},
+    "tools": {"torch"},
+}
+"""What each layer may import besides the standard library (third-party imports may be lazy, inside functions)."""
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_layers_import_only_what_they_may(layer):
+    problems = []
+    for path in sorted((ROOT / "lightning_mpi_env" / layer).rglob("*.py")):
+        for name in _imports(path):
+            top, _, rest = name.partition(".")
+            if top == "lightning_mpi_env":
+                used = rest.partition(".")[0]
+                if used != layer and used not in LAYERS[layer]:
+                    problems.append(f"{path.relative_to(ROOT)} imports {name}")
+            elif top not in sys.stdlib_module_names and top != "__future__" and top not in THIRD_PARTY[layer]:
+                problems.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not problems, problems

@@ -16,7 +16,7 @@ import time
 import torch
 from torch.utils.data import Dataset
 
-from lightning_mpi_env import MPIClusterEnvironment
+from lightning_mpi_env import MPIClusterEnvironment, hpc_checkpoint
 
 
 def main():
@@ -106,7 +106,8 @@ def main():
     )
     model = Model()
     print(f"FIT pid={os.getpid()}\n", end="", flush=True)
-    trainer.fit(model)
+    # Lightning resumes from the HPC checkpoint by itself under Slurm only; on every scheduler, say where.
+    trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))
     trained = time.monotonic() - model.first_step_time if model.first_global_step is not None else None
     print(
         "RESULT "

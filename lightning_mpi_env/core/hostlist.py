@@ -25,11 +25,6 @@ class HostListForm(str, Enum):
     PE_HOSTFILE = "file, one line per host: `host slots queue processors`"
     LSF_PAIRS = "`host slots` pairs"
 
-    @property
-    def is_file(self) -> bool:
-        """Whether the variable names a file rather than holding the list."""
-        return self in (HostListForm.HOST_PER_LINE, HostListForm.PE_HOSTFILE)
-
 
 class HostList(NamedTuple):
     """One variable through which a scheduler lists the job's hosts; the first host runs rank 0."""

@@ -81,11 +81,6 @@ class Launcher(NamedTuple):
         )
         return tuple(name for name in names if name is not None)
 
-    @property
-    def exact_node_rank(self) -> bool:
-        """Whether the launcher exports the node index, so the node rank never needs deriving."""
-        return self.node_rank is not None
-
     def __reduce__(self) -> tuple[object, tuple[str]]:
         # A row is an entry of the table: pickled by its key (Lightning's spawn strategies pickle the environment).
         return (launcher_by_key, (self.key,))

@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from enum import Enum
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, LayoutError, LayoutWarning
 from lightning_mpi_env.core.hostlist import expand_tasks_per_node
 from lightning_mpi_env.core.launchers import Launcher, detect_launcher, stray_rank_variables
 from lightning_mpi_env.core.schedulers import SCHEDULERS, first_host, job_identity, read_host_file
 from lightning_mpi_env.core.values import is_count, parse_count, parse_port
+
+if TYPE_CHECKING:
+    from lightning_mpi_env.core.shape import TrainerArguments
 
 DEFAULT_MAIN_PORT = 29500
 """The main port when neither ``MASTER_PORT`` nor a job identity is available (PyTorch's own default)."""
@@ -110,6 +113,18 @@ class RankLayout(NamedTuple):
         """The launched world in words, for messages: ``"8 ranks, 4 per node"``."""
         per_node = f"{self.local_size} on this node" if not self.is_even else f"{self.local_size} per node"
         return f"{self.world_size} rank{'s' if self.world_size != 1 else ''}, {per_node}"
+
+    def trainer_kwargs(self) -> TrainerArguments:
+        """The ``Trainer``/``Fabric`` ``devices`` and ``num_nodes`` that match this launch (see :mod:`.shape`)."""
+        from lightning_mpi_env.core.shape import trainer_arguments
+
+        return trainer_arguments(self)
+
+    def as_dict(self) -> dict[str, object]:
+        """This layout as JSON-ready values, the matching Trainer arguments included (``show --json``)."""
+        from lightning_mpi_env.core.shape import layout_as_dict
+
+        return layout_as_dict(self)
 
     def _compared(self) -> tuple[object, ...]:
         # The warnings are exceptions, which compare by identity: compare what they say.

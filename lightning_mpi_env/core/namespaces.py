@@ -117,6 +117,14 @@ def namespace_of(module_name: str) -> str | None:
     return STANDALONE.key if package in STANDALONE.roots else UNIFIED.key
 
 
+def is_trainer(obj: object) -> bool:
+    """Whether ``obj`` is a ``Trainer`` of either namespace (by its class, without importing Lightning)."""
+    return any(
+        base.__name__ == "Trainer" and package_of(base.__module__) in (UNIFIED.trainer, STANDALONE.trainer)
+        for base in type(obj).__mro__
+    )
+
+
 def other(key: str) -> Namespace:
     """The other namespace than the one named ``key``."""
     return STANDALONE if key == UNIFIED.key else UNIFIED
@@ -141,6 +149,7 @@ __all__ = [
     "STANDALONE",
     "UNIFIED",
     "Namespace",
+    "is_trainer",
     "namespace_of",
     "of_trainer_package",
     "other",

@@ -23,7 +23,6 @@ from lightning_mpi_env.core.namespaces import (
     package_of,
 )
 from lightning_mpi_env.imports.sites import MODE_VARIABLE
-from lightning_mpi_env.lightning.compat import is_trainer, strategy_checkpoint_io, strategy_model
 
 
 @dataclass(frozen=True)
@@ -141,10 +140,10 @@ def held_by(trainer: object) -> Iterator[tuple[str, object]]:
         ("accelerator", _attribute(strategy, "accelerator")),
         ("cluster environment", _attribute(strategy, "cluster_environment")),
         ("precision plugin", _attribute(strategy, "precision_plugin")),
-        ("checkpoint IO plugin", strategy_checkpoint_io(strategy)),
+        ("checkpoint IO plugin", _attribute(strategy, "checkpoint_io")),
         ("profiler", _attribute(trainer, "profiler")),
         ("datamodule", _attribute(trainer, "datamodule")),
-        ("model", strategy_model(strategy)),
+        ("model", _attribute(strategy, "lightning_module")),
     ]
     for role, obj in single:
         if obj is not None:
@@ -228,4 +227,4 @@ def check_roles(trainer: object | None, given: Iterable[tuple[str, object]]) -> 
     )
 
 
-__all__ = ["Offender", "check_mixed_imports", "check_roles", "held_by", "is_trainer"]
+__all__ = ["Offender", "check_mixed_imports", "check_roles", "held_by"]

@@ -8,14 +8,13 @@ when it happened before. The moment both namespaces are loaded, :class:`MixedImp
 
 from __future__ import annotations
 
-import enum
 import os
 import sys
 from collections.abc import Mapping
 from types import FrameType, FunctionType, ModuleType
 from typing import NamedTuple
 
-from lightning_mpi_env.core.errors import MixedImportError, MixedImportWarning, SettingError
+from lightning_mpi_env.core.errors import MixedImportError, MixedImportWarning
 from lightning_mpi_env.core.namespaces import (
     NAMESPACES,
     NAMESPACES_BY_KEY,
@@ -25,48 +24,23 @@ from lightning_mpi_env.core.namespaces import (
     other,
     package_of,
 )
+from lightning_mpi_env.core.settings import VARIABLE, MixedImportMode, mixed_import_mode
 from lightning_mpi_env.imports.hooks import when_imported
 
-MODE_VARIABLE = "LIGHTNING_MPI_ENV_MIXED_IMPORTS"
+MODE_VARIABLE = VARIABLE["mixed_imports"]
 """Environment variable choosing what a mixed import does: ``warn``, ``error`` or ``ignore``."""
 
-
-class Mode(enum.Enum):
-    """What a mixed import does, from ``LIGHTNING_MPI_ENV_MIXED_IMPORTS``."""
-
-    WARN = "warn"
-    ERROR = "error"
-    IGNORE = "ignore"
+Mode = MixedImportMode
+"""What a mixed import does (:class:`~lightning_mpi_env.core.settings.MixedImportMode`)."""
 
 
-def mode(environ: Mapping[str, str] | None = None) -> Mode:
-    """Read ``LIGHTNING_MPI_ENV_MIXED_IMPORTS``.
-
-    Args:
-        environ: The environment to read; ``os.environ`` by default.
-
-    Returns:
-        The mode; :attr:`Mode.WARN` when the variable is unset or empty.
+def mode(environ: Mapping[str, str] | None = None) -> MixedImportMode:
+    """``LIGHTNING_MPI_ENV_MIXED_IMPORTS`` of ``environ`` (``os.environ`` by default), read when a mix is seen.
 
     Raises:
         SettingError: The variable holds anything else than ``warn``, ``error`` or ``ignore`` (a ``ValueError``).
-
-    >>> mode({"LIGHTNING_MPI_ENV_MIXED_IMPORTS": "Error"})
-    <Mode.ERROR: 'error'>
     """
-    raw = (os.environ if environ is None else environ).get(MODE_VARIABLE, "")
-    value = raw.strip().lower() or Mode.WARN.value
-    try:
-        return Mode(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in Mode)
-        raise SettingError(
-            f"{MODE_VARIABLE}={raw!r} is not one of {allowed}.",
-            f"Set {MODE_VARIABLE}=warn (the default), =error to fail on mixed Lightning imports, or =ignore to "
-            "silence them.",
-            variable=MODE_VARIABLE,
-            value=raw,
-        ) from None
+    return mixed_import_mode(os.environ if environ is None else environ)
 
 
 # Frames from these packages are never "the importer": the import system, Lightning itself, and us.

@@ -20,33 +20,21 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, NoReturn
 
-from lightning_utilities.core.rank_zero import rank_zero_only
 from typing_extensions import override
 
 from lightning_mpi_env.core.errors import LayoutError, SettingError
 from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.layout import Placement, RankLayout, from_env
-from lightning_mpi_env.core.values import is_count, parse_count, resolve_switch
-from lightning_mpi_env.lightning.compat import (
-    Proposal,
-    constructing_fabric,
-    constructing_trainer,
-    is_trainer,
-    proposal,
-    silence_srun_not_used,
-)
-from lightning_mpi_env.lightning.requeue import Requeue, callback_for, newest_checkpoint
-from lightning_mpi_env.lightning.trainer_guard import attach, check_launching_trainer, check_mixed_arguments
+from lightning_mpi_env.core.report import install_excepthook
+from lightning_mpi_env.core.settings import Settings
+from lightning_mpi_env.core.values import is_count, parse_count
+from lightning_mpi_env.lightning.compat import silence_srun_not_used
+from lightning_mpi_env.lightning.requeue import Requeue
 
 if TYPE_CHECKING:
-    import inspect
-
     from lightning_mpi_env.rollcall.store import RendezvousResult
 
 log = logging.getLogger(__name__)
-
-ROLL_CALL_VARIABLE = "LIGHTNING_MPI_ENV_ROLL_CALL"
-"""Set to ``0`` to skip the roll call before ``init_process_group`` (``MPIClusterEnvironment(roll_call=False)``)."""
 
 LIGHTNING_SPAWN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
 """What Lightning's subprocess launcher exports to the local workers it starts (``_call_children_scripts``)."""
@@ -123,14 +111,18 @@ class LaunchMode(Enum):
 
 
 class Stage(Enum):
-    """Where the environment is in Lightning's life cycle."""
+    """Where the environment is in Lightning's life cycle, told apart by the order of Lightning's public calls."""
 
     CONFIGURED = "configured"
-    """Made; a Trainer or Fabric may be built with it."""
-    LAUNCHED = "launched"
-    """The launcher validated the settings (``validate_settings``); the process group comes next."""
+    """Made; no Trainer or Fabric has proposed ranks yet."""
+    PROPOSED = "proposed"
+    """A Trainer or Fabric was built with it (its first rank proposal); a launch may read the address to start
+    Lightning's own workers."""
+    SETTING_UP = "setting up"
+    """The strategy proposed the ranks again in ``setup_environment``: ``init_process_group`` comes next, and the
+    next read of ``main_address``/``main_port`` runs the roll call."""
     MET = "met"
-    """The roll call is done (or off): the ranks are final, ``init_process_group`` may run."""
+    """The roll call is done (or off): the ranks are final."""
 
 
 @dataclass(frozen=True)
@@ -173,12 +165,20 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     through the cluster environment (DDP and its spawn variants, FSDP, ModelParallel, DeepSpeed; Trainer and
     Fabric), every rank checks in on the store that ``init_process_group`` then uses
     (:mod:`lightning_mpi_env.rollcall`): a missing, duplicate or disagreeing rank stops every process with a
-    :class:`~lightning_mpi_env.RendezvousError` naming it, instead of a silent hang; node ranks become exact.
+    :class:`~lightning_mpi_env.RendezvousError` naming it, instead of a silent hang; node ranks become exact. It
+    runs when the strategy reads ``main_address`` after its last rank proposal (the order is in
+    :mod:`~lightning_mpi_env.lightning.compat`): no frame is inspected and nothing of Lightning's is patched.
 
     **Checkpoint and requeue.** Under Slurm, Grid Engine, PBS or LSF, the requeue signal (the scheduler's warning
-    signal unless told otherwise) makes every rank save Lightning's HPC checkpoint at the next training step; rank 0
-    then puts the job back in the queue (:mod:`lightning_mpi_env.lightning.requeue`); the job, started again, resumes
-    from it.
+    signal unless told otherwise) makes every rank save Lightning's HPC checkpoint at the next training step (the
+    callback Lightning adds to every Trainer through this package's ``callbacks_factory`` entry point); rank 0 then
+    puts the job back in the queue (:mod:`lightning_mpi_env.lightning.requeue`). The job, started again, resumes from
+    it: by itself under Slurm, with ``trainer.fit(..., ckpt_path=lightning_mpi_env.hpc_checkpoint(trainer))``
+    elsewhere.
+
+    **Made here, not on import:** the one-line-per-rank display of this package's errors (chained to the previous
+    ``sys.excepthook``), the filter for Lightning's "`srun` is available but not used" advice, and the requeue
+    signal handler (chained to the previous one).
 
     Args:
         environ: The environment to read; ``os.environ`` by default.
@@ -204,36 +204,42 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         requeue_signal: signal.Signals | int | None = None,
         requeue_command: Sequence[str] | None = None,
     ) -> None:
-        from lightning_mpi_env.rollcall.verdicts import resolve_timeout
-
         env = os.environ if environ is None else environ
+        install_excepthook()  # this package's errors as one line per rank; every other error as before
         silence_srun_not_used()  # the ranks come from the launcher that started them, whichever it is
-        spawned = _is_lightning_worker_under_launcher(env)
-        # Lightning's own variables in its workers are not stale: keep them out of the core's stale check.
-        own = ("LOCAL_RANK", "WORLD_SIZE")
-        self._layout = from_env({k: v for k, v in env.items() if k not in own} if spawned else env)
-        self.roll_call = resolve_switch(
-            roll_call,
-            env,
-            ROLL_CALL_VARIABLE,
-            hint=f"Unset {ROLL_CALL_VARIABLE} (the roll call is on by default), or set it to 0 to skip it.",
+        self.settings = Settings.from_env(env).with_arguments(
+            roll_call=roll_call, rendezvous_timeout=rendezvous_timeout, requeue=auto_requeue
         )
-        self.rendezvous_timeout = resolve_timeout(rendezvous_timeout, env)
-        if not self.roll_call:  # with the roll call, node ranks become exact before any use: nothing to warn of
+        """The ``LIGHTNING_MPI_ENV_*`` settings, with the arguments given here taking precedence."""
+        self._layout, spawned = _read_launch(env)
+        if not self.settings.roll_call:  # with the roll call, node ranks become exact before any use
             for warning in self._layout.warnings:
                 warnings.warn(warning, stacklevel=2)
         self._mode, self._ranks = _initial_mode_and_ranks(self._layout, env, spawned)
         self._stage = Stage.CONFIGURED
         self._expected: tuple[int, int] | None = None  # (devices, num_nodes) the launcher was given
-        self._api = "Trainer"  # who takes devices/num_nodes, for the messages: "Fabric" once a Fabric takes it
+        self.api = "Trainer/Fabric"
+        """Who takes ``devices``/``num_nodes``, for the messages: the ``"ddp_mpi"`` strategy says which (a plugin
+        is never told whether a Trainer or a Fabric holds it)."""
         self._met: RendezvousResult | None = None  # keeps rank 0's store serving until init_process_group
         self._free_port: int | None = None
         self._made_in_pid = os.getpid()  # a copy in another process was forked or pickled there by Lightning
         self.process_group_backend: str | None = None  # the strategy's, when it says (ddp_mpi); else the device's
-        self.requeue = Requeue.plan(env, enabled=auto_requeue, requeue_signal=requeue_signal, command=requeue_command)
-        # Right from the start, so rank-zero-only logging is right before the Trainer sets ranks up.
-        rank_zero_only.rank = self._ranks.global_rank  # type: ignore[attr-defined]
-        self._notice()  # made by "ddp_mpi" inside Trainer(...)/Fabric(...)
+        self.requeue = Requeue.plan(
+            env, enabled=self.settings.requeue, requeue_signal=requeue_signal, command=requeue_command
+        )
+        if self.requeue is not None:
+            self.requeue.install()  # a signal may come before the first step; the handler only notes it
+
+    @property
+    def roll_call(self) -> bool:
+        """Whether the roll call runs before ``init_process_group``."""
+        return self.settings.roll_call
+
+    @property
+    def rendezvous_timeout(self) -> float:
+        """Seconds the roll call waits for every rank."""
+        return self.settings.rendezvous_timeout
 
     # --- what Lightning reads ------------------------------------------------------------------------------------
 
@@ -268,11 +274,18 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     @property
     @override
     def main_address(self) -> str:
+        """Host of rank 0; read right before ``init_process_group``, it first runs the roll call (see compat)."""
+        self._meet_when_due()
         return self._layout.main_address
 
     @property
     @override
     def main_port(self) -> int:
+        """Port on the main address; read right before ``init_process_group``, it first runs the roll call."""
+        self._meet_when_due()
+        return self._port()
+
+    def _port(self) -> int:
         if self._layout.launcher is None and self._layout.sources.get("main_port") == "default":
             # On a workstation several jobs may run at once: like LightningEnvironment, take a free port. The
             # workers Lightning starts inherit it as MASTER_PORT.
@@ -313,30 +326,13 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         """Number of nodes: from the roll call once it ran, else from the launcher (``None`` when uneven)."""
         return self._ranks.num_nodes
 
-    def launch_shape(self) -> tuple[int | None, int | None] | None:
-        """``(devices, num_nodes)`` for the Trainer as the launch has it; ``None`` without a launcher.
-
-        Devices is the ranks per node; ``None`` with one launcher process per node, where Lightning starts the
-        workers and ``devices`` says how many (``"auto"``: every GPU). ``None`` as a whole when ranks are spread
-        unevenly, which Lightning cannot run.
-        """
-        layout = self._layout
-        if layout.launcher is None or not layout.is_even:
-            return None
-        if layout.local_size == 1:
-            return None, layout.world_size
-        return layout.local_size, layout.num_nodes
-
     # --- what Lightning proposes ---------------------------------------------------------------------------------
 
     @override
     def set_global_rank(self, rank: int) -> None:
-        if proposal() is Proposal.CONSTRUCTION and self._stage is Stage.CONFIGURED:
-            self._notice()
         if self.managed_by_lightning:
             if self._stage is not Stage.MET:
                 self._ranks = replace(self._ranks, global_rank=rank)
-                rank_zero_only.rank = rank  # type: ignore[attr-defined]
             return
         if os.getpid() != self._made_in_pid:
             raise self._started_by_lightning_under_launcher()
@@ -345,18 +341,20 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     @override
     def set_world_size(self, size: int) -> None:
-        setup = proposal() is Proposal.SETUP and self._stage is not Stage.MET
+        # Lightning proposes ranks once while it builds the Trainer or Fabric, then again right before
+        # init_process_group (compat): the second proposal arms the roll call.
+        if self._stage is Stage.CONFIGURED:
+            self._stage = Stage.PROPOSED
+        elif self._stage is Stage.PROPOSED:
+            self._stage = Stage.SETTING_UP
         if self.managed_by_lightning:
             if self._stage is not Stage.MET:
                 self._ranks = replace(self._ranks, world_size=size)
         elif size != self._ranks.world_size:
-            if setup:
+            if self._stage is Stage.SETTING_UP:
                 # Lightning is about to set up torch.distributed for `size` processes: they would never all come.
                 raise self._world_mismatch(size)
             log.debug(f"Keeping the launcher's world size {self._ranks.world_size}; Lightning proposed {size}.")
-        if setup:
-            # The proposal from setup_distributed: init_process_group comes next, in every strategy.
-            self._meet()
 
     # --- the launch ---------------------------------------------------------------------------------------------
 
@@ -366,12 +364,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
         Raises:
             LayoutError: Naming the launched world, the Trainer's settings and the fix.
-            MixedImportError: The Trainer holds a callback, logger, plugin or datamodule of the other namespace.
         """
-        # Lightning's launcher calls this before the first step, with the Trainer on the stack.
-        check_launching_trainer()
-        if self._stage is Stage.CONFIGURED:
-            self._stage = Stage.LAUNCHED
         self._expected = (num_devices, num_nodes)
         layout = self._layout
         if layout.launcher is None or self._mode is LaunchMode.PER_NODE:
@@ -381,7 +374,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             self._mode = LaunchMode.PER_NODE
             self._ranks = replace(self._ranks, node_rank=layout.rank, local_rank=None, num_nodes=layout.world_size)
             return
-        trainer = f"{self._api}(devices={num_devices}, num_nodes={num_nodes})"
+        trainer = f"{self.api}(devices={num_devices}, num_nodes={num_nodes})"
         if not layout.is_even:
             raise LayoutError(
                 f"{layout.launcher.name} placed ranks unevenly: this node runs "
@@ -400,38 +393,28 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     def teardown(self) -> None:
         """Nothing to undo: this environment never writes to ``os.environ``."""
 
-    def assign_nodes(self, node_rank: int, local_rank: int, num_nodes: int) -> None:
-        """Take the node and local rank found by exchanging host names (as the roll call does).
-
-        They are exact under every placement, where the launcher's variables alone may only allow a guess.
-        """
-        if (node_rank, local_rank) != (self.node_rank(), self.local_rank()):
-            log.debug(
-                f"Host names place rank {self.global_rank()} on node {node_rank} as local rank {local_rank}; the "
-                f"environment alone said node {self.node_rank()}, local rank {self.local_rank()}."
-            )
-        self._ranks = replace(self._ranks, node_rank=node_rank, local_rank=local_rank, num_nodes=num_nodes)
-
     def __repr__(self) -> str:
         return f"MPIClusterEnvironment({self._layout!r})"
 
     # --- the roll call -------------------------------------------------------------------------------------------
 
+    def _meet_when_due(self) -> None:
+        """Run the roll call at the first read of the address after the strategy's last rank proposal."""
+        if self._stage is Stage.SETTING_UP:
+            self._stage = Stage.MET
+            if self.settings.roll_call:
+                self._meet()
+
     def _meet(self) -> None:
-        """Run the roll call (unless it is off) and take the exact node ranks it finds."""
-        self._stage = Stage.MET
-        if self.requeue is not None:
-            self.requeue.install()  # in the main thread, before training, in every strategy
-        if not self.roll_call:
-            return
+        """Meet every rank in the roll call, and take the exact node ranks it finds."""
         from lightning_mpi_env.rollcall import facts, store, verdicts
 
         claim = verdicts.Claim.here(
             rank=self.global_rank(),
             world_size=self.world_size(),
             local_rank=self.local_rank(),
-            main_address=self.main_address,
-            main_port=self.main_port,
+            main_address=self._layout.main_address,
+            main_port=self._port(),
             expected=self._expected,
             **facts.local_facts(self.process_group_backend),
         )
@@ -457,48 +440,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             return lambda rank: rank % num_nodes
         return None
 
-    # --- the Trainer or Fabric this environment is given to -----------------------------------------------------
-
-    @property  # type: ignore[misc]
-    def __class__(self) -> type[MPIClusterEnvironment]:
-        # Lightning checks each plugin with isinstance() while it builds a Trainer or Fabric. With a single-device
-        # strategy that is the only call this environment ever gets: the moment to find the Trainer, and to stop
-        # it before every rank trains alone (see compat for the other route, the rank proposals).
-        self._notice()
-        return type(self)
-
-    def _notice(self) -> None:
-        """Attach this environment's checks to the Trainer or Fabric being built, if one is."""
-        owner = constructing_trainer() or constructing_fabric()
-        if owner is None or owner.__dict__.get("_lightning_mpi_env_noticed") is self:
-            return
-        # Nothing here may fail: an AttributeError raised from a __class__ lookup is swallowed by isinstance().
-        owner.__dict__["_lightning_mpi_env_noticed"] = self
-        self._api = "Trainer" if is_trainer(owner) else "Fabric"
-        if self.requeue is not None:
-            self.requeue.install()  # a signal may come before setup_distributed (and Fabric may never call it)
-        if is_trainer(owner):
-            attach(owner, check_mixed_arguments)
-        attach(owner, self._check_entry)
-
-    def _check_entry(self, owner: object, name: str, arguments: inspect.BoundArguments) -> None:
-        """Before a Trainer's ``fit``/... or a Fabric's ``launch``/``setup``: refuse lone training; resume."""
-        strategy = getattr(owner, "strategy", None)
-        if getattr(strategy, "cluster_environment", None) is not self and self._alone_would_be_wrong():
-            raise self._lone_training(type(strategy).__name__)
-        if self.requeue is not None and is_trainer(owner):
-            callbacks = owner.callbacks  # type: ignore[attr-defined]
-            if not any(getattr(callback, "plan", None) is self.requeue for callback in callbacks):
-                callbacks.append(callback_for(owner, self.requeue))
-        if name == "fit" and self.requeue is not None and arguments.arguments.get("ckpt_path") is None:
-            checkpoint = newest_checkpoint(owner.default_root_dir)  # type: ignore[attr-defined]
-            if checkpoint is not None:
-                if self.global_rank() == 0:
-                    print(f"lightning-mpi-env: requeue: resuming from {checkpoint}", file=sys.stderr, flush=True)
-                arguments.arguments["ckpt_path"] = checkpoint
-
-    def _alone_would_be_wrong(self) -> bool:
-        return self._mode is LaunchMode.PER_RANK and self._layout.world_size > 1
+    # --- requeue in a Fabric loop ------------------------------------------------------------------------------
 
     def requeue_requested(self, fabric: object) -> bool:
         """For a Fabric loop: whether any rank got the requeue signal (every rank calls it, at the same step).
@@ -529,29 +471,15 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     # --- errors --------------------------------------------------------------------------------------------------
 
-    def _lone_training(self, strategy: str) -> LayoutError:
-        layout, api = self._layout, self._api
-        return LayoutError(
-            f"{layout.launcher_name} started {layout.describe_world()} ({layout.sources['world_size']}="
-            f"{layout.world_size}), but Lightning chose {strategy}, which never uses the cluster environment: every "
-            f"rank would train alone, on all of the data, and save over the others' checkpoints.",
-            f"Use {api}(strategy='ddp_mpi') (devices and num_nodes then come from the launch), or strategy='ddp' "
-            f"with {api}(devices={layout.local_size}"
-            f"{f', num_nodes={layout.num_nodes}' if layout.num_nodes else ''}).",
-            variable=layout.sources["world_size"],
-            value=str(layout.world_size),
-            launcher=layout.launcher_name,
-        )
-
     def _settings_mismatch(self, num_devices: int, num_nodes: int) -> LayoutError:
         layout = self._layout
         assert layout.launcher is not None
         return LayoutError(
             f"{layout.launcher.name} launched {layout.describe_world()} ({layout.num_nodes} node(s); "
             f"{layout.sources['world_size']}={layout.world_size}, {layout.sources['local_size']}="
-            f"{layout.local_size}), but {self._api}(devices={num_devices}, num_nodes={num_nodes}) expects "
+            f"{layout.local_size}), but {self.api}(devices={num_devices}, num_nodes={num_nodes}) expects "
             f"{num_devices * num_nodes} ranks, {num_devices} per node.",
-            f"Use {self._api}(devices={layout.local_size}, num_nodes={layout.num_nodes}), or launch "
+            f"Use {self.api}(devices={layout.local_size}, num_nodes={layout.num_nodes}), or launch "
             f"{num_devices * num_nodes} ranks with {num_devices} per node "
             f"(`mpirun -np {num_devices * num_nodes} --map-by ppr:{num_devices}:node`).",
             variable=layout.sources["world_size"],
@@ -621,23 +549,31 @@ def _initial_mode_and_ranks(layout: RankLayout, env: Mapping[str, str], spawned:
     )
 
 
-def _is_lightning_worker_under_launcher(env: Mapping[str, str]) -> bool:
-    """Whether Lightning started this process as a local worker of a one-process-per-node launch."""
-    launcher = detect_launcher(env)
-    if launcher is None or launcher.local_size is None or not all(name in env for name in LIGHTNING_SPAWN_VARIABLES):
+def _read_launch(env: Mapping[str, str]) -> tuple[RankLayout, bool]:
+    """The layout, and whether Lightning started this process as a worker of a one-process-per-node launch.
+
+    Lightning's workers carry the launcher's variables plus its own ``LIGHTNING_SPAWN_VARIABLES``; their
+    ``LOCAL_RANK``/``WORLD_SIZE`` are not stale. The environment is parsed once, without those two when all of
+    Lightning's variables are there; a second parse happens only when they turn out not to be a worker's, to name
+    them as stale.
+    """
+    if not all(name in env for name in LIGHTNING_SPAWN_VARIABLES):
+        return from_env(env), False
+    layout = from_env({name: value for name, value in env.items() if name not in ("LOCAL_RANK", "WORLD_SIZE")})
+    if _is_lightning_worker(layout, env):
+        return layout, True
+    return from_env(env), False
+
+
+def _is_lightning_worker(layout: RankLayout, env: Mapping[str, str]) -> bool:
+    launcher = layout.launcher
+    if launcher is None or launcher.local_size is None or layout.local_size != 1:
         return False
-    world, node, local = env.get(launcher.world_size, ""), env["NODE_RANK"], env["LOCAL_RANK"]
-    size = env["WORLD_SIZE"]
-    if not all(is_count(value) for value in (world, node, local, size)) or int(world) == 0:
+    node, local, size = env["NODE_RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]
+    if not all(is_count(value) for value in (node, local, size)):
         return False
-    per_node, remainder = divmod(int(size), int(world))
-    return (
-        env.get(launcher.local_size) == "1"
-        and node == env.get(launcher.rank)
-        and remainder == 0
-        and per_node > 1
-        and int(local) < per_node
-    )
+    per_node, remainder = divmod(int(size), layout.world_size)
+    return int(node) == layout.rank and remainder == 0 and per_node > 1 and int(local) < per_node
 
 
 def _find_free_port() -> int:
@@ -647,4 +583,4 @@ def _find_free_port() -> int:
         return port
 
 
-__all__ = ["ROLL_CALL_VARIABLE", "LaunchMode", "MPIClusterEnvironment", "Ranks", "Stage"]
+__all__ = ["LaunchMode", "MPIClusterEnvironment", "Ranks", "Stage"]

@@ -10,7 +10,12 @@ Lightning requeues only for its own ``SLURMEnvironment`` (``isinstance`` of it).
 3. All ranks save Lightning's HPC checkpoint, ``<default_root_dir>/hpc_ckpt_<n>.ckpt``; then rank 0 runs the
    scheduler's requeue command (``scontrol requeue``, ``qrerun``, ``brequeue``), and every rank exits with the
    scheduler's requeue exit status (Grid Engine reschedules a job that exits 99).
-4. The job, started again, resumes from the newest HPC checkpoint in ``default_root_dir``.
+4. The job, started again, resumes from the newest HPC checkpoint in ``default_root_dir``: Lightning does this by
+   itself under Slurm; elsewhere ``trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))`` does (Lightning offers no
+   public hook that sets a Trainer's checkpoint before ``fit()`` chooses it).
+
+Step 2 runs in :class:`~lightning_mpi_env.lightning.callbacks` (added to every Trainer by Lightning itself through
+the ``callbacks_factory`` entry point) and, in a Fabric loop, in ``MPIClusterEnvironment.requeue_requested()``.
 
 ``auto_requeue=False`` or ``LIGHTNING_MPI_ENV_REQUEUE=0`` turns it off; without a scheduler it does nothing.
 """
@@ -29,15 +34,9 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 from lightning_mpi_env.core.schedulers import SCHEDULERS, Scheduler
-from lightning_mpi_env.core.values import resolve_switch
+from lightning_mpi_env.lightning.compat import HPC_CHECKPOINT, hpc_checkpoint_name
 
 log = logging.getLogger(__name__)
-
-REQUEUE_VARIABLE = "LIGHTNING_MPI_ENV_REQUEUE"
-"""Set to ``0`` to turn checkpoint-and-requeue off (``MPIClusterEnvironment(auto_requeue=False)``)."""
-
-CHECKPOINT_PATTERN = re.compile(r"^hpc_ckpt_(\d+)\.ckpt$")
-"""Lightning's names for HPC checkpoints, which its own Slurm support also resumes from."""
 
 _received: dict[int, int] = {}  # signal number -> how many times it came; written by the handler only
 
@@ -59,17 +58,19 @@ class Requeue(NamedTuple):
         cls,
         env: Mapping[str, str],
         *,
-        enabled: bool | None,
+        enabled: bool,
         requeue_signal: signal.Signals | int | None,
         command: Sequence[str] | None,
     ) -> Requeue | None:
         """The plan for the job this process runs in, or ``None`` (off, or no scheduler, or none that requeues).
 
-        Raises:
-            SettingError: If ``LIGHTNING_MPI_ENV_REQUEUE`` is neither on nor off.
+        Args:
+            env: The launch environment (for the scheduler's job variables).
+            enabled: The ``requeue`` setting (:class:`~lightning_mpi_env.core.settings.Settings`).
+            requeue_signal: The signal that asks for it; the scheduler's warning signal by default.
+            command: The command that requeues the job; the scheduler's by default.
         """
-        hint = f"Unset {REQUEUE_VARIABLE} (checkpoint-and-requeue is on under a scheduler), or set it to 0."
-        if not resolve_switch(enabled, env, REQUEUE_VARIABLE, hint=hint):
+        if not enabled:
             return None
         scheduler = next((row for row in SCHEDULERS if all(env.get(v) for v in row.job_id)), None)
         if scheduler is None:
@@ -146,13 +147,26 @@ def newest_checkpoint(directory: str) -> str | None:
     True
     """
     numbers = _numbers(directory)
-    return os.path.join(directory, f"hpc_ckpt_{max(numbers)}.ckpt") if numbers else None
+    return os.path.join(directory, hpc_checkpoint_name(max(numbers))) if numbers else None
+
+
+def hpc_checkpoint(trainer: Any) -> str | None:
+    """The newest HPC checkpoint in ``trainer.default_root_dir``, for ``trainer.fit(model, ckpt_path=...)``.
+
+    Lightning resumes from it by itself only under Slurm; under Grid Engine, PBS and LSF a requeued job resumes when
+    it passes this (``None`` on the first run: start afresh). Under Slurm passing it changes nothing. Rank 0 says
+    which checkpoint it resumes from.
+    """
+    checkpoint = newest_checkpoint(str(trainer.default_root_dir))
+    if checkpoint is not None and trainer.global_rank == 0:
+        _say(f"resuming from {checkpoint}")
+    return checkpoint
 
 
 def next_checkpoint(directory: str) -> str:
     """Where the next HPC checkpoint goes: one past the highest number in ``directory``."""
     numbers = _numbers(directory)
-    return os.path.join(directory, f"hpc_ckpt_{max(numbers, default=0) + 1}.ckpt")
+    return os.path.join(directory, hpc_checkpoint_name(max(numbers, default=0) + 1))
 
 
 def _numbers(directory: str) -> list[int]:
@@ -160,7 +174,7 @@ def _numbers(directory: str) -> list[int]:
         names = os.listdir(directory)
     except OSError:
         return []
-    return [int(match.group(1)) for name in names if (match := CHECKPOINT_PATTERN.match(name))]
+    return [int(match.group(1)) for name in names if (match := HPC_CHECKPOINT.match(name))]
 
 
 def _say(message: str) -> None:
@@ -193,38 +207,9 @@ def checkpoint_and_requeue(trainer: Any, plan: Requeue) -> None:
     raise SystemExit(1)
 
 
-_CALLBACKS: dict[str, type] = {}
-
-
-def callback_for(trainer: Any, plan: Requeue) -> Any:
-    """A Lightning ``Callback`` (of the Trainer's namespace) that checks for the signal after each training step."""
-    namespace = type(trainer).__module__.partition(".trainer")[0]
-    cls = _CALLBACKS.get(namespace)
-    if cls is None:
-        import importlib
-
-        base: type = importlib.import_module(f"{namespace}.callbacks").Callback
-
-        class RequeueOnSignal(base):  # type: ignore[misc]
-            """Checks after each training step whether any rank got the requeue signal; if so, checkpoints."""
-
-            def __init__(self, plan: Requeue) -> None:
-                self.plan = plan
-
-            def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
-                if self.plan.agree(trainer.strategy.reduce_boolean_decision):
-                    checkpoint_and_requeue(trainer, self.plan)
-
-        RequeueOnSignal.__module__ = __name__
-        cls = _CALLBACKS[namespace] = RequeueOnSignal
-    return cls(plan)
-
-
 __all__ = [
-    "CHECKPOINT_PATTERN",
-    "REQUEUE_VARIABLE",
+    "hpc_checkpoint",
     "Requeue",
-    "callback_for",
     "checkpoint_and_requeue",
     "job_name",
     "newest_checkpoint",

@@ -18,19 +18,19 @@ Which class you get:
 from __future__ import annotations
 
 import importlib
-import os
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
 from lightning_mpi_env.core.errors import SettingError, StrategyImportError
-from lightning_mpi_env.core.launchers import SLURM, detect_launcher
 from lightning_mpi_env.core.namespaces import NAMESPACES, of_trainer_package
-from lightning_mpi_env.lightning.compat import arguments_given, silence_srun_not_used, strategy_registry
+from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT, seconds
+from lightning_mpi_env.lightning.compat import strategy_registry
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
-from lightning_mpi_env.lightning.trainer_guard import guard_constructing_trainer
-from lightning_mpi_env.rollcall.verdicts import resolve_timeout
+
+if TYPE_CHECKING:
+    from lightning_mpi_env.core.shape import TrainerArguments
 
 STRATEGY_NAME = "ddp_mpi"
 """The name under which the strategy is registered in every namespace."""
@@ -84,16 +84,17 @@ def loaded_strategy_class() -> type:
 
 def _build(package: str, strategies: ModuleType) -> type:
     """Subclass ``package``'s ``DDPStrategy``."""
-    base: type = strategies.DDPStrategy
+    base: Any = strategies.DDPStrategy
     trainer_side = of_trainer_package(package).trainer == package
 
     class MPIDDPStrategy(base):  # type: ignore[misc]
         """Lightning's ``DDPStrategy`` with ``MPIClusterEnvironment``: the roll call before ``init_process_group``.
 
-        ``devices`` and ``num_nodes`` left out of ``Trainer(...)``/``Fabric(...)`` come from the launch: the ranks
-        on each node and the number of nodes. Values given must match the launch, or the job stops saying so.
-        (With Fabric, which keeps no record of its arguments, ``devices="auto"`` and ``num_nodes=1`` count as left
-        out.)
+        ``devices`` and ``num_nodes`` left at their defaults in ``Trainer(...)``/``Fabric(...)`` come from the launch:
+        the ranks on each node and the number of nodes. Lightning hands them over through the public
+        ``parallel_devices`` and ``num_nodes`` setters, which keep no record of what was typed, so a value equal to
+        the default's counts as left out (``num_nodes=1``; ``devices`` equal to what ``"auto"`` gives). Other values
+        must match the launch, or the job stops saying so.
 
         Args:
             rendezvous_timeout: Seconds to wait for every rank in the roll call; else
@@ -111,67 +112,75 @@ def _build(package: str, strategies: ModuleType) -> type:
             if cluster_environment is None:
                 cluster_environment = MPIClusterEnvironment(rendezvous_timeout=rendezvous_timeout)
             elif rendezvous_timeout is not None and isinstance(cluster_environment, MPIClusterEnvironment):
-                cluster_environment.rendezvous_timeout = resolve_timeout(rendezvous_timeout, {})
+                seconds(rendezvous_timeout, {}, "rendezvous_timeout", DEFAULT_RENDEZVOUS_TIMEOUT)  # refuse bad values
+                settings = cluster_environment.settings.with_arguments(rendezvous_timeout=rendezvous_timeout)
+                cluster_environment.settings = settings
             if isinstance(cluster_environment, MPIClusterEnvironment):
-                # The roll call compares the backend this strategy will use, when it is given.
+                # The roll call compares the backend this strategy will use, when it is given; the messages name
+                # the right class.
                 cluster_environment.process_group_backend = kwargs.get("process_group_backend")
+                cluster_environment.api = "Trainer" if trainer_side else "Fabric"
             super().__init__(cluster_environment=cluster_environment, **kwargs)
 
-        # Lightning hands the strategy its devices (``parallel_devices``) and node count (``num_nodes``, which both
-        # the Trainer and Fabric store in ``_num_nodes``) while it builds the Trainer or Fabric.
+        # Lightning hands the strategy its devices and node count through the public setters while it builds the
+        # Trainer or Fabric. Values left at their defaults ("auto" devices, one node) follow the launch.
 
         @property
+        @override
         def parallel_devices(self) -> Any:
-            return self.__dict__.get("_lme_parallel_devices")
+            return base.parallel_devices.fget(self)
 
         @parallel_devices.setter
         def parallel_devices(self, devices: Any) -> None:
-            self.__dict__["_lme_parallel_devices"] = self._devices_from_launch(devices)
+            base.parallel_devices.fset(self, self._devices_from_launch(devices))
 
         @property
-        def _num_nodes(self) -> int:
-            return int(self.__dict__.get("_lme_num_nodes", 1))
+        @override
+        def num_nodes(self) -> int:
+            # Read here rather than set: Fabric stores its value without the public setter.
+            num_nodes = int(base.num_nodes.fget(self))
+            launch = self._launch()
+            if launch is not None and num_nodes == 1 and launch.num_nodes is not None:
+                return launch.num_nodes
+            return num_nodes
 
-        @_num_nodes.setter
-        def _num_nodes(self, num_nodes: int) -> None:
-            shape = self._launch_shape("num_nodes")
-            self.__dict__["_lme_num_nodes"] = shape[1] if shape is not None and shape[1] else num_nodes
+        @num_nodes.setter
+        def num_nodes(self, num_nodes: int) -> None:
+            base.num_nodes.fset(self, num_nodes)
 
-        def _launch_shape(self, argument: str) -> tuple[int | None, int | None] | None:
-            """The launch's ``(devices, num_nodes)`` when ``argument`` was left out of the Trainer/Fabric."""
+        def _launch(self) -> TrainerArguments | None:
+            """The ``devices``/``num_nodes`` of the launch, with this strategy's own environment under a launcher."""
             environment = self.__dict__.get("cluster_environment")
-            if not isinstance(environment, MPIClusterEnvironment):
+            if not isinstance(environment, MPIClusterEnvironment) or environment.layout.launcher is None:
                 return None
-            given = arguments_given()
-            if given is None or argument in given:
-                return None
-            return environment.launch_shape()
+            return environment.layout.trainer_kwargs()
 
         def _devices_from_launch(self, devices: Any) -> Any:
-            shape = self._launch_shape("devices")
-            if devices is None or shape is None or shape[0] is None or len(devices) == shape[0]:
+            launch = self._launch()
+            if devices is None or launch is None or launch.devices is None or len(devices) == launch.devices:
                 return devices
-            per_node = shape[0]
+            if launch.devices == 1:  # one launcher process per node: Lightning starts the workers on its devices
+                return devices
+            if not self._as_if_auto(devices):
+                return devices  # given, and not the launch: the settings check names both
+            per_node = launch.devices
             if len(devices) == 1:  # one device visible (CPU, or a GPU bound to each rank): each rank drives it
                 return list(devices) * per_node
             if len(devices) > per_node:  # all of the node's GPUs visible: local rank i drives the i-th
                 return list(devices)[:per_node]
             return devices  # fewer GPUs than ranks on the node: the settings check says so
 
+        def _as_if_auto(self, devices: Any) -> bool:
+            """Whether ``devices`` is what ``devices="auto"`` gives (every device the accelerator sees): left out."""
+            accelerator = getattr(self, "accelerator", None)
+            count = accelerator.auto_device_count() if accelerator is not None else 1
+            return len(devices) == count
+
         @property
         def rendezvous_timeout(self) -> float | None:
             """Seconds the roll call waits for every rank (``None`` with another cluster environment)."""
             environment = self.cluster_environment
             return environment.rendezvous_timeout if isinstance(environment, MPIClusterEnvironment) else None
-
-        if trainer_side:
-
-            @override
-            def set_world_ranks(self) -> None:
-                # Called from inside Trainer(...) also when another cluster environment is given: the one moment
-                # to reach the Trainer before fit() (see lightning_mpi_env.lightning.trainer_guard).
-                guard_constructing_trainer()
-                super().set_world_ranks()
 
     MPIDDPStrategy.__module__ = __name__
     MPIDDPStrategy.__qualname__ = "MPIDDPStrategy"
@@ -180,11 +189,6 @@ def _build(package: str, strategies: ModuleType) -> type:
 
 def register(strategies: ModuleType) -> None:
     """Make and register ``MPIDDPStrategy`` as ``"ddp_mpi"`` in one package's strategy registry."""
-    launcher = detect_launcher(os.environ)
-    if launcher is not None and launcher is not SLURM:
-        # Trainer(strategy="ddp_mpi") asks SLURMEnvironment.detect() before it builds the strategy: silence the
-        # srun advice already, in a process another launcher started (see MPIClusterEnvironment for the rest).
-        silence_srun_not_used()
     package = strategies.__name__.rpartition(".")[0]
     cls = _build(package, strategies)
     _CLASSES[package] = cls

@@ -25,9 +25,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from lightning_mpi_env.core.errors import RendezvousError
+from lightning_mpi_env.core.settings import VARIABLE
 from lightning_mpi_env.rollcall.verdicts import (
     MISSING_CAUSES,
-    RENDEZVOUS_TIMEOUT_VARIABLE,
     Claim,
     NodeAssignment,
     assign_all,
@@ -77,14 +77,6 @@ class RendezvousResult:
     """This process's node assignment."""
     summary: str = ""
     """One line saying who met where, for rank 0 to print."""
-    _hosts: tuple[str, ...] | None = None
-
-    @property
-    def hosts(self) -> tuple[str, ...]:
-        """The host name of every rank, by global rank (read from the store on first use)."""
-        if self._hosts is None:
-            self._hosts = tuple(json.loads(self.store.get(KEY_PREFIX + "hosts")))
-        return self._hosts
 
 
 # --- the roll call ---------------------------------------------------------------------------------------------------
@@ -161,7 +153,7 @@ def _connect(claim: Claim, timeout: float) -> TCPStore:
             f"the rendezvous timeout of {timeout:g} s ({type(error).__name__}).",
             f"Rank 0 or its node failed to start, MASTER_ADDR/MASTER_PORT ({address} here) point at the wrong host "
             f"or differ between nodes, or a firewall blocks the port. To wait longer, raise "
-            f"{RENDEZVOUS_TIMEOUT_VARIABLE}.",
+            f"{VARIABLE['rendezvous_timeout']}.",
             variable="MASTER_ADDR",
             value=claim.main_address,
         ) from error

@@ -15,14 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lightning_mpi_env.core.errors import RendezvousError, SettingError
-
-RENDEZVOUS_TIMEOUT_VARIABLE = "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT"
-"""Environment variable that sets the roll call's timeout in seconds."""
-
-DEFAULT_RENDEZVOUS_TIMEOUT = 120.0
-"""Seconds to wait for every rank to arrive, unless told otherwise. Separate from the collective timeout."""
-
+from lightning_mpi_env.core.errors import RendezvousError
+from lightning_mpi_env.core.settings import VARIABLE
 
 MISSING_CAUSES = (
     "Likely causes: MASTER_ADDR/MASTER_PORT differ between nodes or point at the wrong host, a firewall blocks the "
@@ -114,37 +108,6 @@ def format_ranks(ranks: Iterable[int]) -> str:
             runs.append([rank])
     parts = [str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs]
     return f"{'rank' if len(ordered) == 1 else 'ranks'} {', '.join(parts)}"
-
-
-def resolve_timeout(value: float | None, env: Mapping[str, str]) -> float:
-    """The roll call's timeout: the argument, else ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, else 120 s.
-
-    Raises:
-        SettingError: If the value is not a positive, finite number of seconds.
-
-    >>> resolve_timeout(None, {"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"})
-    20.0
-    >>> resolve_timeout(None, {})
-    120.0
-    """
-    if value is not None:
-        source, raw = "rendezvous_timeout", str(value)
-    elif RENDEZVOUS_TIMEOUT_VARIABLE in env:
-        source, raw = RENDEZVOUS_TIMEOUT_VARIABLE, env[RENDEZVOUS_TIMEOUT_VARIABLE]
-    else:
-        return DEFAULT_RENDEZVOUS_TIMEOUT
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise SettingError(
-            f"{source}={raw!r} is not a positive, finite number of seconds.",
-            f"Set {source} to the seconds to wait for every rank to arrive, e.g. {DEFAULT_RENDEZVOUS_TIMEOUT:g}.",
-            variable=source,
-            value=raw,
-        )
-    return seconds
 
 
 def assign_nodes(hosts: Sequence[str], rank: int) -> NodeAssignment:
@@ -281,7 +244,7 @@ def missing_message(
     return RendezvousError(
         f"{format_ranks(missing).capitalize()} of {world_size} never arrived within the rendezvous timeout of "
         f"{timeout:g} s{where}. {count} rank(s) arrived.",
-        f"{MISSING_CAUSES} To wait longer, raise {RENDEZVOUS_TIMEOUT_VARIABLE} or "
+        f"{MISSING_CAUSES} To wait longer, raise {VARIABLE['rendezvous_timeout']} or "
         "MPIClusterEnvironment(rendezvous_timeout=...).",
         value=format_ranks(missing),
     )
@@ -367,9 +330,7 @@ def assign_all(hosts: Sequence[str]) -> list[NodeAssignment]:
 
 
 __all__ = [
-    "DEFAULT_RENDEZVOUS_TIMEOUT",
     "MISSING_CAUSES",
-    "RENDEZVOUS_TIMEOUT_VARIABLE",
     "Claim",
     "NodeAssignment",
     "assign_all",
@@ -382,6 +343,5 @@ __all__ = [
     "format_ranks",
     "local_rank_collision",
     "missing_message",
-    "resolve_timeout",
     "summary",
 ]

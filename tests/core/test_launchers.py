@@ -10,7 +10,6 @@ from lightning_mpi_env import from_env
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.launchers import LAUNCHERS, LAUNCHERS_BY_KEY, detect_launcher
 from lightning_mpi_env.core.layout import DEFAULT_MAIN_PORT, Placement, RankLayout
-from lightning_mpi_env.tools.cli import layout_as_dict
 from tests.clusters.hydra import launcher_truth
 
 
@@ -106,7 +105,7 @@ def captured_layouts(capture: Path) -> list[tuple[RankLayout, dict]]:
     layouts = [from_env(env) for env in captured_environments(capture)]
     fields = ("global_rank", "world_size", "local_rank", "local_size", "node_rank", "num_nodes")
     shown = [
-        {**{key: layout_as_dict(layout)[key] for key in fields}, "host": host}
+        {**{key: layout.as_dict()[key] for key in fields}, "host": host}
         for layout, host in zip(layouts, hosts, strict=True)
     ]
     return sorted(zip(layouts, shown, strict=True), key=lambda pair: pair[0].rank)

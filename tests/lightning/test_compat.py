@@ -1,10 +1,11 @@
-"""Every private name of Lightning and torch in ``lightning_mpi_env.lightning.compat``, checked on the real objects.
+"""Every private name of Lightning in ``lightning_mpi_env.lightning.compat``, checked against the real objects.
 
 Each check runs a program in a fresh interpreter (import order and namespace matter), once on the installed
 Lightning and once on the oldest supported one (2.1.4, :mod:`tests.clusters.lightning_versions`), so a supported
 version that changes a name or the call order fails here, naming what changed. Nothing of ours is mocked: the
-programs spy on Lightning's calls (``compat.proposal`` as the environment calls it, ``validate_settings`` from a
-subclass, torch's own ``init_process_group``) and let every call through.
+programs spy on Lightning's calls from a subclass of the environment (the rank proposals, ``validate_settings``,
+the reads of ``main_address``; the spies read the stack to *report* who called, which the package never does) and
+on torch's own ``init_process_group``, and let every call through.
 
 FSDP and DeepSpeed refuse the CPU in Lightning (FSDP by its flag or class check, DeepSpeed by
 ``isinstance(accelerator, CUDAAccelerator)``), and this machine has no GPU. Their programs therefore register a
@@ -23,7 +24,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -127,27 +127,14 @@ def listening_ports():
     return sorted(ports)
 
 
-real_proposal = environment.proposal
+def callers(frame):
+    names = []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
 
 
-def spy_proposal(start=None, max_depth=16):
-    # What the environment's setters get from compat.proposal(), beside what is on the stack (the truth).
-    setter = start or sys._getframe(1)
-    kind = real_proposal(setter, max_depth)
-    stack = [frame.f_code.co_name for frame in compat.frames_above(setter, 64)]
-    events.append({
-        "event": "proposal", "setter": setter.f_code.co_name, "caller": setter.f_back.f_code.co_name,
-        "kind": kind.name, "stage": ENV.stage.name, "constructing": "_lazy_init_strategy" in stack,
-        "setting_up": any(name in stack for name in ("setup_environment", "_setup_distributed")),
-    })
-    if kind is compat.Proposal.CONSTRUCTION and "trainer" not in seen:
-        seen["trainer"] = compat.constructing_trainer(setter)
-        seen["fabric"] = compat.constructing_fabric(setter)
-        seen["given"] = compat.arguments_given(setter)
-    return kind
-
-
-environment.proposal = spy_proposal
 real_init = dist.init_process_group
 
 
@@ -177,13 +164,27 @@ dist.init_process_group = spy_init
 
 
 class Spy(environment.MPIClusterEnvironment):
+    def set_world_size(self, size):
+        before, stack = self.stage.name, callers(sys._getframe(1))
+        super().set_world_size(size)
+        events.append({
+            "event": "proposal", "before": before, "after": self.stage.name,
+            "constructing": "_lazy_init_strategy" in stack,
+            "setting_up": any(name in stack for name in ("setup_environment", "_setup_distributed")),
+        })
+
+    @property
+    def main_address(self):
+        before, caller = self.stage.name, sys._getframe(1).f_code.co_name
+        address = environment.MPIClusterEnvironment.main_address.fget(self)
+        events.append({"event": "main_address", "caller": caller, "before": before, "after": self.stage.name})
+        return address
+
     def validate_settings(self, num_devices, num_nodes):
         caller = sys._getframe(1)
-        trainer, arguments = compat.launching_trainer(sys._getframe())
         events.append({
             "event": "validate_settings", "caller": caller.f_code.co_name, "module": caller.f_globals["__name__"],
-            "stage": self.stage.name, "trainer": None if trainer is None else trainer is OWNER[0],
-            "arguments": [type(argument).__name__ for argument in arguments],
+            "stage": self.stage.name,
         })
         super().validate_settings(num_devices, num_nodes)
 
@@ -226,8 +227,6 @@ if TRAINER:
             self.layer = torch.nn.Linear(2, 1)
 
         def training_step(self, batch, index):
-            facts["strategy_model"] = compat.strategy_model(self.trainer.strategy) is self
-            facts["strategy_checkpoint_io"] = compat.strategy_checkpoint_io(self.trainer.strategy) is checkpoint_io
             return self.layer(batch).sum()
 
         def configure_optimizers(self):
@@ -236,32 +235,31 @@ if TRAINER:
         def train_dataloader(self):
             return torch.utils.data.DataLoader(torch.ones(4, 2), batch_size=2)
 
+    import tempfile
+
+    from lightning_mpi_env.lightning import requeue
+
+    root = tempfile.mkdtemp()
+    for number in (1, 3):  # HPC_CHECKPOINT: the names Lightning's own HPC resume looks for
+        open(os.path.join(root, compat.hpc_checkpoint_name(number)), "w").close()
+    os.environ["PBS_JOBID"] = "7.server"  # a job that can requeue: Lightning adds our callback (callbacks_factory)
     owner = OWNER[0] = pl.Trainer(
         strategy="ddp", accelerator="cpu", devices=1, plugins=[ENV, checkpoint_io], max_steps=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
     )
+    del os.environ["PBS_JOBID"]
+    facts["callbacks"] = [type(callback).__name__ for callback in owner.callbacks]
+    facts["hpc"] = [owner._checkpoint_connector._hpc_resume_path, requeue.newest_checkpoint(root)]
+    for number in (1, 3):
+        os.remove(os.path.join(root, compat.hpc_checkpoint_name(number)))
     owner.fit(Model())
-    entry_points = compat.TRAINER_ENTRY_POINTS
 else:
     owner = OWNER[0] = pl.Fabric(strategy="ddp", accelerator="cpu", devices=1, plugins=[ENV, checkpoint_io])
     owner.launch()
-    facts["strategy_model"] = compat.strategy_model(owner.strategy)  # Fabric's strategies hold no LightningModule
-    facts["strategy_checkpoint_io"] = compat.strategy_checkpoint_io(owner.strategy) is checkpoint_io
-    entry_points = compat.FABRIC_ENTRY_POINTS
-
-import inspect
 
 strategies = importlib.import_module(PACKAGE + ".strategies")
 registry = compat.strategy_registry(strategies)
 facts.update({
-    "is_trainer": compat.is_trainer(owner),
-    "is_fabric": compat.is_fabric(owner),
-    "constructing_trainer": seen["trainer"] is owner if seen["trainer"] is not None else None,
-    "constructing_fabric": seen["fabric"] is owner if seen["fabric"] is not None else None,
-    "arguments_given": None if seen["given"] is None else sorted(seen["given"]),
-    "entry_points": {
-        name: list(inspect.signature(getattr(type(owner), name)).parameters)[:2] for name in entry_points
-    },
     "registry": [
         name for name in ("StrategyRegistry", "STRATEGY_REGISTRY") if getattr(strategies, name, None) is registry
     ],
@@ -292,48 +290,45 @@ def test_ddp_meets_in_the_roll_call_before_init_process_group(lightning, package
     found = _probe(lightning, DDP_PROGRAM, package, path=(fake_srun,))
     events, facts, port = found["events"], found["facts"], found["port"]
 
-    # Lightning proposes ranks twice; compat.proposal() tells the moments apart as the stack does.
+    # Lightning proposes ranks while it builds the Trainer/Fabric, then again in setup_environment: the stages
+    # follow that order with no frame read by the package (the spy reads the stack only to check it).
     proposals = [event for event in events if event["event"] == "proposal"]
-    assert proposals, (
-        "the environment no longer asks lightning_mpi_env.lightning.environment.proposal(): update the spy"
-    )
     construction = [event for event in proposals if event["constructing"]]
     setup = [event for event in proposals if event["setting_up"]]
     assert len(construction) + len(setup) == len(proposals), proposals
-    assert {event["kind"] for event in construction} == {"CONSTRUCTION"}, construction
-    assert {event["kind"] for event in setup} == {"SETUP"}, setup
-    assert "set_world_size" in {event["setter"] for event in construction} & {event["setter"] for event in setup}
-    # SETTING_RANKS: the strategy method that calls the setters (the Trainer's and Fabric's names differ).
-    assert {event["caller"] for event in proposals} == {"set_world_ranks" if trainer else "_set_world_ranks"}
-    assert {event["caller"] for event in proposals} <= set(compat.SETTING_RANKS)
+    assert construction, proposals
+    assert setup, proposals
+    assert (construction[0]["before"], construction[0]["after"]) == ("CONFIGURED", "PROPOSED"), proposals
+    assert (setup[0]["before"], setup[0]["after"]) == ("PROPOSED", "SETTING_UP"), proposals
+    assert max(events.index(event) for event in construction) < min(events.index(event) for event in setup)
 
-    # The launcher validates the settings between the two proposals, with the Trainer's locals on the stack.
+    # The launcher validates the settings between the two proposals.
     (validate,) = [events[index] for index in _index(events, "validate_settings")]
     assert validate["caller"] == "launch"
     assert validate["module"] == f"{package}.strategies.launchers.subprocess_script"
-    assert (validate["trainer"], validate["arguments"]) == ((True, ["Model"]) if trainer else (None, []))
     assert max(events.index(event) for event in construction) < events.index(validate)
     assert events.index(validate) < min(events.index(event) for event in setup)
 
+    # The first read of main_address after the setup proposal runs the roll call, right before init_process_group.
+    reads = [events[index] for index in _index(events, "main_address")]
+    meeting = next(event for event in reads if event["before"] == "SETTING_UP")
+    assert (meeting["after"], meeting["caller"]) == ("MET", "_init_dist_connection"), reads
+    assert events.index(meeting) > max(events.index(event) for event in setup)
+
     # torch's init_process_group runs once, after the roll call, and its store is the roll call's: one port.
     (init,) = [events[index] for index in _index(events, "init_process_group")]
-    assert events.index(init) > max(events.index(event) for event in setup)
+    assert events.index(init) > events.index(meeting)
     assert init["caller"] == "_init_dist_connection"
     assert (init["stage"], init["verdict"], init["listening"]) == ("MET", True, [port])
     (store,) = [events[index] for index in _index(events, "default_store")]
     assert store == {"event": "default_store", "type": "TCPStore", "port": port, "verdict": True}
 
-    # The private reads of compat, on the real objects.
-    assert facts["constructing_trainer"] is (True if trainer else None)
-    assert facts["constructing_fabric"] is (None if trainer else True)
-    assert facts["arguments_given"] == ["devices"]  # devices=1 given, num_nodes left to its default
-    assert (facts["is_trainer"], facts["is_fabric"]) == (trainer, not trainer)
-    assert facts["strategy_model"] is (True if trainer else None)
-    assert facts["strategy_checkpoint_io"] is True
-    entry_points = compat.TRAINER_ENTRY_POINTS if trainer else compat.FABRIC_ENTRY_POINTS
-    assert set(facts["entry_points"]) == set(entry_points)
-    if trainer:  # the mixed-import guard binds the model argument by name
-        assert all(parameters == ["self", "model"] for parameters in facts["entry_points"].values())
+    if trainer:
+        # The callbacks_factory entry point: Lightning adds the callback to a Trainer of a job that can requeue.
+        assert "MPIEnvCallback" in facts["callbacks"], facts["callbacks"]
+        # HPC_CHECKPOINT: Lightning's own HPC resume picks the file our requeue names and finds.
+        assert facts["hpc"][0] == facts["hpc"][1], facts["hpc"]
+        assert facts["hpc"][1].endswith("hpc_ckpt_3.ckpt"), facts["hpc"]
     assert facts["registry"] == ["StrategyRegistry" if trainer else "STRATEGY_REGISTRY"]
     assert facts["registered"] == ["ddp", "ddp_mpi"]
     # SRUN_NOT_USED: the start of Lightning's own warning text, which the filter then silences.
@@ -510,9 +505,12 @@ def test_sharded_strategies_meet_in_the_roll_call_before_init_process_group(
         events, port = run["events"], run["port"]
         context = f"{name} on {lightning}: {events}"
         assert run["strategy"] == f"{package}.strategies.{EXPECTED_CLASSES[name]}", context  # Lightning's own class
-        setup = [event for event in events if event["event"] == "proposal" and event["kind"] == "SETUP"]
+        setup = [event for event in events if event["event"] == "proposal" and event["after"] == "SETTING_UP"]
         assert setup, context
         assert all(event["setting_up"] for event in setup), context
+        meeting = [event for event in events if event["event"] == "main_address" and event["before"] == "SETTING_UP"]
+        assert meeting, context
+        assert meeting[0]["after"] == "MET", context
         (init,) = [events[index] for index in _index(events, "init_process_group")]
         assert (init["stage"], init["verdict"]) == ("MET", True), context
         assert events.index(init) > max(events.index(event) for event in setup), context
@@ -573,71 +571,23 @@ print("PROBE " + json.dumps({"events": events}))
 
 
 def test_setup_proposal_through_a_subclass_that_overrides_the_setters():
-    # proposal() looks only at the setter's direct caller; a subclass's super() call stands in between.
+    # A user's subclass that overrides the setters and calls super() keeps the order the stages follow.
     events = _probe(INSTALLED, SUBCLASS_PROGRAM)["events"]
     (init,) = [events[index] for index in _index(events, "init_process_group")]
     assert (init["stage"], init["verdict"]) == ("MET", True), events
 
 
-def test_store_append_and_multi_set_on_a_real_store():
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
-    compat.store_append(store, "ranks", "3,")
-    compat.store_append(store, "ranks", "1,")
-    compat.store_multi_set(store, ["a", "b"], ["1", "2"])
-    assert store.get("ranks") == b"3,1,"
-    assert store.multi_get(["a", "b"]) == [b"1", b"2"]
-
-
-def test_frames_above_stops_at_the_outermost_frame():
-    frames = list(compat.frames_above(sys._getframe(), 10_000))
-    assert frames[0].f_code.co_name == "test_frames_above_stops_at_the_outermost_frame"
-    assert frames[-1].f_back is None
-    assert len(list(compat.frames_above(sys._getframe(), 2))) == 2
-
-
-def test_proposal_outside_lightning_is_other():
-    def set_world_size() -> compat.Proposal:
-        return compat.proposal()
-
-    assert set_world_size() is compat.Proposal.OTHER
-    assert compat.constructing_trainer() is None
-    assert compat.constructing_fabric() is None
-    assert compat.arguments_given() is None
-    assert compat.launching_trainer() == (None, [])
-
-
-def test_strategy_reads_answer_none_for_anything_else():
-    class Broken:
-        @property
-        def _lightning_module(self):
-            raise RuntimeError("not attached yet")
-
-    assert compat.strategy_model(Broken()) is None
-    assert compat.strategy_checkpoint_io(object()) is None
+def test_hpc_checkpoint_name_is_lightnings():
+    assert compat.HPC_CHECKPOINT.match(compat.hpc_checkpoint_name(12)).group(1) == "12"
+    assert compat.HPC_CHECKPOINT.match("hpc_ckpt_x.ckpt") is None
 
 
 # Which test checks each name of compat (a name added to compat without a test here fails this test).
 CHECKED_BY = {
-    "FABRIC_ENTRY_POINTS": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "SETTING_RANKS": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "HPC_CHECKPOINT": test_ddp_meets_in_the_roll_call_before_init_process_group,
     "SRUN_NOT_USED": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "TRAINER_ENTRY_POINTS": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "Proposal": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "arguments_given": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "constructing_fabric": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "constructing_trainer": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "frames_above": test_frames_above_stops_at_the_outermost_frame,
-    "is_fabric": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "is_trainer": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "launching_trainer": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "proposal": test_sharded_strategies_meet_in_the_roll_call_before_init_process_group,
+    "hpc_checkpoint_name": test_hpc_checkpoint_name_is_lightnings,
     "silence_srun_not_used": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "strategy_checkpoint_io": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "strategy_model": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "store_append": test_store_append_and_multi_set_on_a_real_store,
-    "store_multi_set": test_store_append_and_multi_set_on_a_real_store,
     "strategy_registry": test_ddp_meets_in_the_roll_call_before_init_process_group,
 }
 

@@ -102,13 +102,6 @@ def test_stale_torch_variables_are_still_rejected(stale):
         MPIClusterEnvironment(stale)
 
 
-def test_assign_nodes_overrides_node_and_local_rank():
-    environment = MPIClusterEnvironment(_ompi(2, 4, 1, 2))
-    environment.assign_nodes(node_rank=0, local_rank=1, num_nodes=2)
-    assert (environment.node_rank(), environment.local_rank(), environment.num_nodes) == (0, 1, 2)
-    assert environment.global_rank() == 2
-
-
 def test_no_launcher_local_rank_follows_lightning_spawned_workers(monkeypatch):
     # ddp_spawn/ddp_fork set LOCAL_RANK in each worker after the environment was made in the parent.
     monkeypatch.delenv("LOCAL_RANK", raising=False)

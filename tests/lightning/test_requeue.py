@@ -22,6 +22,7 @@ import pytest
 from lightning_mpi_env import MPIClusterEnvironment
 from lightning_mpi_env.core.errors import SettingError
 from lightning_mpi_env.core.schedulers import LSF, PBS, SGE, SLURM
+from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.lightning.requeue import Requeue, job_name, newest_checkpoint, next_checkpoint
 from lightning_mpi_env.tools.simcluster import SimulatedCluster, find_mpirun
 from tests.conftest import TRAINER_JOB
@@ -33,9 +34,10 @@ SLURM_TIMEOUT = 300  # two runs of a Lightning job on two (maybe busy) cores, an
 
 
 def plan(env, **kwargs):
+    # As MPIClusterEnvironment does: the settings record (LIGHTNING_MPI_ENV_REQUEUE), the argument taking precedence.
     return Requeue.plan(
         env,
-        enabled=kwargs.get("enabled"),
+        enabled=Settings.from_env(env).with_arguments(requeue=kwargs.get("enabled")).requeue,
         requeue_signal=kwargs.get("requeue_signal"),
         command=kwargs.get("command"),
     )
@@ -128,7 +130,7 @@ def test_the_handler_notes_the_signal_and_keeps_the_previous_one():
         from lightning_mpi_env.lightning.requeue import Requeue
         seen = []
         signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
-        plan = Requeue.plan({"JOB_ID": "5"}, enabled=None, requeue_signal=signal.SIGUSR1, command=None)
+        plan = Requeue.plan({"JOB_ID": "5"}, enabled=True, requeue_signal=signal.SIGUSR1, command=None)
         plan.install()
         plan.install()  # twice: one handler
         assert not plan.requested

@@ -32,10 +32,11 @@ FIRST_SCREEN = 30
 PACKAGE_FRAME = re.compile(r'File "[^"]*lightning_mpi_env/')
 OPEN_MPI_NOISE = re.compile(r"^\[[^\]]+:\d+\] plm:")  # "[vm:1307] plm:ssh: Warning: setpgid(...)", now and then
 
-# The four launch paths: (job, strategy, who takes devices/num_nodes). "ddp": plugins=[MPIClusterEnvironment()].
+# The four launch paths: (job, strategy, who the messages say takes devices/num_nodes). "ddp":
+# plugins=[MPIClusterEnvironment()], which is never told whether a Trainer or a Fabric holds it.
 PATHS = {
-    "trainer-plugin": (TRAINER_JOB, "ddp", "Trainer"),
-    "fabric-plugin": (FABRIC_JOB, "ddp", "Fabric"),
+    "trainer-plugin": (TRAINER_JOB, "ddp", "Trainer/Fabric"),
+    "fabric-plugin": (FABRIC_JOB, "ddp", "Trainer/Fabric"),
     "trainer-ddp_mpi": (TRAINER_JOB, "ddp_mpi", "Trainer"),
     "fabric-ddp_mpi": (FABRIC_JOB, "ddp_mpi", "Fabric"),
 }
@@ -204,8 +205,8 @@ def test_wrong_trainer_devices_is_one_line_per_rank(cluster):
         "LayoutError",
         [
             "Open MPI launched 4 ranks, 2 per node",
-            "but Trainer(devices=4, num_nodes=1) expects 4 ranks, 4 per node.",
-            "HINT: Use Trainer(devices=2, num_nodes=2)",
+            "but Trainer/Fabric(devices=4, num_nodes=1) expects 4 ranks, 4 per node.",
+            "HINT: Use Trainer/Fabric(devices=2, num_nodes=2)",
         ],
     )
 

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from lightning_mpi_env import LayoutError
 from lightning_mpi_env.core.errors import RendezvousError
+from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT, Settings
 from lightning_mpi_env.rollcall.store import rendezvous
 from lightning_mpi_env.rollcall.verdicts import (
-    DEFAULT_RENDEZVOUS_TIMEOUT,
     Claim,
     NodeAssignment,
     assign_nodes,
@@ -24,7 +24,6 @@ from lightning_mpi_env.rollcall.verdicts import (
     duplicate_message,
     format_ranks,
     missing_message,
-    resolve_timeout,
 )
 
 # --- pure helpers -------------------------------------------------------------------------------------------------
@@ -49,20 +48,20 @@ def test_format_ranks_names_every_rank_once(ranks):
 
 def test_resolve_timeout_precedence():
     env = {"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"}
-    assert resolve_timeout(5, env) == 5.0
-    assert resolve_timeout(None, env) == 20.0
-    assert resolve_timeout(None, {}) == DEFAULT_RENDEZVOUS_TIMEOUT == 120.0
+    assert Settings.from_env(env).with_arguments(rendezvous_timeout=5).rendezvous_timeout == 5.0
+    assert Settings.from_env(env).rendezvous_timeout == 20.0
+    assert Settings.from_env({}).rendezvous_timeout == DEFAULT_RENDEZVOUS_TIMEOUT == 120.0
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "soon", "inf", "nan"])
 def test_resolve_timeout_rejects_bad_values(value):
     with pytest.raises(LayoutError, match=rf"(?s)_RENDEZVOUS_TIMEOUT=.{value}. is not a positive.*HINT"):
-        resolve_timeout(None, {"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": value})
+        Settings.from_env({"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": value})
 
 
 def test_resolve_timeout_rejects_bad_argument():
     with pytest.raises(LayoutError, match="rendezvous_timeout='0' is not a positive"):
-        resolve_timeout(0, {})
+        Settings().with_arguments(rendezvous_timeout=0)
 
 
 @pytest.mark.parametrize(
@@ -172,7 +171,6 @@ def test_rendezvous_resolves_round_robin_nodes():
     assert nodes[1] == NodeAssignment(1, 2, 0, 2)
     assert nodes[2] == NodeAssignment(0, 2, 1, 2)
     assert nodes[3] == NodeAssignment(1, 2, 1, 2)
-    assert results[3].hosts == ("a", "b", "a", "b")  # type: ignore[attr-defined]
 
 
 def test_rendezvous_duplicate_rank_stops_every_rank():

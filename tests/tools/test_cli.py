@@ -180,7 +180,7 @@ def test_show_trainer_arguments(variables, expected, shown, capsys, environ):
     row = json.loads(capsys.readouterr().out)
     assert (row["trainer_devices"], row["trainer_num_nodes"], row["trainer_exact"]) == expected
     assert bool(row["trainer_note"]) == (expected[2] is False or expected[0] is None)
-    assert cli.trainer_arguments(from_env(variables))[:3] == expected
+    assert from_env(variables).trainer_kwargs()[:3] == expected
 
 
 def test_show_json_carries_warnings_as_text(capsys, environ):
