@@ -1,10 +1,15 @@
-"""What checkpoint-and-requeue costs a healthy job: the collective check after every training step.
+"""What checkpoint-and-requeue and the stall watchdog cost a healthy job's training step.
 
-With requeue on (a scheduler's job id in the environment), every rank asks the others after each training step
-whether any got the requeue signal (``reduce_boolean_decision``: one small all-reduce). This runs the instrumented
-Trainer job (``examples/instrumented/trainer_job.py``, gloo, CPU) on two simulated nodes x 2 ranks, with requeue on
-(``JOB_ID`` set, Grid Engine) and off (``LIGHTNING_MPI_ENV_REQUEUE=0``), interleaved, and reports the median
-training-loop time (first step to the end of ``fit()``, rank 0) and the difference per step.
+Runs the instrumented Trainer job (``examples/instrumented/trainer_job.py``, gloo, CPU) on two simulated nodes x 2
+ranks, in four configurations, interleaved (each round runs all four, in a rotating order), and reports the median
+training-loop time (rank 0, first step to the end of ``fit()``) and the time per step:
+
+- ``baseline``: requeue off, watchdog off;
+- ``watchdog``: the stall watchdog on (the default), requeue off;
+- ``requeue``: both on, the default under a scheduler (``JOB_ID`` set, Grid Engine): the ranks agree on a stop step
+  through the store, from the watchdog thread;
+- ``collective``: requeue on with the roll call off, where the ranks must ask each other after every step with an
+  all-reduce (what every job with requeue on paid before).
 
 Usage: ``.venv/bin/python benchmarks/requeue_overhead.py [--repeat 5] [--samples 2000]``
 """
@@ -26,11 +31,17 @@ ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "instrumented" / "trainer_job.py"
 
 
-def run(cluster: SimulatedCluster, samples: int, requeue: bool, root: str) -> tuple[float, int]:
+CONFIGURATIONS: dict[str, dict[str, str]] = {
+    "baseline": {"LIGHTNING_MPI_ENV_REQUEUE": "0", "LIGHTNING_MPI_ENV_STALL_TIMEOUT": "0"},
+    "watchdog": {"LIGHTNING_MPI_ENV_REQUEUE": "0"},
+    "requeue": {},
+    "collective": {"LIGHTNING_MPI_ENV_ROLL_CALL": "0"},
+}
+
+
+def run(cluster: SimulatedCluster, samples: int, configuration: str, root: str) -> tuple[float, int]:
     """Rank 0's training-loop seconds and its number of steps."""
-    export = {"MASTER_ADDR": "127.0.0.2", "JOB_ID": "4242", "OMP_NUM_THREADS": "1"}
-    if not requeue:
-        export["LIGHTNING_MPI_ENV_REQUEUE"] = "0"
+    export = {"MASTER_ADDR": "127.0.0.2", "JOB_ID": "4242", "OMP_NUM_THREADS": "1", **CONFIGURATIONS[configuration]}
     command = [sys.executable, str(JOB), "--samples", str(samples), "--root-dir", root]
     done = cluster.run(command, timeout=600, export=export)
     if done.returncode != 0:
@@ -45,27 +56,32 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--samples", type=int, default=2000)
     args = parser.parse_args()
-    times: dict[bool, list[float]] = {True: [], False: []}
+    names = list(CONFIGURATIONS)
+    times: dict[str, list[float]] = {name: [] for name in names}
     steps = 0
     with tempfile.TemporaryDirectory() as workdir:
         cluster = SimulatedCluster(Path(workdir))
         for index in range(args.repeat):
-            for requeue in (True, False) if index % 2 == 0 else (False, True):
-                seconds, steps = run(cluster, args.samples, requeue, workdir)
-                times[requeue].append(seconds)
-            print(f"  run {index + 1}: on {times[True][-1]:.2f} s, off {times[False][-1]:.2f} s", flush=True)
+            for name in names[index % len(names) :] + names[: index % len(names)]:
+                seconds, steps = run(cluster, args.samples, name, workdir)
+                times[name].append(seconds)
+            print(f"  run {index + 1}: " + ", ".join(f"{n} {times[n][-1]:.2f} s" for n in names), flush=True)
     load = os.getloadavg()
-    on, off = statistics.median(times[True]), statistics.median(times[False])
+    medians = {name: statistics.median(times[name]) for name in names}
+    base = medians["baseline"]
     print(
         f"\nmachine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.platform()}, Python "
         f"{platform.python_version()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; 2 simulated nodes x 2 "
         f"ranks, gloo, {steps} steps per rank, median of {args.repeat}\n"
     )
-    print("| requeue | training loop (rank 0) | per step |")
-    print("|---|---|---|")
-    print(f"| on | {on:.2f} s | {on / steps * 1000:.2f} ms |")
-    print(f"| off | {off:.2f} s | {off / steps * 1000:.2f} ms |")
-    print(f"| difference | {on - off:+.2f} s ({(on / off - 1) * 100:+.1f}%) | {(on - off) / steps * 1000:+.3f} ms |")
+    print("| configuration | training loop (rank 0) | per step | vs baseline |")
+    print("|---|---|---|---|")
+    for name in names:
+        seconds = medians[name]
+        print(
+            f"| {name} | {seconds:.2f} s | {seconds / steps * 1000:.2f} ms | "
+            f"{(seconds / base - 1) * 100:+.1f}% ({(seconds - base) / steps * 1000:+.3f} ms) |"
+        )
 
 
 if __name__ == "__main__":

@@ -90,3 +90,24 @@ def test_layers_import_only_what_they_may(layer):
             elif top not in sys.stdlib_module_names and top != "__future__" and top not in THIRD_PARTY[layer]:
                 problems.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not problems, problems
+
+
+FRAME_READERS = {
+    "imports/sites.py": "to report which file imported a Lightning namespace",
+    "rollcall/watchdog.py": "to report where a stalled rank's main thread is (main_thread_place)",
+}
+"""The only modules that may read stack frames, and why: both only report; nothing decides what runs from them."""
+
+
+def test_only_the_reporters_read_stack_frames_and_no_module_defines_class():
+    # Issue 14: no control flow from stack frames, no `__class__` tricks (docs/architecture.md says the same).
+    frame_apis = re.compile(r"_getframe|currentframe|inspect\.stack|f_back|f_locals|_current_frames")
+    package = ROOT / "lightning_mpi_env"
+    readers = set()
+    for path in sorted(package.rglob("*.py")):
+        code = path.read_text()
+        relative = path.relative_to(package).as_posix()
+        if frame_apis.search(code.replace("walk ``sys._getframe()``", "")):  # hooks.py's docstring names sites.py's
+            readers.add(relative)
+        assert not re.search(r"def __class__|__class__\s*=", code), relative
+    assert readers == set(FRAME_READERS)

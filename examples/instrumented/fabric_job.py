@@ -12,12 +12,16 @@ import importlib
 import json
 import os
 import socket
+import sys
 import time
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_mpi_env import MPIClusterEnvironment
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tamper.py, beside this file
+from tamper import stall_here  # noqa: E402
 
 
 def main():
@@ -52,11 +56,14 @@ def main():
     x = index.float().unsqueeze(1).repeat(1, 4)
     data = fabric.setup_dataloaders(DataLoader(TensorDataset(index, x, x.sum(dim=1, keepdim=True) * 0.5), batch_size=4))
     seen = []
-    for indices, batch_x, batch_y in data:
+    for step, (indices, batch_x, batch_y) in enumerate(data):
         if not seen:
             print(f"FIRST_STEP rank={fabric.global_rank} time={time.time()!r} step=0\n", end="", flush=True)
         seen += indices.tolist()
+        stall_here(fabric.global_rank, step)
         loss = torch.nn.functional.mse_loss(model(batch_x) / 100, batch_y / 100)
+        if plugins:  # with the plugin, the loop tells the stall watchdog it reached backward ("ddp_mpi" does itself)
+            plugins[0].progress(step)
         fabric.backward(loss)
         optimizer.step()
         optimizer.zero_grad()

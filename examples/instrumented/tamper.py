@@ -1,17 +1,36 @@
 """Fault injection under mpirun (tests, benchmarks): tamper one rank's environment, then run the real command.
 
-Usage: python tamper.py [--rank R (--claim C | --world-size N | --exit)] [--torch-env] -- COMMAND...
+Usage: python tamper.py [--rank R (--claim C | --world-size N | --exit | --stall S:HOW)] [--torch-env] -- COMMAND...
 
 On the process whose launcher rank is R, ``--claim C`` makes it claim rank C (a duplicate), ``--world-size N`` makes
 it claim a job of N ranks (a rank that disagrees with the others), and ``--exit`` makes it exit with status 0 before
-anything starts (a rank that never arrives, while mpirun waits for the others).
+anything starts (a rank that never arrives, while mpirun waits for the others), ``--stall S:HOW`` makes it stall at
+its training step S (``block``: it sleeps, alive; ``freeze``: it stops itself with SIGSTOP), through the instrumented
+jobs' ``INSTRUMENTED_STALL`` variable.
 ``--torch-env`` then exports what a job script for Lightning's own environment would (``LOCAL_RANK``,
 ``NODE_RANK`` for block placement), computed from the (tampered) Open MPI variables.
 """
 
 import argparse
 import os
+import signal
 import sys
+import time
+
+
+def stall_here(rank: int, step: int) -> None:
+    """Stall this rank at this step when tamper.py asked for it (``INSTRUMENTED_STALL=STEP:block|freeze``)."""
+    together = os.environ.get("INSTRUMENTED_STALL_ALL")  # "STEP:SECONDS": every rank sleeps there (slow, not stalled)
+    if together is not None and int(together.split(":")[0]) == step:
+        time.sleep(float(together.split(":")[1]))
+    wanted = os.environ.get("INSTRUMENTED_STALL")
+    if wanted is None or int(wanted.split(":")[0]) != step:
+        return
+    how = wanted.split(":")[1]
+    print(f"STALL: rank {rank} {'blocks' if how == 'block' else 'freezes'} at step {step}\n", end="", flush=True)
+    if how == "freeze":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(3600)
 
 
 def main():
@@ -21,6 +40,7 @@ def main():
     fault.add_argument("--claim", type=int)
     fault.add_argument("--world-size", type=int)
     fault.add_argument("--exit", action="store_true")
+    fault.add_argument("--stall", help="STEP:block or STEP:freeze")
     parser.add_argument("--torch-env", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
@@ -34,6 +54,8 @@ def main():
             print(f"TAMPER: rank {args.rank} claims rank {args.claim}\n", end="", flush=True)
             os.environ["OMPI_COMM_WORLD_RANK"] = str(args.claim)
             os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(args.claim % int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"]))
+        if args.stall is not None:
+            os.environ["INSTRUMENTED_STALL"] = args.stall
         if args.world_size is not None:
             print(f"TAMPER: rank {args.rank} claims world size {args.world_size}\n", end="", flush=True)
             os.environ["OMPI_COMM_WORLD_SIZE"] = str(args.world_size)

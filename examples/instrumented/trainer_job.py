@@ -11,12 +11,16 @@ import importlib
 import json
 import os
 import socket
+import sys
 import time
 
 import torch
 from torch.utils.data import Dataset
 
 from lightning_mpi_env import MPIClusterEnvironment, hpc_checkpoint
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tamper.py, beside this file
+from tamper import stall_here  # noqa: E402
 
 
 def main():
@@ -74,6 +78,7 @@ def main():
                 )
                 os._exit(0)
             self.seen += index.tolist()
+            stall_here(self.global_rank, self.trainer.global_step)
             time.sleep(args.step_seconds)
             return torch.nn.functional.mse_loss(self.layer(x) / 100, y / 100)
 

@@ -82,6 +82,10 @@ class RendezvousError(LayoutError):
     """The processes of one job do not add up in the roll call: duplicate, missing or disagreeing ranks."""
 
 
+class StallError(MpiEnvError, RuntimeError):
+    """A rank stopped making progress while the others wait for it (the stall watchdog)."""
+
+
 class MixedImportError(MpiEnvError, TypeError):
     """Objects from both Lightning namespaces meet, or the namespaces cannot be unified."""
 
@@ -114,5 +118,6 @@ __all__ = [
     "MpiEnvError",
     "RendezvousError",
     "SettingError",
+    "StallError",
     "StrategyImportError",
 ]

@@ -37,8 +37,18 @@ class Setting(NamedTuple):
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("roll_call", "LIGHTNING_MPI_ENV_ROLL_CALL", "`0` skips the roll call before `init_process_group`"),
-    Setting("rendezvous_timeout", "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT", "seconds the roll call waits (120)"),
+    Setting("rendezvous_timeout", "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT", "seconds the roll call waits for every rank"),
     Setting("requeue", "LIGHTNING_MPI_ENV_REQUEUE", "`0` turns checkpoint-and-requeue off"),
+    Setting(
+        "stall_timeout",
+        "LIGHTNING_MPI_ENV_STALL_TIMEOUT",
+        "seconds without progress, ranks not level, before the stall watchdog ends the job; `0`: off",
+    ),
+    Setting(
+        "max_requeues",
+        "LIGHTNING_MPI_ENV_MAX_REQUEUES",
+        "the most requeues of one job (its HPC checkpoints count them); `0`: no limit",
+    ),
     Setting("debug", "LIGHTNING_MPI_ENV_DEBUG", "`1` shows full tracebacks of this package's errors"),
     Setting("mixed_imports", "LIGHTNING_MPI_ENV_MIXED_IMPORTS", "`warn`, `error` or `ignore` on mixed imports"),
 )
@@ -49,6 +59,17 @@ VARIABLE = {row.field: row.variable for row in SETTINGS}
 
 DEFAULT_RENDEZVOUS_TIMEOUT = 120.0
 """Seconds the roll call waits for every rank unless told otherwise; separate from the collective timeout."""
+
+DEFAULT_MAX_REQUEUES = 20
+"""Requeues of one job before it stops requeueing: weeks of 24-hour slots, yet a job warned again right after each
+restart (a time limit shorter than the warning, a node that fails at once) stops after a bounded number of tries.
+Slurm's own cap on batch requeues, ``MaxBatchRequeue``, defaults to 5, and applies first where it is lower."""
+
+DEFAULT_STALL_TIMEOUT = 300.0
+"""Seconds without progress on any rank, ranks not level, before the stall watchdog stops the job.
+
+Long enough for a rank's slow batch or a brief file-system hang on a busy cluster; well inside the collective
+timeouts after which torch gives up without naming a rank (Lightning sets 30 minutes for gloo, NCCL's is 10)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +82,10 @@ class Settings:
     """Seconds the roll call waits for every rank."""
     requeue: bool = True
     """Checkpoint and requeue on the scheduler's warning signal (where a scheduler can requeue)."""
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT
+    """Seconds the stall watchdog waits; ``0``: no watchdog."""
+    max_requeues: int = DEFAULT_MAX_REQUEUES
+    """The most requeues of one job; ``0``: no limit."""
     debug: bool = False
     """Show full tracebacks of this package's errors."""
     mixed_imports: MixedImportMode = MixedImportMode.WARN
@@ -74,12 +99,14 @@ class Settings:
             SettingError: Naming the variable, its value and the values it takes.
 
         >>> Settings.from_env({"LIGHTNING_MPI_ENV_ROLL_CALL": "off", "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"})
-        Settings(roll_call=False, rendezvous_timeout=20.0, requeue=True, debug=False, mixed_imports=<MixedImportMode.WARN: 'warn'>)
+        Settings(roll_call=False, rendezvous_timeout=20.0, requeue=True, stall_timeout=300.0, max_requeues=20, debug=False, mixed_imports=<MixedImportMode.WARN: 'warn'>)
         """  # noqa: E501
         return cls(
             roll_call=switch(env, VARIABLE["roll_call"], default=True),
             rendezvous_timeout=seconds(None, env, VARIABLE["rendezvous_timeout"], DEFAULT_RENDEZVOUS_TIMEOUT),
             requeue=switch(env, VARIABLE["requeue"], default=True),
+            stall_timeout=seconds_or_off(None, env, VARIABLE["stall_timeout"], DEFAULT_STALL_TIMEOUT),
+            max_requeues=count_or_off(env, VARIABLE["max_requeues"], DEFAULT_MAX_REQUEUES),
             debug=switch(env, VARIABLE["debug"], default=False),
             mixed_imports=mixed_import_mode(env),
         )
@@ -91,6 +118,8 @@ class Settings:
             SettingError: For a timeout that is not a positive, finite number of seconds.
         """
         given = {name: value for name, value in arguments.items() if value is not None}
+        if "stall_timeout" in given:
+            given["stall_timeout"] = seconds_or_off(given["stall_timeout"], {}, "stall_timeout", 0.0)  # type: ignore[arg-type]
         if "rendezvous_timeout" in given:
             given["rendezvous_timeout"] = seconds(given["rendezvous_timeout"], {}, "rendezvous_timeout", 0.0)  # type: ignore[arg-type]
         unknown = set(given) - {field.name for field in fields(self)}
@@ -142,6 +171,40 @@ def seconds(value: float | None, env: Mapping[str, str], variable: str, default:
     return parsed
 
 
+def seconds_or_off(value: float | None, env: Mapping[str, str], variable: str, default: float) -> float:
+    """:func:`seconds`, where ``0`` (or ``off``) turns the feature off and reads as ``0.0``.
+
+    >>> seconds_or_off(None, {"T": "off"}, "T", 300.0), seconds_or_off(None, {"T": "20"}, "T", 300.0)
+    (0.0, 20.0)
+    """
+    raw = str(value) if value is not None else env.get(variable)
+    if raw is not None and raw.strip().lower() in ("0", "0.0", "off"):
+        return 0.0
+    return seconds(value, env, variable, default)
+
+
+def count_or_off(env: Mapping[str, str], variable: str, default: int) -> int:
+    """A count of zero or more (``0``: no limit): ``variable`` of ``env``, else ``default``.
+
+    Raises:
+        SettingError: If the value is not a whole number of zero or more.
+
+    >>> count_or_off({"N": "5"}, "N", 20), count_or_off({}, "N", 20)
+    (5, 20)
+    """
+    raw = env.get(variable, "").strip()
+    if not raw:
+        return default
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+        raise SettingError(
+            f"{variable}={raw[:40]!r} is not a whole number of zero or more.",
+            f"Set {variable} to a number, e.g. {default} (0: no limit), or unset it.",
+            variable=variable,
+            value=raw[:40],
+        )
+    return int(raw)
+
+
 def mixed_import_mode(env: Mapping[str, str]) -> MixedImportMode:
     """``LIGHTNING_MPI_ENV_MIXED_IMPORTS``: ``warn`` (also when unset), ``error`` or ``ignore``.
 
@@ -167,13 +230,17 @@ def mixed_import_mode(env: Mapping[str, str]) -> MixedImportMode:
 
 
 __all__ = [
+    "DEFAULT_MAX_REQUEUES",
     "DEFAULT_RENDEZVOUS_TIMEOUT",
+    "DEFAULT_STALL_TIMEOUT",
     "SETTINGS",
     "VARIABLE",
     "MixedImportMode",
     "Setting",
     "Settings",
+    "count_or_off",
     "mixed_import_mode",
     "seconds",
+    "seconds_or_off",
     "switch",
 ]

@@ -32,7 +32,11 @@ from lightning_mpi_env.lightning.compat import silence_srun_not_used
 from lightning_mpi_env.lightning.requeue import Requeue
 
 if TYPE_CHECKING:
+    from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
+
     from lightning_mpi_env.rollcall.store import RendezvousResult
+    from lightning_mpi_env.rollcall.verdicts import Claim
+    from lightning_mpi_env.rollcall.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +194,9 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         requeue_signal: The signal that asks for it; by default the one the scheduler sends before its limit
             (Grid Engine's ``-notify`` and LSF: ``SIGUSR2``; Slurm and PBS: ``SIGUSR1``, as Lightning's
             ``SLURMEnvironment``).
+        stall_timeout: Seconds without progress on any rank, ranks not level, before the stall watchdog stops the
+            job naming the stalled rank; ``0`` turns it off; else ``LIGHTNING_MPI_ENV_STALL_TIMEOUT``, else 300
+            (:mod:`lightning_mpi_env.rollcall.watchdog`; it needs the roll call).
         requeue_command: The command that puts the job back in the queue, instead of the scheduler's (e.g.
             ``["qsub", "job.sh"]`` where PBS's ``qrerun`` needs a manager).
     """
@@ -203,12 +210,16 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         auto_requeue: bool | None = None,
         requeue_signal: signal.Signals | int | None = None,
         requeue_command: Sequence[str] | None = None,
+        stall_timeout: float | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         install_excepthook()  # this package's errors as one line per rank; every other error as before
         silence_srun_not_used()  # the ranks come from the launcher that started them, whichever it is
         self.settings = Settings.from_env(env).with_arguments(
-            roll_call=roll_call, rendezvous_timeout=rendezvous_timeout, requeue=auto_requeue
+            roll_call=roll_call,
+            rendezvous_timeout=rendezvous_timeout,
+            requeue=auto_requeue,
+            stall_timeout=stall_timeout,
         )
         """The ``LIGHTNING_MPI_ENV_*`` settings, with the arguments given here taking precedence."""
         self._layout, spawned = _read_launch(env)
@@ -222,6 +233,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         """Who takes ``devices``/``num_nodes``, for the messages: the ``"ddp_mpi"`` strategy says which (a plugin
         is never told whether a Trainer or a Fabric holds it)."""
         self._met: RendezvousResult | None = None  # keeps rank 0's store serving until init_process_group
+        self._watchdog: Watchdog | None = None  # started by the roll call, stopped at teardown
+        self._steps_asked = 0  # requeue_requested() calls: a Fabric loop's steps
         self._free_port: int | None = None
         self._made_in_pid = os.getpid()  # a copy in another process was forked or pickled there by Lightning
         self.process_group_backend: str | None = None  # the strategy's, when it says (ddp_mpi); else the device's
@@ -391,7 +404,28 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     @override
     def teardown(self) -> None:
-        """Nothing to undo: this environment never writes to ``os.environ``."""
+        """Stop the stall watchdog (a finished rank is not a stalled one); ``os.environ`` was never written."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+
+    # --- progress, for the stall watchdog ----------------------------------------------------------------------
+
+    def mark_progress(self, step: int, phase: int) -> None:
+        """Tell the stall watchdog this rank reached ``phase`` of ``step`` (see ``watchdog.PHASES``).
+
+        The Trainer's callback calls it at the four hooks of each training step, and ``"ddp_mpi"`` around each
+        ``fabric.backward()``; it costs two assignments and no I/O.
+        """
+        if self._watchdog is not None:
+            self._watchdog.mark(step, phase)
+
+    def progress(self, step: int) -> None:
+        """For a Fabric loop with the plugin (not ``"ddp_mpi"``): call right before each ``fabric.backward()``.
+
+        A rank that has not reached it while others wait in backward's collectives is the stalled one. With
+        ``"ddp_mpi"`` each ``fabric.backward()`` counts by itself; in a Trainer, the training step's hooks do.
+        """
+        self.mark_progress(step, 2)
 
     def __repr__(self) -> str:
         return f"MPIClusterEnvironment({self._layout!r})"
@@ -423,6 +457,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         # The launcher's local rank stays (the device was chosen by it); the node index becomes exact.
         self._ranks = replace(self._ranks, node_rank=nodes.node_rank, num_nodes=nodes.num_nodes)
         self._met = result
+        if self.settings.stall_timeout > 0 or self.requeue is not None:
+            self._watchdog = _start_watchdog(claim, self.settings.stall_timeout, self.requeue)
         if claim.rank == 0 and result.summary:
             # One line per job, on stderr with the other diagnostics: stdout stays the program's.
             print(result.summary, file=sys.stderr, flush=True)
@@ -440,16 +476,36 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             return lambda rank: rank % num_nodes
         return None
 
-    # --- requeue in a Fabric loop ------------------------------------------------------------------------------
+    # --- requeue -------------------------------------------------------------------------------------------------
 
-    def requeue_requested(self, fabric: object) -> bool:
-        """For a Fabric loop: whether any rank got the requeue signal (every rank calls it, at the same step).
+    def requeue_due(self, finished: int, reduce_boolean_decision: Callable[..., bool]) -> bool:
+        """Whether every rank checkpoints and requeues now, after its ``finished``-th step (all ranks ask each step).
 
-        A Fabric program saves its own checkpoint when this says so, then calls :meth:`requeue`.
+        With the roll call, the ranks agree on the step through its store from the watchdog thread
+        (:mod:`lightning_mpi_env.rollcall.agreement`): until a signal comes, this reads two local variables. Without
+        it, every call is a collective (``reduce_boolean_decision``, the strategy's); also when the signal is
+        ``SIGTERM``, on which Lightning's Trainer ends ``fit()`` by itself at its next step, before the store could
+        agree.
+
+        Raises:
+            StallError: A signal came, and not every rank answered the agreement in time.
         """
         if self.requeue is None:
             return False
-        return self.requeue.agree(fabric.strategy.reduce_boolean_decision)  # type: ignore[attr-defined]
+        agreement = self._watchdog.agreement if self._watchdog is not None else None
+        if agreement is None or self.requeue.signum == signal.SIGTERM:
+            return self.requeue.agree(reduce_boolean_decision)
+        assert self._watchdog is not None
+        return agreement.due(finished, wait=max(60.0, 10 * self._watchdog.interval))
+
+    def requeue_requested(self, fabric: object) -> bool:
+        """For a Fabric loop: whether every rank checkpoints now (every rank calls it once after each step).
+
+        A Fabric program saves its own checkpoint when this says so, then calls :meth:`requeue_now`. Until the
+        signal comes it costs nothing (with the roll call; see :meth:`requeue_due`).
+        """
+        self._steps_asked += 1
+        return self.requeue_due(self._steps_asked, fabric.strategy.reduce_boolean_decision)  # type: ignore[attr-defined]
 
     def requeue_now(self, fabric: object) -> NoReturn:
         """For a Fabric loop, after the checkpoint: rank 0 requeues the job, then every rank exits.
@@ -574,6 +630,33 @@ def _is_lightning_worker(layout: RankLayout, env: Mapping[str, str]) -> bool:
         return False
     per_node, remainder = divmod(int(size), layout.world_size)
     return int(node) == layout.rank and remainder == 0 and per_node > 1 and int(local) < per_node
+
+
+def _start_watchdog(claim: Claim, timeout: float, requeue: Requeue | None) -> Watchdog:
+    """This rank's watchdog thread, on its own client of the roll call's store (a connection, not a port).
+
+    It watches for stalls when ``timeout`` is not 0, and carries the requeue's stop agreement when the job can
+    requeue.
+    """
+    from datetime import timedelta
+
+    import torch.distributed
+
+    from lightning_mpi_env.rollcall.agreement import StopAgreement
+    from lightning_mpi_env.rollcall.watchdog import Watchdog
+
+    def connect(seconds: float) -> TCPStore:
+        store: TCPStore = torch.distributed.TCPStore(  # type: ignore[attr-defined]
+            claim.main_address, claim.main_port, is_master=False, timeout=timedelta(seconds=seconds)
+        )
+        return store
+
+    agreement = None
+    if requeue is not None:
+        agreement = StopAgreement(rank=claim.rank, world_size=claim.world_size, signalled=lambda: requeue.requested)
+    return Watchdog(
+        connect, rank=claim.rank, world_size=claim.world_size, host=claim.host, timeout=timeout, agreement=agreement
+    ).start()
 
 
 def _find_free_port() -> int:

@@ -5,11 +5,16 @@ Lightning requeues only for its own ``SLURMEnvironment`` (``isinstance`` of it).
 :class:`Requeue`:
 
 1. The signal handler only notes that the signal came (heavy work in a signal handler can stop halfway).
-2. After each training step every rank asks the others whether any got it (a collective: under ``mpirun`` inside a
-   batch job, only the ranks a job step started get ``scancel --signal``).
-3. All ranks save Lightning's HPC checkpoint, ``<default_root_dir>/hpc_ckpt_<n>.ckpt``; then rank 0 runs the
-   scheduler's requeue command (``scontrol requeue``, ``qrerun``, ``brequeue``), and every rank exits with the
-   scheduler's requeue exit status (Grid Engine reschedules a job that exits 99).
+2. The ranks agree on one step to stop at (under ``mpirun`` inside a batch job, only the ranks a job step started
+   get ``scancel --signal``): through the roll call's store, from the watchdog thread, so the training loop pays
+   nothing per step (:mod:`lightning_mpi_env.rollcall.agreement`); without the roll call, by a collective after
+   every step (:meth:`Requeue.agree`).
+3. At that step all ranks save Lightning's HPC checkpoint, ``<default_root_dir>/hpc_ckpt_<n>.ckpt``; then rank 0
+   runs the scheduler's requeue command (``scontrol requeue``, ``qrerun``, ``brequeue``), and every rank exits with
+   the scheduler's requeue exit status (Grid Engine reschedules a job that exits 99). Past
+   ``LIGHTNING_MPI_ENV_MAX_REQUEUES`` requeues (counted by the HPC checkpoints, ``n``), the checkpoint is saved but
+   the job is not requeued, and every rank exits with status 1: a job that is warned again right after each
+   restart does not requeue forever.
 4. The job, started again, resumes from the newest HPC checkpoint in ``default_root_dir``: Lightning does this by
    itself under Slurm; elsewhere ``trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))`` does (Lightning offers no
    public hook that sets a Trainer's checkpoint before ``fit()`` chooses it).
@@ -34,6 +39,7 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 from lightning_mpi_env.core.schedulers import SCHEDULERS, Scheduler
+from lightning_mpi_env.core.settings import VARIABLE
 from lightning_mpi_env.lightning.compat import HPC_CHECKPOINT, hpc_checkpoint_name
 
 log = logging.getLogger(__name__)
@@ -169,6 +175,16 @@ def next_checkpoint(directory: str) -> str:
     return os.path.join(directory, hpc_checkpoint_name(max(numbers, default=0) + 1))
 
 
+def checkpoint_number(path: str) -> int:
+    """The number ``n`` of an HPC checkpoint's file name; 0 for any other name.
+
+    >>> checkpoint_number("/runs/a/hpc_ckpt_3.ckpt"), checkpoint_number("/runs/a/last.ckpt")
+    (3, 0)
+    """
+    match = HPC_CHECKPOINT.match(os.path.basename(path))
+    return int(match.group(1)) if match else 0
+
+
 def _numbers(directory: str) -> list[int]:
     try:
         names = os.listdir(directory)
@@ -183,24 +199,38 @@ def _say(message: str) -> None:
     sys.stderr.flush()
 
 
-def checkpoint_and_requeue(trainer: Any, plan: Requeue) -> None:
+def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int) -> None:
     """Save the HPC checkpoint on every rank, have rank 0 requeue the job, and end every rank.
 
-    Called by every rank at the same step, once :meth:`Requeue.agree` said so.
+    Called by every rank at the same step, once the ranks agreed to stop there.
+
+    Args:
+        trainer: The Trainer.
+        plan: How this job requeues.
+        max_requeues: The most requeues (HPC checkpoints in ``default_root_dir``); ``0``: no limit.
 
     Raises:
-        SystemExit: Always, with the plan's exit status (Grid Engine: 99); on rank 0, 1 when the requeue command
-            failed.
+        SystemExit: Always, with the plan's exit status (Grid Engine: 99); 1 past ``max_requeues``, and on rank 0
+            when the requeue command failed.
     """
     strategy = trainer.strategy
     path = strategy.broadcast(next_checkpoint(trainer.default_root_dir), src=0)  # one name on every rank
     trainer.save_checkpoint(path)
     strategy.barrier("lightning_mpi_env.lightning.requeue.saved")
+    number = checkpoint_number(path)
+    over = bool(max_requeues) and number > max_requeues
     if trainer.global_rank != 0:
         # No collective after this: Slurm, PBS and LSF end every rank of a requeued job at once, and a rank still
         # waiting on rank 0 would print a connection error. Rank 0's status says whether the requeue worked.
-        raise SystemExit(plan.exit_code)
+        raise SystemExit(1 if over else plan.exit_code)
     _say(f"saved {path} at step {trainer.global_step} after {plan.signum.name}")
+    if over:
+        _say(
+            f"not requeued: this would be requeue {number}, past {VARIABLE['max_requeues']}={max_requeues} (the "
+            f"HPC checkpoints in {trainer.default_root_dir} count them). Submit the job again to resume from {path}, "
+            f"or raise {VARIABLE['max_requeues']} (0: no limit)."
+        )
+        raise SystemExit(1)
     if plan.run_command():
         raise SystemExit(plan.exit_code)
     _say(f"the checkpoint {path} is saved: submit the job again to resume from it.")
@@ -211,6 +241,7 @@ __all__ = [
     "hpc_checkpoint",
     "Requeue",
     "checkpoint_and_requeue",
+    "checkpoint_number",
     "job_name",
     "newest_checkpoint",
     "next_checkpoint",

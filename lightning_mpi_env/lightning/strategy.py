@@ -176,6 +176,20 @@ def _build(package: str, strategies: ModuleType) -> type:
             count = accelerator.auto_device_count() if accelerator is not None else 1
             return len(devices) == count
 
+        if not trainer_side:
+
+            @override
+            def backward(self, tensor: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+                # Fabric has no training loop of its own: each fabric.backward() is progress for the watchdog.
+                environment = self.cluster_environment
+                if not isinstance(environment, MPIClusterEnvironment):
+                    return super().backward(tensor, module, *args, **kwargs)  # type: ignore[no-any-return]
+                self._backward_calls = getattr(self, "_backward_calls", 0) + 1
+                environment.mark_progress(self._backward_calls, 2)
+                super().backward(tensor, module, *args, **kwargs)
+                environment.mark_progress(self._backward_calls, 3)
+                return None
+
         @property
         def rendezvous_timeout(self) -> float | None:
             """Seconds the roll call waits for every rank (``None`` with another cluster environment)."""

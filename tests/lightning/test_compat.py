@@ -594,3 +594,56 @@ CHECKED_BY = {
 
 def test_every_name_of_compat_is_checked_here():
     assert set(compat.__all__) == set(CHECKED_BY)
+
+
+SIGTERM_PROGRAM = """
+import os, signal, socket, sys
+import torch
+PACKAGE = sys.argv[1]
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+os.environ.update({  # a one-rank Open MPI launch
+    "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+})
+import importlib
+pl = importlib.import_module(PACKAGE)
+import lightning_mpi_env  # noqa: F401
+
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # scancel, or the step's time limit
+        return self.layer(batch).sum()
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.ones(40, 2), batch_size=2)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+trainer = pl.Trainer(strategy="ddp_mpi", accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Model())
+print("FINISHED")  # not reached: SIGTERM ends fit()
+"""
+
+
+@pytest.mark.parametrize("package", TRAINER_PACKAGES)
+def test_a_trainer_ended_by_sigterm_exits_143(lightning, package):
+    # Lightning (2.1 to 2.6) ends fit() on SIGTERM with SIGTERMException, a SystemExit of status 0; the callback from
+    # the callbacks_factory entry point gives it status 143 in on_exception (docs/preemption.md, "Exit status").
+    env = lightning.environ({"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")})
+    result = subprocess.run(
+        [sys.executable, "-c", SIGTERM_PROGRAM, package], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 143, f"{lightning}: {result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    assert "FINISHED" not in result.stdout
+    assert "Traceback" not in result.stderr, result.stderr[-4000:]

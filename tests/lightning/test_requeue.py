@@ -229,10 +229,18 @@ def test_grid_engine_exits_99_after_the_checkpoint_and_the_job_resumes_from_it(r
     assert not results  # no rank finished training
     assert "lightning-mpi-env: requeue: saved" in output
     assert (requeue_job.root / "hpc_ckpt_1.ckpt").exists()
-    # Started again (rescheduled): resumes from the checkpoint, past step 0, and finishes.
+    # Rescheduled, and warned again at once, with a cap of 1 requeue: the second checkpoint is saved, but the job
+    # is not requeued again (status 1, not 99), and says why.
+    capped = {"JOB_ID": "424242", "LIGHTNING_MPI_ENV_MAX_REQUEUES": "1"}
+    returncode, output, results = requeue_job(capped, signal_it=True, signum=signal.SIGUSR2)
+    assert returncode == 1, output[-3000:]
+    assert "not requeued: this would be requeue 2, past LIGHTNING_MPI_ENV_MAX_REQUEUES=1" in output, output[-3000:]
+    assert (requeue_job.root / "hpc_ckpt_2.ckpt").exists()
+    # Started again: resumes from the newest checkpoint, past step 0, and finishes.
     returncode, output, results = requeue_job({"JOB_ID": "424242"}, signal_it=False)
     assert returncode == 0, output[-3000:]
     assert "lightning-mpi-env: requeue: resuming from" in output
+    assert "hpc_ckpt_2.ckpt" in output
     assert len(results) == 2
     assert all(result["first_global_step"] > 0 for result in results), results
 

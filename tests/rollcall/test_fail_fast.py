@@ -184,6 +184,60 @@ def test_fault_ends_the_job_with_the_cause_on_the_first_screen(cluster, path, fa
         assert {frozenset(pair) for pair in claimants} == {frozenset(HOSTS)}
 
 
+STALL_TIMEOUT = 5
+"""The stall watchdog's timeout in these jobs: short, as no rank is slow here but the stalled one."""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", ["block", "freeze"])
+@pytest.mark.parametrize("path", PATHS)
+def test_a_stalled_rank_is_named_while_the_job_runs(cluster, path, how):
+    # Rank 3 stalls in its third training step, alive (it sleeps) or frozen (SIGSTOP); the others wait for it in
+    # backward. Every waiting rank names it, with its host and step, and the job ends non-zero.
+    job = _run(
+        cluster,
+        _command(path, fault=["--stall", f"2:{how}"]),
+        LIGHTNING_MPI_ENV_STALL_TIMEOUT=str(STALL_TIMEOUT),
+    )
+    assert job.returncode != 0, job.tail()
+    assert "RESULT" not in job.text
+    assert f"STALL: rank 3 {'blocks' if how == 'block' else 'freezes'} at step 2\n" in job.output, job.tail()
+    shown = [line for line in job.stderr if line.startswith("StallError: rank ")]
+    assert shown, job.tail()
+    senders = {line.split(":", 2)[1] for line in shown}
+    assert senders - {" rank 3 on 127.0.0.3"}, job.tail()  # a waiting rank says it, not only the stalled one
+    state = "frozen (its watchdog silent for" if how == "freeze" else "alive, main thread at "
+    for line in shown:
+        assert "Rank 3 stalled: no rank made progress for 5 s while ranks 0-2 wait for it." in line, job.tail()
+        assert "rank 3 on 127.0.0.3 at step " in line, job.tail()
+        assert state in line, job.tail()
+        if how == "block":
+            assert "tamper.py:" in line, job.tail()  # where its main thread sleeps, in stall_here()
+        assert "HINT: Look at the stalled rank's host" in line
+    # A frozen rank is woken by the launcher's SIGTERM once the others ended; in a Trainer, Lightning's own SIGTERM
+    # handler then runs a broadcast that finds them gone, and its traceback follows the named error. The waiting
+    # ranks, which print the line, print nothing else.
+    others = "".join(line for line in job.output if not (how == "freeze" and line.startswith("[rank3]:")))
+    assert "Traceback (most recent call last)" not in others, job.tail()
+    traceback_at = job.text.find("Traceback")
+    assert traceback_at == -1 or job.text.index("StallError: rank ") < traceback_at, job.tail()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", ["trainer-plugin", "fabric-ddp_mpi"])
+def test_work_slow_for_every_rank_is_not_a_stall(cluster, path):
+    # Every step takes longer than the watchdog's timeout on every rank (a long validation or checkpoint, say):
+    # the ranks stay level, so the job trains to the end.
+    options = ["--step-seconds", str(STALL_TIMEOUT + 2)] if path.startswith("trainer") else []
+    variables = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT)}
+    if not options:  # the Fabric job has no sleep of its own: every rank stalls at step 1 for a while, together
+        variables["INSTRUMENTED_STALL_ALL"] = f"1:{STALL_TIMEOUT + 2}"
+    job = _run(cluster, _command(path, "--samples", "32", *options), **variables)
+    assert job.returncode == 0, job.tail()
+    assert len(_results(job)) == 4, job.tail()
+    assert "StallError" not in job.text, job.tail()
+
+
 @pytest.mark.mpi
 def test_debug_shows_the_traceback(cluster):
     # LIGHTNING_MPI_ENV_DEBUG=1: Python's own traceback, through this package's frames, with the full message.

@@ -1,0 +1,126 @@
+"""The requeue's stop agreement: real ``TCPStore`` clients on 127.0.0.1, a watchdog thread and a loop per rank.
+
+Each rank's loop runs steps in lockstep with the others (a ``threading.Barrier`` per step stands for the gradient
+all-reduce that holds DDP's ranks together), and asks :meth:`StopAgreement.due` after each step, as the callback does.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from lightning_mpi_env.core.errors import StallError
+from lightning_mpi_env.rollcall.agreement import AT, REQUESTED, Stage, StopAgreement
+from lightning_mpi_env.rollcall.watchdog import Watchdog
+
+MAX_STEPS = 2000
+"""Far more steps than the agreement needs (a few intervals of 1 s at 5 ms a step)."""
+
+
+@pytest.fixture
+def store_port():
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    yield server.port
+    del server
+
+
+def _client(port: int):
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+
+
+def _run_job(port: int, world: int, signal_to: dict[int, int]) -> tuple[dict[int, int], list[StopAgreement]]:
+    """Run ``world`` ranks until they stop; ``signal_to[rank] = step``: that rank's signal comes after that step.
+
+    Returns the step each rank stopped at (``MAX_STEPS`` if it never did) and the agreements.
+    """
+    signalled = {rank: threading.Event() for rank in range(world)}
+    agreements = [StopAgreement(rank=rank, world_size=world, signalled=signalled[rank].is_set) for rank in range(world)]
+    dogs = [
+        Watchdog(lambda seconds: _client(port), rank=rank, world_size=world, host="h", timeout=0, agreement=agreement)
+        for rank, agreement in enumerate(agreements)
+    ]
+    lockstep = threading.Barrier(world, timeout=120)
+    stopped: dict[int, int] = {}
+
+    def loop(rank: int) -> None:
+        generator = random.Random(rank)
+        for finished in range(1, MAX_STEPS + 1):
+            time.sleep(generator.uniform(0.001, 0.008))  # ranks reach the end of a step at different moments
+            if signal_to.get(rank) == finished:
+                signalled[rank].set()
+            if agreements[rank].due(finished, wait=60):
+                stopped[rank] = finished
+                return
+            lockstep.wait()  # the next step's all-reduce: no rank runs ahead by more than one step
+        stopped[rank] = MAX_STEPS
+
+    for dog in dogs:
+        dog.start()
+    loops = [threading.Thread(target=loop, args=(rank,)) for rank in range(world)]
+    for thread in loops:
+        thread.start()
+    for thread in loops:
+        thread.join(180)
+    for dog in dogs:
+        dog.stop()
+    return stopped, agreements
+
+
+def test_every_rank_stops_at_one_step_when_one_rank_got_the_signal(store_port):
+    # Under mpirun in a batch job, `scancel --signal` may reach some ranks only: here rank 2 alone.
+    stopped, agreements = _run_job(store_port, 4, {2: 30})
+    assert len(set(stopped.values())) == 1, stopped
+    (step,) = set(stopped.values())
+    assert 30 <= step < MAX_STEPS
+    assert {agreement.stop_at for agreement in agreements} == {step}
+    assert all(agreement.stage is Stage.KNOWN for agreement in agreements)
+
+
+def test_ranks_signalled_at_different_steps_still_agree_on_one(store_port):
+    stopped, _ = _run_job(store_port, 4, {0: 12, 3: 15, 1: 40})
+    assert len(set(stopped.values())) == 1, stopped
+    assert min(stopped.values()) >= 12
+
+
+def test_without_a_signal_nothing_is_asked_or_written(store_port):
+    # The healthy path: the loop reads two local variables per step, and no stop key appears in the store.
+    agreement = StopAgreement(rank=0, world_size=1, signalled=lambda: False)
+    dog = Watchdog(lambda seconds: _client(store_port), rank=0, world_size=1, host="h", timeout=0, agreement=agreement)
+    dog.start()
+    assert not any(agreement.due(finished, wait=1) for finished in range(1, 200))
+    time.sleep(1.5)  # at least one of the thread's intervals
+    dog.stop()
+    assert not _client(store_port).check([REQUESTED])
+    assert agreement.stage is Stage.IDLE
+
+
+def test_a_rank_that_never_answers_is_an_error_not_a_hang(store_port):
+    # Rank 1 of 2 has no thread (frozen, say): rank 0 posts, then its loop waits `wait` seconds and says why.
+    agreement = StopAgreement(rank=0, world_size=2, signalled=lambda: True)
+    dog = Watchdog(lambda seconds: _client(store_port), rank=0, world_size=2, host="h", timeout=0, agreement=agreement)
+    dog.start()
+    try:
+        deadline = time.monotonic() + 30
+        while agreement.stage is Stage.IDLE and time.monotonic() < deadline:
+            time.sleep(0.05)  # the thread announces the signal and posts this rank's step at its first interval
+        assert agreement.stage is Stage.POSTED
+        with pytest.raises(StallError, match=r"did not agree on a step to checkpoint at within 1 s"):
+            agreement.due(2, wait=1)
+    finally:
+        dog.stop()
+
+
+def test_the_stored_step_only_rises(store_port):
+    # compare_set keeps the highest post, whatever order the ranks post in.
+    client = _client(store_port)
+    for step in (7, 3, 9, 9, 8):
+        StopAgreement._raise_to(step, client)
+    assert int(client.get(AT)) == 9
