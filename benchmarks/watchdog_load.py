@@ -8,9 +8,10 @@ and rank 0's reading over its own. It reports, per world size: the interval, the
 second, the bytes of one report, the seconds the store took to serve one interval's requests, and rank 0's time to
 read and judge every report (medians of ``--repeat`` intervals).
 
-With ``--stall-job``, it also times a real job (Open MPI, 2 simulated nodes x 2 ranks, ``ddp_mpi`` Trainer) in
-which rank 3 blocks at step 2, from the rank's ``STALL:`` line to the first ``StallError`` line, with
-``LIGHTNING_MPI_ENV_STALL_TIMEOUT=20``: the median of ``--repeat`` jobs.
+With ``--stall-job``, it also times real jobs (Open MPI, 2 simulated nodes x 2 ranks, gloo) in which rank 3 blocks
+(alive) or freezes (``SIGSTOP``) at step 2, with ``LIGHTNING_MPI_ENV_STALL_TIMEOUT=20``, on each path with a roll
+call (Trainer and Fabric, the plugin and ``ddp_mpi``): from the rank's ``STALL:`` line to the first ``StallError``
+line, and to the end of the job (the goal: within the timeout plus 30 s), with its exit status.
 
     .venv/bin/python benchmarks/watchdog_load.py [--ranks 1024 16384] [--repeat 5] [--stall-job]
 """
@@ -94,43 +95,44 @@ def store_load(world: int, repeat: int) -> dict[str, float]:
     }
 
 
-def stall_job(repeat: int) -> list[float]:
+PATHS = {  # job script, strategy: the four paths that have a roll call
+    "trainer-plugin": ("trainer_job.py", "ddp"),
+    "trainer-ddp_mpi": ("trainer_job.py", "ddp_mpi"),
+    "fabric-plugin": ("fabric_job.py", "ddp"),
+    "fabric-ddp_mpi": ("fabric_job.py", "ddp_mpi"),
+}
+
+
+def stall_job(path: str, how: str) -> tuple[float, float, int]:
+    """One job whose rank 3 stalls (``how``: block or freeze) at step 2, with the timeout at 20 s.
+
+    Returns the seconds from the rank's ``STALL:`` line to the first ``StallError`` line and to the job's end, and
+    the job's exit status.
+    """
     from lightning_mpi_env.tools.simcluster import SimulatedCluster
 
     instrumented = ROOT / "examples" / "instrumented"
-    delays = []
-    for _ in range(repeat):
-        with tempfile.TemporaryDirectory() as directory:
-            cluster = SimulatedCluster.of(Path(directory), nodes=2, per_node=2)
-            command = [
-                sys.executable,
-                str(instrumented / "tamper.py"),
-                "--rank",
-                "3",
-                "--stall",
-                "2:block",
-                "--",
-                sys.executable,
-                str(instrumented / "trainer_job.py"),
-                "--strategy",
-                "ddp_mpi",
-            ]
-            export = {**cluster.job_environment(), "LIGHTNING_MPI_ENV_STALL_TIMEOUT": "20"}
-            process = subprocess.Popen(
-                cluster.mpirun(command, export=export), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-            stalled = named = None
-            assert process.stdout is not None
-            for line in process.stdout:
-                if line.startswith("STALL:") and stalled is None:
-                    stalled = time.monotonic()
-                if line.startswith("StallError:") and named is None:
-                    named = time.monotonic()
-            process.wait(timeout=300)
-            if stalled is None or named is None:
-                raise SystemExit(f"the job did not stall and end as planned (exit status {process.returncode})")
-            delays.append(named - stalled)
-    return delays
+    script, strategy = PATHS[path]
+    with tempfile.TemporaryDirectory() as directory:
+        cluster = SimulatedCluster.of(Path(directory), nodes=2, per_node=2)
+        command = [sys.executable, str(instrumented / "tamper.py"), "--rank", "3", "--stall", f"2:{how}", "--"]
+        command += [sys.executable, str(instrumented / script), "--strategy", strategy]
+        export = {**cluster.job_environment(), "LIGHTNING_MPI_ENV_STALL_TIMEOUT": "20"}
+        process = subprocess.Popen(
+            cluster.mpirun(command, export=export), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        stalled = named = None
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith("STALL:") and stalled is None:
+                stalled = time.monotonic()
+            if line.startswith("StallError:") and named is None:
+                named = time.monotonic()
+        process.wait(timeout=300)
+        ended = time.monotonic()
+        if stalled is None or named is None:
+            raise SystemExit(f"{path} {how}: the job did not stall and end as planned (status {process.returncode})")
+        return named - stalled, ended - stalled, process.returncode
 
 
 def main() -> None:
@@ -152,11 +154,12 @@ def main() -> None:
             f"{row['rank0_read_and_judge_s'] * 1000:.1f} ms (medians of {args.repeat})"
         )
     if args.stall_job:
-        delays = stall_job(args.repeat)
-        print(
-            f"stall to named error, timeout 20 s: median {statistics.median(delays):.1f} s "
-            f"({', '.join(f'{delay:.1f}' for delay in delays)})"
-        )
+        print("\n| path | stalled rank | stall to the named error | stall to the job's end | exit status |")
+        print("|---|---|---|---|---|")
+        for path in PATHS:
+            for how in ("block", "freeze"):
+                named, ended, status = stall_job(path, how)
+                print(f"| {path} | {how} | {named:.1f} s | {ended:.1f} s | {status} |", flush=True)
 
 
 if __name__ == "__main__":

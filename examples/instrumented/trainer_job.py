@@ -41,6 +41,13 @@ def main():
     )
     parser.add_argument("--root-dir", help="Trainer(default_root_dir=...): where HPC checkpoints go on a requeue")
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument(
+        "--slow-eval",
+        type=float,
+        default=0.0,
+        help="validate and checkpoint after each epoch, each taking this long: every rank sleeps in validation, "
+        "rank 0 in saving the checkpoint while the others wait for it (work slow for everyone, not a stall)",
+    )
     args = parser.parse_args()
     pl = importlib.import_module(args.namespace)
 
@@ -88,6 +95,23 @@ def main():
         def train_dataloader(self):
             return torch.utils.data.DataLoader(Indexed(), batch_size=4)
 
+        def validation_step(self, batch, batch_index):
+            if batch_index == 0:
+                print(f"VALIDATE rank={self.global_rank} for {args.slow_eval} s\n", end="", flush=True)
+                time.sleep(args.slow_eval)
+            index, x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x) / 100, y / 100)
+
+        def on_save_checkpoint(self, checkpoint):
+            if self.global_rank == 0:  # rank 0 writes the file; the others wait for it in a barrier
+                print(f"CHECKPOINT rank=0 for {args.slow_eval} s\n", end="", flush=True)
+                time.sleep(args.slow_eval)
+
+    if args.slow_eval:
+        Model.val_dataloader = lambda self: torch.utils.data.DataLoader(Indexed(), batch_size=4)
+    else:  # no validation loop, no checkpoint hook: the job as every other test runs it
+        del Model.validation_step, Model.on_save_checkpoint
+
     if args.strategy == "ddp_mpi":
         import lightning_mpi_env  # noqa: F401  (registers "ddp_mpi")
 
@@ -105,7 +129,7 @@ def main():
         default_root_dir=args.root_dir,
         max_epochs=args.epochs,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(args.slow_eval),
         enable_progress_bar=False,
         enable_model_summary=False,
     )

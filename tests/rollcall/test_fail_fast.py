@@ -225,17 +225,23 @@ def test_a_stalled_rank_is_named_while_the_job_runs(cluster, path, how):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("path", ["trainer-plugin", "fabric-ddp_mpi"])
-def test_work_slow_for_every_rank_is_not_a_stall(cluster, path):
-    # Every step takes longer than the watchdog's timeout on every rank (a long validation or checkpoint, say):
-    # the ranks stay level, so the job trains to the end.
-    options = ["--step-seconds", str(STALL_TIMEOUT + 2)] if path.startswith("trainer") else []
+def test_work_slow_for_every_rank_is_not_a_stall(cluster, path, tmp_path):
+    # Longer than the watchdog's timeout, but for every rank. The Trainer validates after each of 2 epochs (every
+    # rank sleeps there) and checkpoints (rank 0 writes slowly while the others wait in Lightning's barrier); in
+    # the Fabric loop every rank sleeps in one step. The ranks stay level, so the job trains to the end.
+    slow = str(STALL_TIMEOUT + 2)
     variables = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT)}
-    if not options:  # the Fabric job has no sleep of its own: every rank stalls at step 1 for a while, together
-        variables["INSTRUMENTED_STALL_ALL"] = f"1:{STALL_TIMEOUT + 2}"
+    if path.startswith("trainer"):
+        options = ["--slow-eval", slow, "--epochs", "2", "--root-dir", str(tmp_path)]
+    else:
+        options, variables["INSTRUMENTED_STALL_ALL"] = [], f"1:{slow}"
     job = _run(cluster, _command(path, "--samples", "32", *options), **variables)
     assert job.returncode == 0, job.tail()
     assert len(_results(job)) == 4, job.tail()
     assert "StallError" not in job.text, job.tail()
+    if path.startswith("trainer"):  # the slow parts did run: a checkpoint per epoch, and validation (+ sanity check)
+        assert job.text.count(f"CHECKPOINT rank=0 for {slow}.0 s") == 2, job.tail()
+        assert job.text.count(f"VALIDATE rank=3 for {slow}.0 s") == 3, job.tail()
 
 
 @pytest.mark.mpi
