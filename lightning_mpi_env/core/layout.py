@@ -7,24 +7,16 @@ Nothing here imports torch or Lightning, writes to ``os.environ`` or talks to th
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple
 
-from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, LayoutError, LayoutWarning
+from lightning_mpi_env.core.errors import LayoutError, LayoutWarning
 from lightning_mpi_env.core.hostlist import expand_tasks_per_node
 from lightning_mpi_env.core.launchers import Launcher, detect_launcher, stray_rank_variables
-from lightning_mpi_env.core.schedulers import SCHEDULERS, first_host, job_identity, read_host_file
-from lightning_mpi_env.core.values import is_count, parse_count, parse_port
-
-if TYPE_CHECKING:
-    from lightning_mpi_env.core.shape import TrainerArguments
-
-DEFAULT_MAIN_PORT = 29500
-"""The main port when neither ``MASTER_PORT`` nor a job identity is available (PyTorch's own default)."""
-
-DERIVED_PORT_RANGE = range(20000, 30000)
-"""Ports derived from a job's identity fall in here: below Linux's ephemeral range (32768 and up)."""
+from lightning_mpi_env.core.placement import DEALING, Placement, guess_node, num_nodes_source
+from lightning_mpi_env.core.ports import DEFAULT_MAIN_PORT, DERIVED_PORT_RANGE, derive_port, main_port
+from lightning_mpi_env.core.rank_layout import RankLayout
+from lightning_mpi_env.core.schedulers import SCHEDULERS, first_host, read_host_file
+from lightning_mpi_env.core.values import is_count, parse_count
 
 STALE_TORCH_VARIABLES: tuple[tuple[str, str], ...] = (
     ("RANK", "rank"),
@@ -35,134 +27,6 @@ STALE_TORCH_VARIABLES: tuple[tuple[str, str], ...] = (
 """torchrun-style variables that must agree with the launcher when both are present."""
 
 LOOPBACK_ADDRESS = "127.0.0.1"
-
-
-class Placement(str, Enum):
-    """How the node rank was found."""
-
-    SINGLE = "single process"
-    """No launcher: one process on one node."""
-    LAUNCHER = "exported by the launcher"
-    """The launcher exports the node index (``SLURM_NODEID``, ``PALS_NODEID``): exact."""
-    BLOCK = "block placement"
-    """Consecutive ranks fill a node before the next (``--map-by slot``): ``rank // local_size``, exact."""
-    ROUND_ROBIN = "round-robin placement"
-    """Ranks dealt to nodes in turn (``--map-by node``): ``rank % num_nodes``, exact."""
-    UNKNOWN = "unknown placement"
-    """Neither placement explains this process's local rank, or both do with different answers: approximate."""
-
-
-DEALING: Mapping[Placement, tuple[str, str]] = {
-    Placement.BLOCK: ("slot", "block"),
-    Placement.ROUND_ROBIN: ("node", "cyclic"),
-}
-"""How a launch deals ranks to nodes, by placement: Open MPI's ``--map-by`` and Slurm's ``--distribution`` names."""
-
-
-class RankLayout(NamedTuple):
-    """Where one process sits in the job, and which variable each answer came from.
-
-    Immutable; two layouts are equal when every field but :attr:`sources` is.
-    """
-
-    world_size: int
-    """Number of processes in the job."""
-    rank: int
-    """Global rank of this process, always the launcher's own."""
-    local_rank: int
-    """Rank of this process on its node, always the launcher's own."""
-    local_size: int
-    """Number of processes on this node."""
-    node_rank: int
-    """Index of this node; approximate when :attr:`placement` is :attr:`Placement.UNKNOWN`."""
-    num_nodes: int | None
-    """Number of nodes, or ``None`` when this process cannot know it (ranks spread unevenly)."""
-    main_address: str
-    """Host of rank 0, where every process meets."""
-    main_port: int
-    """Port on :attr:`main_address`, identical on every rank."""
-    launcher: Launcher | None
-    """The launcher that started this process, or ``None`` outside any launcher."""
-    placement: Placement
-    """How :attr:`node_rank` was found."""
-    sources: Mapping[str, str] = MappingProxyType({})
-    """For each field above, the variable (or rule) it came from; not compared."""
-    warnings: tuple[LayoutWarning, ...] = ()
-    """Things the user should hear about that do not stop the job, such as an approximate node rank."""
-    ranks_per_node: tuple[int, ...] = ()
-    """Every node's number of ranks, where the launcher exports them all (``SLURM_STEP_TASKS_PER_NODE``); else empty."""
-
-    @property
-    def launcher_name(self) -> str:
-        """The launcher's name, or ``"no launcher"``."""
-        return self.launcher.name if self.launcher is not None else "no launcher"
-
-    @property
-    def node_rank_is_exact(self) -> bool:
-        """Whether :attr:`node_rank` is known for certain from this process's variables alone."""
-        return self.placement is not Placement.UNKNOWN
-
-    @property
-    def is_even(self) -> bool:
-        """Whether, as far as this process can tell, every node runs :attr:`local_size` processes."""
-        if self.ranks_per_node:
-            return len(set(self.ranks_per_node)) == 1
-        return self.num_nodes is not None and self.num_nodes * self.local_size == self.world_size
-
-    def describe_world(self) -> str:
-        """The launched world in words, for messages: ``"8 ranks, 4 per node"``."""
-        per_node = f"{self.local_size} on this node" if not self.is_even else f"{self.local_size} per node"
-        return f"{self.world_size} rank{'s' if self.world_size != 1 else ''}, {per_node}"
-
-    def trainer_kwargs(self) -> TrainerArguments:
-        """The ``Trainer``/``Fabric`` ``devices`` and ``num_nodes`` that match this launch (see :mod:`.shape`)."""
-        from lightning_mpi_env.core.shape import trainer_arguments
-
-        return trainer_arguments(self)
-
-    def as_dict(self) -> dict[str, object]:
-        """This layout as JSON-ready values, the matching Trainer arguments included (``show --json``)."""
-        from lightning_mpi_env.core.shape import layout_as_dict
-
-        return layout_as_dict(self)
-
-    def _compared(self) -> tuple[object, ...]:
-        # The warnings are exceptions, which compare by identity: compare what they say.
-        said = tuple((type(warning), str(warning)) for warning in self.warnings)
-        return (*self[:10], said, self.ranks_per_node)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RankLayout):
-            return NotImplemented
-        return self._compared() == other._compared()
-
-    def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
-    def __hash__(self) -> int:
-        return hash(self._compared())
-
-    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
-        # The read-only view of the sources does not pickle (spawned workers get the environment pickled).
-        return (_rebuild_layout, (tuple(self[:10]), dict(self.sources), self.warnings, self.ranks_per_node))
-
-    def __repr__(self) -> str:
-        nodes = "?" if self.num_nodes is None else str(self.num_nodes)
-        node = f"{self.node_rank}{'' if self.node_rank_is_exact else '~'}/{nodes}"
-        return (
-            f"RankLayout(rank={self.rank}/{self.world_size}, local={self.local_rank}/{self.local_size}, "
-            f"node={node}, main={self.main_address}:{self.main_port}, from={self.launcher_name})"
-        )
-
-
-def _rebuild_layout(
-    fields: tuple[object, ...],
-    sources: dict[str, str],
-    warnings: tuple[LayoutWarning, ...],
-    ranks_per_node: tuple[int, ...] = (),
-) -> RankLayout:
-    return RankLayout._make((*fields, MappingProxyType(sources), warnings, ranks_per_node))
 
 
 def from_env(
@@ -185,7 +49,7 @@ def from_env(
 
     >>> from_env({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
     ...           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MASTER_ADDR": "nodea", "MASTER_PORT": "29611"})
-    RankLayout(rank=5/8, local=1/4, node=1/2, main=nodea:29611, from=Open MPI)
+    RankLayout(rank=5/8, local=1/4, node=1~/2~, main=nodea:29611, from=Open MPI)
     """
     launcher = detect_launcher(env)
     if launcher is None:
@@ -215,7 +79,7 @@ def _refuse_stray_rank_variables(env: Mapping[str, str]) -> None:
 
 
 def _single_process(env: Mapping[str, str]) -> RankLayout:
-    port, port_source = _main_port(env, None)
+    port, port_source = main_port(env, None)
     address = env.get("MASTER_ADDR") or LOOPBACK_ADDRESS
     sources = dict.fromkeys(("world_size", "rank", "local_rank", "local_size", "node_rank", "num_nodes"), "no launcher")
     sources["main_address"] = "MASTER_ADDR" if env.get("MASTER_ADDR") else "single node: loopback"
@@ -267,7 +131,7 @@ class _LayoutParser:
             {"rank": rank, "world_size": world_size, "local_rank": local_rank, "local_size": local_size}
         )
         address = self._main_address(num_nodes, world_size, local_size)
-        port, self.sources["main_port"] = _main_port(self.env, row)
+        port, self.sources["main_port"] = main_port(self.env, row)
         return RankLayout(
             world_size=world_size,
             rank=rank,
@@ -381,35 +245,11 @@ class _LayoutParser:
         row = self.launcher
         if row.node_rank is not None:
             return self._node_from_launcher(world_size, local_size)
-        num_nodes = world_size // local_size if world_size % local_size == 0 else None
-        self.sources.setdefault("num_nodes", f"{row.world_size} / {self.sources['local_size']}")
-        block = (rank % local_size == local_rank, rank // local_size)
-        round_robin = (num_nodes is not None and rank // num_nodes == local_rank, rank % (num_nodes or 1))
-        if block[0] and (not round_robin[0] or block[1] == round_robin[1]):
-            self.sources["node_rank"] = f"{row.rank} // {self.sources['local_size']} (block placement)"
-            return block[1], num_nodes, Placement.BLOCK
-        if round_robin[0] and not block[0]:
-            self.sources["node_rank"] = f"{row.rank} % num_nodes (round-robin placement)"
-            return round_robin[1], num_nodes, Placement.ROUND_ROBIN
-        self.sources["node_rank"] = f"{row.rank} // {self.sources['local_size']} (approximate)"
-        why = (
-            "fits both block and round-robin placement with different answers"
-            if block[0]
-            else "fits neither block nor round-robin placement (a rankfile or an uneven mapping?)"
-        )
-        self.warnings.append(
-            ApproximateNodeRankWarning(
-                f"Node rank {block[1]} is approximate: {row.rank}={rank} with {row.local_rank}={local_rank} and "
-                f"{self.sources['local_size']}={local_size} {why}. Global and local ranks are exact; only the node "
-                f"index is a guess.",
-                "use Trainer(strategy='ddp_mpi') or the roll call of MPIClusterEnvironment, which resolve node "
-                "ranks exactly by exchanging host names.",
-                variable=row.rank,
-                value=str(rank),
-                launcher=row.name,
-            )
-        )
-        return block[1], num_nodes, Placement.UNKNOWN
+        guess = guess_node(row, rank, world_size, local_rank, local_size, self.sources["local_size"])
+        self.sources.update(guess.sources)
+        if guess.warning is not None:
+            self.warnings.append(guess.warning)
+        return guess.node_rank, guess.num_nodes, guess.placement
 
     def _node_from_launcher(self, world_size: int, local_size: int) -> tuple[int, int | None, Placement]:
         row = self.launcher
@@ -420,13 +260,25 @@ class _LayoutParser:
                 expand_tasks_per_node(self.env[row.tasks_per_node], variable=row.tasks_per_node)
             )
             self.sources["num_nodes"] = f"len({row.tasks_per_node})"
-        else:
-            num_nodes = world_size // local_size if world_size % local_size == 0 else None
-            self.sources["num_nodes"] = f"{row.world_size} / {self.sources['local_size']}"
-        if num_nodes is not None and node >= num_nodes:
+            if num_nodes is not None and node >= num_nodes:
+                raise self._conflict(
+                    f"{row.node_rank}={node} but the job has only {num_nodes} node(s).", row.node_rank, str(node)
+                )
+            return node, num_nodes, Placement.LAUNCHER
+        # Nodes 0 to node-1 run a rank each at least, and this one local_size: more than that cannot be one launch.
+        if node + local_size > world_size:
             raise self._conflict(
-                f"{row.node_rank}={node} but the job has only {num_nodes} node(s).", row.node_rank, str(node)
+                f"{row.node_rank}={node} with {self.sources['local_size']}={local_size} ranks on this node needs "
+                f"at least {node + local_size} ranks, but {row.world_size}={world_size}.",
+                row.node_rank,
+                str(node),
             )
+        # The node index is the launcher's, but the count of nodes is divided out: assumed even. A node index at or
+        # past that count proves the nodes uneven (mpiexec -n 6 --ppn 4: the second node runs 2, not 4).
+        num_nodes = world_size // local_size if world_size % local_size == 0 else None
+        if num_nodes is not None and node >= num_nodes:
+            num_nodes = None
+        self.sources["num_nodes"] = num_nodes_source(row, self.sources["local_size"], world_size, local_size)
         return node, num_nodes, Placement.LAUNCHER
 
     # --- agreement with torchrun-style variables ---------------------------------------------------------------
@@ -481,44 +333,8 @@ class _LayoutParser:
         )
 
 
-def _main_port(env: Mapping[str, str], launcher: Launcher | None) -> tuple[int, str]:
-    """``MASTER_PORT``; else derived from the launch's or the job's identity; else :data:`DEFAULT_MAIN_PORT`."""
-    name = launcher.name if launcher is not None else None
-    if "MASTER_PORT" in env:
-        port = parse_port(
-            env["MASTER_PORT"],
-            variable="MASTER_PORT",
-            launcher=name,
-            hint="export MASTER_PORT=<a free port such as 29500>, or unset it to derive one from the job id.",
-        )
-        return port, "MASTER_PORT"
-    if launcher is not None and launcher.job_identity and all(env.get(v) for v in launcher.job_identity):
-        identity = "/".join(env[variable] for variable in launcher.job_identity)
-        return derive_port(identity), f"derived from {'+'.join(launcher.job_identity)}"
-    job = job_identity(env)
-    if job is not None:
-        return derive_port(job[0]), f"derived from {'+'.join(job[1])}"
-    return DEFAULT_MAIN_PORT, "default"
-
-
-def derive_port(identity: str) -> int:
-    """A port in :data:`DERIVED_PORT_RANGE`, the same for the same job identity on every host.
-
-    A cryptographic hash spreads neighbouring job ids apart, unlike taking the id's last digits. Any text works,
-    non-ASCII included (Flux job ids start with ``ƒ``).
-
-    >>> derive_port("prterun-nodea-1234@1") == derive_port("prterun-nodea-1234@1")
-    True
-    >>> derive_port("ƒ2n7Sd1Ky") in DERIVED_PORT_RANGE
-    True
-    """
-    import hashlib  # Here, not at the top: most jobs set MASTER_PORT or have none to derive it from.
-
-    digest = int.from_bytes(hashlib.sha256(identity.encode("utf-8", "surrogateescape")).digest()[:8], "big")
-    return DERIVED_PORT_RANGE.start + digest % len(DERIVED_PORT_RANGE)
-
-
 __all__ = [
+    "DEALING",
     "DEFAULT_MAIN_PORT",
     "DERIVED_PORT_RANGE",
     "LayoutError",
