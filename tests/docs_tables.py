@@ -40,7 +40,11 @@ def launcher_table() -> str:
     ]
     for row in LAUNCHERS:
         sizes = f"{_code(row.rank)}, {_code(row.world_size)}, {_code(row.local_rank)}, {_local_size(row)}"
-        node = _code(row.node_rank) if row.node_rank else "derived (block or round-robin), exact after the roll call"
+        node = (
+            _code(row.node_rank)
+            if row.node_rank
+            else "assumed block or round-robin (approximate), exact after the roll call"
+        )
         hosts = ", ".join(
             f"`{source.variable}`" + (f" ({source.note})" if source.note else "") for source in row.host_lists
         )

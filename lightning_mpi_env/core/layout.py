@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 from lightning_mpi_env.core.errors import LayoutError, LayoutWarning
 from lightning_mpi_env.core.hostlist import expand_tasks_per_node
-from lightning_mpi_env.core.launchers import Launcher, detect_launcher, stray_rank_variables
+from lightning_mpi_env.core.launchers import TORCHRUN, Launcher, detect_launcher, stray_rank_variables
 from lightning_mpi_env.core.placement import DEALING, Placement, guess_node, num_nodes_source
 from lightning_mpi_env.core.ports import DEFAULT_MAIN_PORT, DERIVED_PORT_RANGE, derive_port, main_port
 from lightning_mpi_env.core.rank_layout import RankLayout
@@ -53,9 +53,39 @@ def from_env(
     """
     launcher = detect_launcher(env)
     if launcher is None:
+        _refuse_torch_variables_without_torchrun(env)
         _refuse_stray_rank_variables(env)
         return _single_process(env)
     return _LayoutParser(env, launcher, read_text or read_host_file).parse()
+
+
+SINGLE_PROCESS_TORCH_VALUES: Mapping[str, str] = MappingProxyType(
+    {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+)
+"""torchrun's variables as a single process would have them: set alone, they agree with rank 0 of 1."""
+
+
+def _refuse_torch_variables_without_torchrun(env: Mapping[str, str]) -> None:
+    # RANK set, but by no torchrun (no TORCHELASTIC_RUN_ID) and no launcher we know: rank 0 of 1 would be silently
+    # wrong, and torch_env()/exec would overwrite the right values. Lightning's own workers set LOCAL_RANK and
+    # WORLD_SIZE but never RANK, so RANK is the sign.
+    if "RANK" not in env:
+        return
+    disagreeing = [name for name, single in SINGLE_PROCESS_TORCH_VALUES.items() if env.get(name, single) != single]
+    if not disagreeing:
+        return
+    names = [name for name in SINGLE_PROCESS_TORCH_VALUES if name in env]
+    present = ", ".join(f"{name}={env[name][:40]!r}" for name in names)
+    raise LayoutError(
+        f"{present} {'are' if len(names) > 1 else 'is'} set, as torchrun sets them, but {TORCHRUN.marker} is not "
+        f"(torchrun's own variable) and no MPI launcher or `srun` started this process. As a single process it "
+        f"would be rank 0 of 1 and train alone, and `torch_env()`/`exec` would overwrite them.",
+        f"{TORCHRUN.launch_hint} Under `mpirun`/`srun`, let them set the ranks and do not export "
+        f"{'/'.join(disagreeing)} in the job script (`unset {' '.join(disagreeing)}`).",
+        variable=disagreeing[0],
+        value=env[disagreeing[0]][:40],
+        launcher=TORCHRUN.name,
+    )
 
 
 def _refuse_stray_rank_variables(env: Mapping[str, str]) -> None:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, LayoutError
-from lightning_mpi_env.core.launchers import FLUX, HYDRA, LAUNCHERS, OPEN_MPI, PMIX, SLURM, Launcher
+from lightning_mpi_env.core.launchers import FLUX, HYDRA, LAUNCHERS, OPEN_MPI, PMIX, SLURM, TORCHRUN, Launcher
 from lightning_mpi_env.core.layout import DEFAULT_MAIN_PORT, DERIVED_PORT_RANGE, Placement, derive_port, from_env
 from tests.layouts import launcher_env, placed
 
@@ -517,3 +517,59 @@ def test_property_flux_resolves_even_jobs_exactly_and_refuses_uneven_ones(layout
             assert resolved.node_rank == node
     assert even or refusals
     assert all(error.launcher == "Flux" for error in refusals)
+
+
+# --- torchrun ----------------------------------------------------------------------------------------------------
+# https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables: what torchrun exports to each worker.
+
+TORCHRUN_WORKER = {
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "1",
+    "ROLE_RANK": "3",
+    "ROLE_WORLD_SIZE": "4",
+    "TORCHELASTIC_RUN_ID": "job-42",
+    "TORCHELASTIC_RESTART_COUNT": "0",
+    "MASTER_ADDR": "g0001",
+    "MASTER_PORT": "29400",
+}
+
+
+def test_torchrun_is_a_launcher_with_an_exact_node_rank():
+    layout = from_env(TORCHRUN_WORKER)
+    assert layout.launcher is TORCHRUN
+    assert (layout.rank, layout.world_size, layout.local_rank, layout.local_size) == (3, 4, 1, 2)
+    assert (layout.node_rank, layout.node_rank_is_exact, layout.placement) == (1, True, Placement.LAUNCHER)
+    assert (layout.main_address, layout.main_port) == ("g0001", 29400)
+    assert layout.sources["node_rank"] == "GROUP_RANK"
+
+
+def test_torchrun_inside_mpirun_wins_over_the_agent_s_mpi_variables():
+    # mpirun -npernode 1 torchrun --nproc-per-node 2 ...: the worker inherits its agent's OMPI rank (the node).
+    agent = launcher_env(OPEN_MPI, rank=1, world_size=2, local_rank=0, local_size=1, node=1, num_nodes=2)
+    assert from_env({**agent, **TORCHRUN_WORKER}).launcher is TORCHRUN
+    step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"}
+    assert from_env({**step, "SLURM_STEP_TASKS_PER_NODE": "1(x2)", **TORCHRUN_WORKER}).rank == 3
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"RANK": "3", "WORLD_SIZE": "4"},
+        {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"},
+        {"RANK": "x"},
+    ],
+)
+def test_torch_variables_without_torchrun_are_refused_not_rank_0_of_1(env):
+    with pytest.raises(LayoutError, match=r"as torchrun sets them, but TORCHELASTIC_RUN_ID is not") as raised:
+        from_env(env)
+    assert "HINT: Start the workers with `torchrun`" in str(raised.value)
+    assert raised.value.launcher == TORCHRUN.name
+
+
+def test_torch_variables_of_a_single_process_are_accepted():
+    assert from_env({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}).world_size == 1
+    # Lightning's own workers set LOCAL_RANK and WORLD_SIZE, never RANK: not refused here.
+    assert from_env({"LOCAL_RANK": "1", "WORLD_SIZE": "2", "NODE_RANK": "0"}).launcher is None
