@@ -13,10 +13,16 @@ from lightning_mpi_env.core.errors import LayoutError, LayoutWarning
 from lightning_mpi_env.core.hostlist import expand_tasks_per_node
 from lightning_mpi_env.core.launchers import TORCHRUN, Launcher, detect_launcher, stray_rank_variables
 from lightning_mpi_env.core.placement import DEALING, Placement, guess_node, num_nodes_source
-from lightning_mpi_env.core.ports import DEFAULT_MAIN_PORT, DERIVED_PORT_RANGE, derive_port, main_port
+from lightning_mpi_env.core.ports import (
+    DEFAULT_MAIN_PORT,
+    DERIVED_PORT_RANGE,
+    derive_port,
+    given_main_address,
+    main_port,
+)
 from lightning_mpi_env.core.rank_layout import RankLayout
 from lightning_mpi_env.core.schedulers import SCHEDULERS, first_host, read_host_file
-from lightning_mpi_env.core.values import is_count, parse_count
+from lightning_mpi_env.core.values import SHOWN_CHARACTERS, as_count, parse_count, shown
 
 STALE_TORCH_VARIABLES: tuple[tuple[str, str], ...] = (
     ("RANK", "rank"),
@@ -75,7 +81,7 @@ def _refuse_torch_variables_without_torchrun(env: Mapping[str, str]) -> None:
     if not disagreeing:
         return
     names = [name for name in SINGLE_PROCESS_TORCH_VALUES if name in env]
-    present = ", ".join(f"{name}={env[name][:40]!r}" for name in names)
+    present = ", ".join(f"{name}={shown(env[name])}" for name in names)
     raise LayoutError(
         f"{present} {'are' if len(names) > 1 else 'is'} set, as torchrun sets them, but {TORCHRUN.marker} is not "
         f"(torchrun's own variable) and no MPI launcher or `srun` started this process. As a single process it "
@@ -83,7 +89,7 @@ def _refuse_torch_variables_without_torchrun(env: Mapping[str, str]) -> None:
         f"{TORCHRUN.launch_hint} Under `mpirun`/`srun`, let them set the ranks and do not export "
         f"{'/'.join(disagreeing)} in the job script (`unset {' '.join(disagreeing)}`).",
         variable=disagreeing[0],
-        value=env[disagreeing[0]][:40],
+        value=env[disagreeing[0]][:SHOWN_CHARACTERS],
         launcher=TORCHRUN.name,
     )
 
@@ -93,7 +99,7 @@ def _refuse_stray_rank_variables(env: Mapping[str, str]) -> None:
     if not stray:
         return
     variable, row = stray[0]
-    present = [f"{name}={env[name]!r}" for name in row.variables if name in env]
+    present = [f"{name}={shown(env[name])}" for name in row.variables if name in env]
     missing = [name for name in row.variables if name not in env]
     raise LayoutError(
         f"{', '.join(present)} {'is' if len(present) == 1 else 'are'} set, as {row.name} or another PMI-1 launcher "
@@ -103,16 +109,17 @@ def _refuse_stray_rank_variables(env: Mapping[str, str]) -> None:
         f"{row.launch_hint} Under Flux or Slurm, start the ranks with `flux run` or `srun`, whose own variables "
         f"(FLUX_TASK_*, SLURM_*) are read; do not copy {variable} by hand.",
         variable=variable,
-        value=env[variable],
+        value=env[variable][:SHOWN_CHARACTERS],
         launcher=row.name,
     )
 
 
 def _single_process(env: Mapping[str, str]) -> RankLayout:
     port, port_source = main_port(env, None)
-    address = env.get("MASTER_ADDR") or LOOPBACK_ADDRESS
+    given = given_main_address(env, None)
+    address = given or LOOPBACK_ADDRESS
     sources = dict.fromkeys(("world_size", "rank", "local_rank", "local_size", "node_rank", "num_nodes"), "no launcher")
-    sources["main_address"] = "MASTER_ADDR" if env.get("MASTER_ADDR") else "single node: loopback"
+    sources["main_address"] = "MASTER_ADDR" if given else "single node: loopback"
     sources["main_port"] = port_source
     return RankLayout(
         world_size=1,
@@ -184,11 +191,11 @@ class _LayoutParser:
         row = self.launcher
         missing = [name for name in row.variables if name not in self.env]
         if missing:
-            present = ", ".join(f"{name}={self.env[name]!r}" for name in row.variables if name in self.env)
+            present = ", ".join(f"{name}={shown(self.env[name])}" for name in row.variables if name in self.env)
             # A known launch mode that omits them gets its own fix; else the rank variables were copied or cleared.
             modes = [fix for name, fix in row.partial_modes.items() if name in self.env]
             raise LayoutError(
-                f"{row.name} variables are only partly set: {present or f'{row.marker}={self.env[row.marker]!r}'} "
+                f"{row.name} variables are only partly set: {present or f'{row.marker}={shown(self.env[row.marker])}'} "
                 f"is set, but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing.",
                 modes[0] if modes else f"{row.launch_hint} Do not set {row.marker} by hand or copy it between jobs.",
                 variable=missing[0],
@@ -233,14 +240,14 @@ class _LayoutParser:
         node = self._integer(row.node_rank, "node_rank")
         if node >= len(counts):
             raise self._conflict(
-                f"{row.node_rank}={node} but {row.tasks_per_node}={self.env[row.tasks_per_node]!r} lists only "
+                f"{row.node_rank}={node} but {row.tasks_per_node}={shown(self.env[row.tasks_per_node])} lists only "
                 f"{len(counts)} node(s).",
                 row.node_rank,
                 str(node),
             )
         if sum(counts) != world_size:
             raise self._conflict(
-                f"{row.tasks_per_node}={self.env[row.tasks_per_node]!r} adds up to {sum(counts)} tasks but "
+                f"{row.tasks_per_node}={shown(self.env[row.tasks_per_node])} adds up to {sum(counts)} tasks but "
                 f"{row.world_size}={world_size}.",
                 row.tasks_per_node,
                 self.env[row.tasks_per_node],
@@ -265,7 +272,7 @@ class _LayoutParser:
             f"{self.launcher.name}: {problem}",
             f"The variables disagree, so they were not all set by one launch. {self.launcher.launch_hint}",
             variable=variable,
-            value=value,
+            value=value[:SHOWN_CHARACTERS],
             launcher=self.launcher.name,
         )
 
@@ -318,24 +325,25 @@ class _LayoutParser:
             if variable not in self.env or variable in self.launcher.variables:
                 continue
             value = self.env[variable]
-            if not is_count(value) or int(value) != resolved[field_name]:
+            if as_count(value) != resolved[field_name]:
                 raise LayoutError(
-                    f"{variable}={value!r} disagrees with {self.launcher.name}, which says "
+                    f"{variable}={shown(value)} disagrees with {self.launcher.name}, which says "
                     f"{self.sources[field_name]}={resolved[field_name]}. A stale {variable} (exported by a job "
                     f"script or left over from torchrun) would give this process the wrong {field_name}.",
                     f"Unset {variable} before launching (`unset {variable}`), or do not pass it to the ranks "
                     f"(`mpirun -x` / `--export`).",
                     variable=variable,
-                    value=value,
+                    value=value[:SHOWN_CHARACTERS],
                     launcher=self.launcher.name,
                 )
 
     # --- main address -----------------------------------------------------------------------------------------
 
     def _main_address(self, num_nodes: int | None, world_size: int, local_size: int) -> str:
-        if self.env.get("MASTER_ADDR"):
+        given = given_main_address(self.env, self.launcher)
+        if given is not None:
             self.sources["main_address"] = "MASTER_ADDR"
-            return self.env["MASTER_ADDR"]
+            return given
         found = first_host(self.env, self.read_text, launch=(self.launcher.host_lists, self.launcher.name))
         if found is not None:
             host, variable = found

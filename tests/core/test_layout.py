@@ -573,3 +573,18 @@ def test_torch_variables_of_a_single_process_are_accepted():
     assert from_env({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}).world_size == 1
     # Lightning's own workers set LOCAL_RANK and WORLD_SIZE, never RANK: not refused here.
     assert from_env({"LOCAL_RANK": "1", "WORLD_SIZE": "2", "NODE_RANK": "0"}).launcher is None
+
+
+# --- hostile values ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variable", ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"])
+def test_thousands_of_digits_are_one_clear_error_with_the_value_cut(variable):
+    with pytest.raises(LayoutError, match=rf"^{variable}='9{{40}}'\.\.\. \(5000 characters\) \(Open MPI\) has 5000 "):
+        from_env(open_mpi(**{variable: "9" * 5000}))
+
+
+def test_a_stale_torch_variable_with_thousands_of_digits_is_one_clear_error():
+    with pytest.raises(LayoutError, match=r"^RANK='1{40}'\.\.\. \(5000 characters\) disagrees with Open MPI") as raised:
+        from_env(open_mpi(RANK="1" * 5000))
+    assert raised.value.value == "1" * 40
