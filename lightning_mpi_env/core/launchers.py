@@ -284,14 +284,16 @@ PMIX = Launcher(
     how_to_check="`env | grep PMIX_RANK` and no `OMPI_COMM_WORLD_*`",
 )
 
-LAUNCHERS: tuple[Launcher, ...] = (TORCHRUN, OPEN_MPI, MVAPICH2, CRAY_PALS, HYDRA, JSRUN, FLUX, SLURM, PMIX)
+LAUNCHERS: tuple[Launcher, ...] = (TORCHRUN, OPEN_MPI, MVAPICH2, HYDRA, JSRUN, FLUX, SLURM, CRAY_PALS, PMIX)
 """Every supported launcher, in order of precedence.
 
 torchrun comes first: a process with ``TORCHELASTIC_RUN_ID`` was spawned by torchrun, and any MPI or Slurm variables
 it has were inherited from the launch that started torchrun itself (``mpirun -npernode 1 torchrun ...``), so they
 describe the agent, not this worker. An MPI launcher's own variables come before the scheduler's, because ranks
-started by ``mpirun`` inside a batch job inherit the batch script's ``SLURM_PROCID=0``; PMIx alone comes last because
-richer launchers set it too.
+started by ``mpirun`` inside a batch job inherit the batch script's ``SLURM_PROCID=0``. Cray PALS comes after Slurm
+and Flux, because their Cray plugins export ``PALS_*`` beside their own variables (``srun --mpi=cray_shasta``,
+``flux run -o pmi=cray-pals``), partly (no host list, under Flux no sizes); PALS's own ``mpiexec`` runs under PBS,
+where there is no ``SLURM_STEP_ID`` or ``FLUX_TASK_RANK``. PMIx alone comes last because richer launchers set it too.
 """
 
 LAUNCHERS_BY_KEY: Mapping[str, Launcher] = MappingProxyType({launcher.key: launcher for launcher in LAUNCHERS})

@@ -33,6 +33,9 @@ def test_every_row_reads_its_marker_or_the_marker_only_identifies_it(launcher):
         (["PMI_RANK", "MPI_LOCALRANKID", "SLURM_STEP_ID"], "mpich"),
         (["PMI_RANK", "PMI_SIZE", "SLURM_STEP_ID", "PMIX_RANK"], "slurm"),
         (["PMIX_RANK"], "pmix"),
+        # The Cray plugins of srun and Flux set PALS_* beside their own (test_layout.py cites them).
+        (["PALS_RANKID", "PMI_RANK", "SLURM_STEP_ID", "SLURM_PROCID"], "slurm"),
+        (["PALS_RANKID", "FLUX_TASK_RANK"], "flux"),
         # torchrun spawned the process; the MPI and Slurm variables are its agent's (docs/launchers.md).
         (["TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "SLURM_STEP_ID", "PMI_RANK"], "torchrun"),
     ],

@@ -588,3 +588,66 @@ def test_a_stale_torch_variable_with_thousands_of_digits_is_one_clear_error():
     with pytest.raises(LayoutError, match=r"^RANK='1{40}'\.\.\. \(5000 characters\) disagrees with Open MPI") as raised:
         from_env(open_mpi(RANK="1" * 5000))
     assert raised.value.value == "1" * 40
+
+
+# --- Slurm and Flux with their Cray PALS plugins (issue 15, items 3 and 4) ---------------------------------------
+
+CRAY_SHASTA_STEP = {
+    # srun --mpi=cray_shasta -N2 -n4, job on x[1000-1003], step on x[1002-1003]. The plugin's own variables:
+    # https://github.com/SchedMD/slurm/blob/master/src/plugins/mpi/cray_shasta/mpi_cray_shasta.c
+    # (PALS_APID, PALS_APINFO, PALS_RANKID, PALS_NODEID, PALS_SPOOL_DIR, PMI_CONTROL_PORT; newer Slurm also
+    # PALS_LOCAL_RANKID, PMI_RANK, PMI_SIZE, PMI_LOCAL_RANK, PMI_LOCAL_SIZE, PMI_JOBID).
+    "SLURM_JOB_ID": "77",
+    "SLURM_STEP_ID": "2",
+    "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "4",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_JOB_NODELIST": "x[1000-1003]",
+    "SLURM_STEP_NODELIST": "x[1002-1003]",
+    "PALS_APID": "77.2",
+    "PALS_APINFO": "/var/spool/slurmd/mpi_cray_shasta/77.2/apinfo",
+    "PALS_RANKID": "3",
+    "PALS_NODEID": "1",
+    "PALS_SPOOL_DIR": "/var/spool/slurmd/mpi_cray_shasta/77.2",
+    "PMI_CONTROL_PORT": "11000",
+}
+
+
+@pytest.mark.parametrize(
+    "newer_slurm",
+    [{}, {"PALS_LOCAL_RANKID": "1", "PMI_RANK": "3", "PMI_SIZE": "4", "PMI_LOCAL_SIZE": "2", "PMI_JOBID": "77.2"}],
+    ids=["slurm-22", "slurm-24"],
+)
+def test_srun_cray_shasta_is_slurm_with_the_step_s_first_host(newer_slurm):
+    layout = from_env({**CRAY_SHASTA_STEP, **newer_slurm})
+    assert layout.launcher is SLURM
+    assert (layout.rank, layout.node_rank, layout.local_size, layout.num_nodes) == (3, 1, 2, 2)
+    assert (layout.main_address, layout.sources["main_address"]) == ("x1002", "SLURM_STEP_NODELIST (first host)")
+    assert layout.sources["main_port"] == "derived from SLURM_JOB_ID+SLURM_STEP_ID"
+
+
+def test_flux_with_the_cray_pals_shell_plugin_is_flux():
+    # flux run -N2 -n4 -o pmi=cray-pals,simple: flux-coral2's cray_pals plugin sets PALS_APID, PALS_APINFO,
+    # PALS_RANKID, PALS_NODEID, PALS_SPOOL_DIR only
+    # (https://github.com/flux-framework/flux-coral2/blob/main/src/shell/plugins/cray_pals.c); Flux's own are whole.
+    env = {
+        **launcher_env(FLUX, rank=3, world_size=4, local_rank=1, local_size=2, node=1, num_nodes=2),
+        "FLUX_JOB_ID": "ƒ2n7Sd1Ky",
+        "PALS_APID": "123456789",
+        "PALS_APINFO": "/tmp/flux-x/jobtmp-0-ƒ2n7Sd1Ky/libpals_apinfo",
+        "PALS_RANKID": "3",
+        "PALS_NODEID": "1",
+        "PALS_SPOOL_DIR": "/tmp/flux-x/jobtmp-0-ƒ2n7Sd1Ky",
+        **ADDRESS,
+    }
+    layout = from_env(env)
+    assert layout.launcher is FLUX
+    assert (layout.rank, layout.local_rank, layout.local_size) == (3, 1, 2)
+
+
+def test_cray_mpiexec_under_pbs_is_still_pals():
+    env = {"PALS_RANKID": "5", "PALS_LOCAL_RANKID": "1", "PALS_NODEID": "1", "PMI_SIZE": "8", "PMI_LOCAL_SIZE": "4"}
+    layout = from_env({**env, "PBS_JOBID": "12.pbs", **ADDRESS})
+    assert (layout.launcher.key, layout.node_rank) == ("pals", 1)
