@@ -12,7 +12,7 @@ from types import MappingProxyType
 from lightning_mpi_env.core.errors import LayoutError, LayoutWarning
 from lightning_mpi_env.core.hostlist import expand_tasks_per_node
 from lightning_mpi_env.core.launchers import TORCHRUN, Launcher, detect_launcher, stray_rank_variables
-from lightning_mpi_env.core.placement import DEALING, Placement, guess_node, num_nodes_source
+from lightning_mpi_env.core.placement import DEALING, Placement, every_rank_here, guess_node, num_nodes_source
 from lightning_mpi_env.core.ports import (
     DEFAULT_MAIN_PORT,
     DERIVED_PORT_RANGE,
@@ -344,14 +344,16 @@ class _LayoutParser:
         if given is not None:
             self.sources["main_address"] = "MASTER_ADDR"
             return given
+        if every_rank_here(world_size, local_size):
+            # Before the job's host list: one PBS job may run several one-node launches (an ensemble), each on its
+            # own node, and the first line of $PBS_NODEFILE is another launch's node.
+            self.sources["main_address"] = "single node: loopback"
+            return LOOPBACK_ADDRESS
         found = first_host(self.env, self.read_text, launch=(self.launcher.host_lists, self.launcher.name))
         if found is not None:
             host, variable = found
             self.sources["main_address"] = f"{variable} (first host)"
             return host
-        if num_nodes == 1:
-            self.sources["main_address"] = "single node: loopback"
-            return LOOPBACK_ADDRESS
         sources = [*self.launcher.host_lists, *(source for scheduler in SCHEDULERS for source in scheduler.host_lists)]
         lists = ", ".join(source.variable for source in sources)
         nodes = f"{num_nodes} nodes" if num_nodes is not None else "more than one node"
@@ -375,6 +377,7 @@ __all__ = [
     "DEALING",
     "DEFAULT_MAIN_PORT",
     "DERIVED_PORT_RANGE",
+    "LOOPBACK_ADDRESS",
     "LayoutError",
     "Placement",
     "RankLayout",

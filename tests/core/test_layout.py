@@ -651,3 +651,15 @@ def test_cray_mpiexec_under_pbs_is_still_pals():
     env = {"PALS_RANKID": "5", "PALS_LOCAL_RANKID": "1", "PALS_NODEID": "1", "PMI_SIZE": "8", "PMI_LOCAL_SIZE": "4"}
     layout = from_env({**env, "PBS_JOBID": "12.pbs", **ADDRESS})
     assert (layout.launcher.key, layout.node_rank) == ("pals", 1)
+
+
+def test_an_ensemble_member_on_one_node_meets_on_its_own_node(tmp_path: Path):
+    # One PBS job, several one-node `mpiexec -n 4 --ppn 4` runs (an ensemble): every rank of this launch is on this
+    # node, so the first line of $PBS_NODEFILE (another member's node) is not where they meet.
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("x1001\nx1002\nx1003\n")
+    env = launcher_env(OPEN_MPI, rank=2, world_size=4, local_rank=2, local_size=4, node=0, num_nodes=1)
+    layout = from_env({**env, "PBS_NODEFILE": str(nodefile), "PBS_JOBID": "12.pbs"})
+    assert (layout.main_address, layout.sources["main_address"]) == ("127.0.0.1", "single node: loopback")
+    two_nodes = launcher_env(OPEN_MPI, rank=6, world_size=8, local_rank=2, local_size=4, node=1, num_nodes=2)
+    assert from_env({**two_nodes, "PBS_NODEFILE": str(nodefile)}).main_address == "x1001"
