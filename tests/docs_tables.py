@@ -74,9 +74,8 @@ def scheduler_table() -> str:
             f"`{source.variable}` ({source.form.value}{f', {source.note}' if source.note else ''})"
             for source in row.host_lists
         )
-        lines.append(
-            f"| {row.name} | {_code(row.job_id)} | {hosts or 'none exported'} | {row.run_for_real or NOT_RUN} |"
-        )
+        job = _code(row.job_id) + (f" (+ {_code(row.array_task)} in an array)" if row.array_task else "")
+        lines.append(f"| {row.name} | {job} | {hosts or 'none exported'} | {row.run_for_real or NOT_RUN} |")
     return "\n".join(lines)
 
 
