@@ -663,3 +663,8 @@ def test_an_ensemble_member_on_one_node_meets_on_its_own_node(tmp_path: Path):
     assert (layout.main_address, layout.sources["main_address"]) == ("127.0.0.1", "single node: loopback")
     two_nodes = launcher_env(OPEN_MPI, rank=6, world_size=8, local_rank=2, local_size=4, node=1, num_nodes=2)
     assert from_env({**two_nodes, "PBS_NODEFILE": str(nodefile)}).main_address == "x1001"
+
+
+def test_a_port_with_thousands_of_digits_is_one_clear_error():
+    with pytest.raises(LayoutError, match=r"^MASTER_PORT='9{40}'\.\.\. \(5000 characters\) is not a port number"):
+        from_env(open_mpi(MASTER_PORT="9" * 5000))
