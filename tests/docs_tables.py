@@ -41,7 +41,11 @@ def launcher_table() -> str:
     ]
     for row in LAUNCHERS:
         sizes = f"{_code(row.rank)}, {_code(row.world_size)}, {_code(row.local_rank)}, {_local_size(row)}"
-        node = _code(row.node_rank) if row.node_rank else "derived (block or round-robin), exact after the roll call"
+        node = (
+            _code(row.node_rank)
+            if row.node_rank
+            else "assumed block or round-robin (approximate), exact after the roll call"
+        )
         hosts = ", ".join(
             f"`{source.variable}`" + (f" ({source.note})" if source.note else "") for source in row.host_lists
         )
@@ -71,9 +75,8 @@ def scheduler_table() -> str:
             f"`{source.variable}` ({source.form.value}{f', {source.note}' if source.note else ''})"
             for source in row.host_lists
         )
-        lines.append(
-            f"| {row.name} | {_code(row.job_id)} | {hosts or 'none exported'} | {row.run_for_real or NOT_RUN} |"
-        )
+        job = _code(row.job_id) + (f" (+ {_code(row.array_task)} in an array)" if row.array_task else "")
+        lines.append(f"| {row.name} | {job} | {hosts or 'none exported'} | {row.run_for_real or NOT_RUN} |")
     return "\n".join(lines)
 
 

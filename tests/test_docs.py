@@ -74,8 +74,8 @@ def test_the_docs_snippets_that_print_say_what_they_print():
     ((_, _, code, _),) = [s for s in snippets() if s[0] == "launchers.md" and "from_env" in s[2]]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.splitlines() == [
-        "RankLayout(rank=5/8, local=1/4, node=1/2, main=g0001:24513, from=Open MPI)",
-        "OMPI_COMM_WORLD_RANK // OMPI_COMM_WORLD_LOCAL_SIZE (block placement)",
+        "RankLayout(rank=5/8, local=1/4, node=1~/2~, main=g0001:24513, from=Open MPI)",
+        "OMPI_COMM_WORLD_RANK // OMPI_COMM_WORLD_LOCAL_SIZE (assumed block placement)",
     ]
 
 

@@ -6,15 +6,20 @@ Which scheduler uses which format, and under which variable, is in :mod:`lightni
 from __future__ import annotations
 
 import itertools
+import math
 from enum import Enum
 from functools import cache
 from typing import TYPE_CHECKING, NamedTuple
 
 from lightning_mpi_env.core.errors import LayoutError
-from lightning_mpi_env.core.values import is_count, parse_count
+from lightning_mpi_env.core.values import MAX_DIGITS, SHOWN_CHARACTERS, as_count, is_count, parse_count, shown
 
 if TYPE_CHECKING:
     import re
+
+
+MAX_HOSTS = 1_000_000
+"""The most hosts a node list or task-count list may expand to: more is a hostile value, not a job."""
 
 
 class HostListForm(str, Enum):
@@ -103,6 +108,8 @@ def _expand_one(item: str, nodelist: str, variable: str) -> list[str]:
             parts.append([text])
         if brackets:
             parts.append(_expand_brackets(brackets, nodelist, variable))
+    if math.prod(len(part) for part in parts) > MAX_HOSTS:
+        raise _nodelist_error(nodelist, variable, f"it lists more than {MAX_HOSTS} hosts")
     return ["".join(combination) for combination in itertools.product(*parts)]
 
 
@@ -113,18 +120,23 @@ def _expand_brackets(brackets: str, nodelist: str, variable: str) -> list[str]:
         if match is None:
             raise _nodelist_error(nodelist, variable, f"'{piece}' is not a number or a range like 07-10")
         first, last = match.group(1), match.group(2) or match.group(1)
-        if int(last) < int(first):
+        low, high = as_count(first), as_count(last)
+        if low is None or high is None:
+            raise _nodelist_error(nodelist, variable, f"a host number has more than {MAX_DIGITS} digits")
+        if high < low:
             raise _nodelist_error(nodelist, variable, f"the range '{piece}' runs backwards")
-        names.extend(str(number).zfill(len(first)) for number in range(int(first), int(last) + 1))
+        if len(names) + high - low + 1 > MAX_HOSTS:
+            raise _nodelist_error(nodelist, variable, f"it lists more than {MAX_HOSTS} hosts")
+        names.extend(str(number).zfill(len(first)) for number in range(low, high + 1))
     return names
 
 
 def _nodelist_error(nodelist: str, variable: str, reason: str) -> LayoutError:
     return LayoutError(
-        f"{variable}='{nodelist}' is not a valid Slurm node list: {reason}.",
+        f"{variable}={shown(nodelist)} is not a valid Slurm node list: {reason}.",
         "Use the value Slurm set, or set MASTER_ADDR to the host of rank 0.",
         variable=variable,
-        value=nodelist,
+        value=nodelist[:SHOWN_CHARACTERS],
         launcher="Slurm",
     )
 
@@ -141,15 +153,18 @@ def expand_tasks_per_node(counts: str, *, variable: str = "SLURM_STEP_TASKS_PER_
     expanded: list[int] = []
     for piece in counts.split(","):
         match = _pattern("task_count").match(piece.strip())
-        if match is None or int(match.group(1)) == 0 or match.group(2) == "0":
+        count = as_count(match.group(1)) if match is not None else None
+        repeat = as_count(match.group(2) or "1") if match is not None else None
+        if not count or not repeat or len(expanded) + repeat > MAX_HOSTS:
             raise LayoutError(
-                f"{variable}='{counts}' (Slurm srun) is not a list of task counts like '4(x2),3'.",
+                f"{variable}={shown(counts)} (Slurm srun) is not a list of task counts like '4(x2),3'"
+                + (f" for at most {MAX_HOSTS} nodes." if count and repeat else "."),
                 "Use the value srun set; do not export your own.",
                 variable=variable,
-                value=counts,
+                value=counts[:SHOWN_CHARACTERS],
                 launcher="Slurm srun",
             )
-        expanded.extend([int(match.group(1))] * int(match.group(2) or 1))
+        expanded.extend([count] * repeat)
     return expanded
 
 
@@ -184,10 +199,10 @@ def pe_hostfile_host(text: str, *, variable: str = "PE_HOSTFILE", scheduler: str
             continue
         if len(words) < 2:
             raise LayoutError(
-                f"{variable} line {number} ({line.strip()!r}, {scheduler}) is not 'host slots queue processors'.",
+                f"{variable} line {number} ({shown(line.strip())}, {scheduler}) is not 'host slots queue processors'.",
                 "Run inside the Grid Engine job that wrote the file, or set MASTER_ADDR to the host of rank 0.",
                 variable=variable,
-                value=line,
+                value=line[:SHOWN_CHARACTERS],
                 launcher=scheduler,
             )
         parse_count(
@@ -213,16 +228,17 @@ def lsf_pairs_host(value: str, *, variable: str = "LSB_MCPU_HOSTS", scheduler: s
     words = value.split()
     if len(words) < 2 or len(words) % 2 or not all(is_count(word) for word in words[1::2]):
         raise LayoutError(
-            f"{variable}='{value}' ({scheduler}) is not a list of 'host slots' pairs.",
+            f"{variable}={shown(value)} ({scheduler}) is not a list of 'host slots' pairs.",
             "Use the value LSF set, or set MASTER_ADDR to the host of rank 0.",
             variable=variable,
-            value=value,
+            value=value[:SHOWN_CHARACTERS],
             launcher=scheduler,
         )
     return words[0]
 
 
 __all__ = [
+    "MAX_HOSTS",
     "HostList",
     "HostListForm",
     "expand_nodelist",

@@ -86,6 +86,28 @@ class Launcher(NamedTuple):
         return (launcher_by_key, (self.key,))
 
 
+TORCHRUN = Launcher(
+    # https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables: torchrun exports these to every
+    # worker it spawns, with MASTER_ADDR and MASTER_PORT. TORCHELASTIC_RUN_ID is torchrun's own (RANK alone is not:
+    # job scripts, DeepSpeed's and Lightning's own launchers set it too).
+    key="torchrun",
+    name="torchrun (TorchElastic)",
+    marker="TORCHELASTIC_RUN_ID",
+    rank="RANK",
+    world_size="WORLD_SIZE",
+    local_rank="LOCAL_RANK",
+    local_size="LOCAL_WORLD_SIZE",
+    node_rank="GROUP_RANK",  # "the rank of the worker group": the node's index with one group per node
+    job_identity=("TORCHELASTIC_RUN_ID",),
+    # A job script may export RANK or WORLD_SIZE by hand: they are not a torchrun launch (from_env refuses them
+    # where they disagree with a single process, naming them).
+    inherited=("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"),
+    launch_hint=(
+        "Start the workers with `torchrun` (which sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, "
+        "TORCHELASTIC_RUN_ID, MASTER_ADDR and MASTER_PORT itself)."
+    ),
+    how_to_check="`env | grep TORCHELASTIC_RUN_ID` in a worker (torchrun's workers have it; its agent has not)",
+)
 OPEN_MPI = Launcher(
     key="openmpi",
     name="Open MPI",
@@ -262,11 +284,16 @@ PMIX = Launcher(
     how_to_check="`env | grep PMIX_RANK` and no `OMPI_COMM_WORLD_*`",
 )
 
-LAUNCHERS: tuple[Launcher, ...] = (OPEN_MPI, MVAPICH2, CRAY_PALS, HYDRA, JSRUN, FLUX, SLURM, PMIX)
+LAUNCHERS: tuple[Launcher, ...] = (TORCHRUN, OPEN_MPI, MVAPICH2, HYDRA, JSRUN, FLUX, SLURM, CRAY_PALS, PMIX)
 """Every supported launcher, in order of precedence.
 
-An MPI launcher's own variables come before the scheduler's, because ranks started by ``mpirun`` inside a batch job
-inherit the batch script's ``SLURM_PROCID=0``; PMIx alone comes last because richer launchers set it too.
+torchrun comes first: a process with ``TORCHELASTIC_RUN_ID`` was spawned by torchrun, and any MPI or Slurm variables
+it has were inherited from the launch that started torchrun itself (``mpirun -npernode 1 torchrun ...``), so they
+describe the agent, not this worker. An MPI launcher's own variables come before the scheduler's, because ranks
+started by ``mpirun`` inside a batch job inherit the batch script's ``SLURM_PROCID=0``. Cray PALS comes after Slurm
+and Flux, because their Cray plugins export ``PALS_*`` beside their own variables (``srun --mpi=cray_shasta``,
+``flux run -o pmi=cray-pals``), partly (no host list, under Flux no sizes); PALS's own ``mpiexec`` runs under PBS,
+where there is no ``SLURM_STEP_ID`` or ``FLUX_TASK_RANK``. PMIx alone comes last because richer launchers set it too.
 """
 
 LAUNCHERS_BY_KEY: Mapping[str, Launcher] = MappingProxyType({launcher.key: launcher for launcher in LAUNCHERS})
@@ -334,6 +361,7 @@ __all__ = [
     "OPEN_MPI",
     "PMIX",
     "SLURM",
+    "TORCHRUN",
     "Launcher",
     "detect_launcher",
     "inherited_variables",

@@ -7,24 +7,22 @@ Nothing here imports torch or Lightning, writes to ``os.environ`` or talks to th
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple
 
-from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, LayoutError, LayoutWarning
+from lightning_mpi_env.core.errors import LayoutError, LayoutWarning
 from lightning_mpi_env.core.hostlist import expand_tasks_per_node
-from lightning_mpi_env.core.launchers import Launcher, detect_launcher, stray_rank_variables
-from lightning_mpi_env.core.schedulers import SCHEDULERS, first_host, job_identity, read_host_file
-from lightning_mpi_env.core.values import is_count, parse_count, parse_port
-
-if TYPE_CHECKING:
-    from lightning_mpi_env.core.shape import TrainerArguments
-
-DEFAULT_MAIN_PORT = 29500
-"""The main port when neither ``MASTER_PORT`` nor a job identity is available (PyTorch's own default)."""
-
-DERIVED_PORT_RANGE = range(20000, 30000)
-"""Ports derived from a job's identity fall in here: below Linux's ephemeral range (32768 and up)."""
+from lightning_mpi_env.core.launchers import TORCHRUN, Launcher, detect_launcher, stray_rank_variables
+from lightning_mpi_env.core.placement import DEALING, Placement, every_rank_here, guess_node, num_nodes_source
+from lightning_mpi_env.core.ports import (
+    DEFAULT_MAIN_PORT,
+    DERIVED_PORT_RANGE,
+    derive_port,
+    given_main_address,
+    main_port,
+)
+from lightning_mpi_env.core.rank_layout import RankLayout
+from lightning_mpi_env.core.schedulers import SCHEDULERS, first_host, read_host_file
+from lightning_mpi_env.core.values import SHOWN_CHARACTERS, as_count, parse_count, shown
 
 STALE_TORCH_VARIABLES: tuple[tuple[str, str], ...] = (
     ("RANK", "rank"),
@@ -35,134 +33,6 @@ STALE_TORCH_VARIABLES: tuple[tuple[str, str], ...] = (
 """torchrun-style variables that must agree with the launcher when both are present."""
 
 LOOPBACK_ADDRESS = "127.0.0.1"
-
-
-class Placement(str, Enum):
-    """How the node rank was found."""
-
-    SINGLE = "single process"
-    """No launcher: one process on one node."""
-    LAUNCHER = "exported by the launcher"
-    """The launcher exports the node index (``SLURM_NODEID``, ``PALS_NODEID``): exact."""
-    BLOCK = "block placement"
-    """Consecutive ranks fill a node before the next (``--map-by slot``): ``rank // local_size``, exact."""
-    ROUND_ROBIN = "round-robin placement"
-    """Ranks dealt to nodes in turn (``--map-by node``): ``rank % num_nodes``, exact."""
-    UNKNOWN = "unknown placement"
-    """Neither placement explains this process's local rank, or both do with different answers: approximate."""
-
-
-DEALING: Mapping[Placement, tuple[str, str]] = {
-    Placement.BLOCK: ("slot", "block"),
-    Placement.ROUND_ROBIN: ("node", "cyclic"),
-}
-"""How a launch deals ranks to nodes, by placement: Open MPI's ``--map-by`` and Slurm's ``--distribution`` names."""
-
-
-class RankLayout(NamedTuple):
-    """Where one process sits in the job, and which variable each answer came from.
-
-    Immutable; two layouts are equal when every field but :attr:`sources` is.
-    """
-
-    world_size: int
-    """Number of processes in the job."""
-    rank: int
-    """Global rank of this process, always the launcher's own."""
-    local_rank: int
-    """Rank of this process on its node, always the launcher's own."""
-    local_size: int
-    """Number of processes on this node."""
-    node_rank: int
-    """Index of this node; approximate when :attr:`placement` is :attr:`Placement.UNKNOWN`."""
-    num_nodes: int | None
-    """Number of nodes, or ``None`` when this process cannot know it (ranks spread unevenly)."""
-    main_address: str
-    """Host of rank 0, where every process meets."""
-    main_port: int
-    """Port on :attr:`main_address`, identical on every rank."""
-    launcher: Launcher | None
-    """The launcher that started this process, or ``None`` outside any launcher."""
-    placement: Placement
-    """How :attr:`node_rank` was found."""
-    sources: Mapping[str, str] = MappingProxyType({})
-    """For each field above, the variable (or rule) it came from; not compared."""
-    warnings: tuple[LayoutWarning, ...] = ()
-    """Things the user should hear about that do not stop the job, such as an approximate node rank."""
-    ranks_per_node: tuple[int, ...] = ()
-    """Every node's number of ranks, where the launcher exports them all (``SLURM_STEP_TASKS_PER_NODE``); else empty."""
-
-    @property
-    def launcher_name(self) -> str:
-        """The launcher's name, or ``"no launcher"``."""
-        return self.launcher.name if self.launcher is not None else "no launcher"
-
-    @property
-    def node_rank_is_exact(self) -> bool:
-        """Whether :attr:`node_rank` is known for certain from this process's variables alone."""
-        return self.placement is not Placement.UNKNOWN
-
-    @property
-    def is_even(self) -> bool:
-        """Whether, as far as this process can tell, every node runs :attr:`local_size` processes."""
-        if self.ranks_per_node:
-            return len(set(self.ranks_per_node)) == 1
-        return self.num_nodes is not None and self.num_nodes * self.local_size == self.world_size
-
-    def describe_world(self) -> str:
-        """The launched world in words, for messages: ``"8 ranks, 4 per node"``."""
-        per_node = f"{self.local_size} on this node" if not self.is_even else f"{self.local_size} per node"
-        return f"{self.world_size} rank{'s' if self.world_size != 1 else ''}, {per_node}"
-
-    def trainer_kwargs(self) -> TrainerArguments:
-        """The ``Trainer``/``Fabric`` ``devices`` and ``num_nodes`` that match this launch (see :mod:`.shape`)."""
-        from lightning_mpi_env.core.shape import trainer_arguments
-
-        return trainer_arguments(self)
-
-    def as_dict(self) -> dict[str, object]:
-        """This layout as JSON-ready values, the matching Trainer arguments included (``show --json``)."""
-        from lightning_mpi_env.core.shape import layout_as_dict
-
-        return layout_as_dict(self)
-
-    def _compared(self) -> tuple[object, ...]:
-        # The warnings are exceptions, which compare by identity: compare what they say.
-        said = tuple((type(warning), str(warning)) for warning in self.warnings)
-        return (*self[:10], said, self.ranks_per_node)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RankLayout):
-            return NotImplemented
-        return self._compared() == other._compared()
-
-    def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
-    def __hash__(self) -> int:
-        return hash(self._compared())
-
-    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
-        # The read-only view of the sources does not pickle (spawned workers get the environment pickled).
-        return (_rebuild_layout, (tuple(self[:10]), dict(self.sources), self.warnings, self.ranks_per_node))
-
-    def __repr__(self) -> str:
-        nodes = "?" if self.num_nodes is None else str(self.num_nodes)
-        node = f"{self.node_rank}{'' if self.node_rank_is_exact else '~'}/{nodes}"
-        return (
-            f"RankLayout(rank={self.rank}/{self.world_size}, local={self.local_rank}/{self.local_size}, "
-            f"node={node}, main={self.main_address}:{self.main_port}, from={self.launcher_name})"
-        )
-
-
-def _rebuild_layout(
-    fields: tuple[object, ...],
-    sources: dict[str, str],
-    warnings: tuple[LayoutWarning, ...],
-    ranks_per_node: tuple[int, ...] = (),
-) -> RankLayout:
-    return RankLayout._make((*fields, MappingProxyType(sources), warnings, ranks_per_node))
 
 
 def from_env(
@@ -185,13 +55,43 @@ def from_env(
 
     >>> from_env({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
     ...           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MASTER_ADDR": "nodea", "MASTER_PORT": "29611"})
-    RankLayout(rank=5/8, local=1/4, node=1/2, main=nodea:29611, from=Open MPI)
+    RankLayout(rank=5/8, local=1/4, node=1~/2~, main=nodea:29611, from=Open MPI)
     """
     launcher = detect_launcher(env)
     if launcher is None:
+        _refuse_torch_variables_without_torchrun(env)
         _refuse_stray_rank_variables(env)
         return _single_process(env)
     return _LayoutParser(env, launcher, read_text or read_host_file).parse()
+
+
+SINGLE_PROCESS_TORCH_VALUES: Mapping[str, str] = MappingProxyType(
+    {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+)
+"""torchrun's variables as a single process would have them: set alone, they agree with rank 0 of 1."""
+
+
+def _refuse_torch_variables_without_torchrun(env: Mapping[str, str]) -> None:
+    # RANK set, but by no torchrun (no TORCHELASTIC_RUN_ID) and no launcher we know: rank 0 of 1 would be silently
+    # wrong, and torch_env()/exec would overwrite the right values. Lightning's own workers set LOCAL_RANK and
+    # WORLD_SIZE but never RANK, so RANK is the sign.
+    if "RANK" not in env:
+        return
+    disagreeing = [name for name, single in SINGLE_PROCESS_TORCH_VALUES.items() if env.get(name, single) != single]
+    if not disagreeing:
+        return
+    names = [name for name in SINGLE_PROCESS_TORCH_VALUES if name in env]
+    present = ", ".join(f"{name}={shown(env[name])}" for name in names)
+    raise LayoutError(
+        f"{present} {'are' if len(names) > 1 else 'is'} set, as torchrun sets them, but {TORCHRUN.marker} is not "
+        f"(torchrun's own variable) and no MPI launcher or `srun` started this process. As a single process it "
+        f"would be rank 0 of 1 and train alone, and `torch_env()`/`exec` would overwrite them.",
+        f"{TORCHRUN.launch_hint} Under `mpirun`/`srun`, let them set the ranks and do not export "
+        f"{'/'.join(disagreeing)} in the job script (`unset {' '.join(disagreeing)}`).",
+        variable=disagreeing[0],
+        value=env[disagreeing[0]][:SHOWN_CHARACTERS],
+        launcher=TORCHRUN.name,
+    )
 
 
 def _refuse_stray_rank_variables(env: Mapping[str, str]) -> None:
@@ -199,7 +99,7 @@ def _refuse_stray_rank_variables(env: Mapping[str, str]) -> None:
     if not stray:
         return
     variable, row = stray[0]
-    present = [f"{name}={env[name]!r}" for name in row.variables if name in env]
+    present = [f"{name}={shown(env[name])}" for name in row.variables if name in env]
     missing = [name for name in row.variables if name not in env]
     raise LayoutError(
         f"{', '.join(present)} {'is' if len(present) == 1 else 'are'} set, as {row.name} or another PMI-1 launcher "
@@ -209,16 +109,17 @@ def _refuse_stray_rank_variables(env: Mapping[str, str]) -> None:
         f"{row.launch_hint} Under Flux or Slurm, start the ranks with `flux run` or `srun`, whose own variables "
         f"(FLUX_TASK_*, SLURM_*) are read; do not copy {variable} by hand.",
         variable=variable,
-        value=env[variable],
+        value=env[variable][:SHOWN_CHARACTERS],
         launcher=row.name,
     )
 
 
 def _single_process(env: Mapping[str, str]) -> RankLayout:
-    port, port_source = _main_port(env, None)
-    address = env.get("MASTER_ADDR") or LOOPBACK_ADDRESS
+    port, port_source = main_port(env, None)
+    given = given_main_address(env, None)
+    address = given or LOOPBACK_ADDRESS
     sources = dict.fromkeys(("world_size", "rank", "local_rank", "local_size", "node_rank", "num_nodes"), "no launcher")
-    sources["main_address"] = "MASTER_ADDR" if env.get("MASTER_ADDR") else "single node: loopback"
+    sources["main_address"] = "MASTER_ADDR" if given else "single node: loopback"
     sources["main_port"] = port_source
     return RankLayout(
         world_size=1,
@@ -267,7 +168,7 @@ class _LayoutParser:
             {"rank": rank, "world_size": world_size, "local_rank": local_rank, "local_size": local_size}
         )
         address = self._main_address(num_nodes, world_size, local_size)
-        port, self.sources["main_port"] = _main_port(self.env, row)
+        port, self.sources["main_port"] = main_port(self.env, row)
         return RankLayout(
             world_size=world_size,
             rank=rank,
@@ -290,11 +191,11 @@ class _LayoutParser:
         row = self.launcher
         missing = [name for name in row.variables if name not in self.env]
         if missing:
-            present = ", ".join(f"{name}={self.env[name]!r}" for name in row.variables if name in self.env)
+            present = ", ".join(f"{name}={shown(self.env[name])}" for name in row.variables if name in self.env)
             # A known launch mode that omits them gets its own fix; else the rank variables were copied or cleared.
             modes = [fix for name, fix in row.partial_modes.items() if name in self.env]
             raise LayoutError(
-                f"{row.name} variables are only partly set: {present or f'{row.marker}={self.env[row.marker]!r}'} "
+                f"{row.name} variables are only partly set: {present or f'{row.marker}={shown(self.env[row.marker])}'} "
                 f"is set, but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing.",
                 modes[0] if modes else f"{row.launch_hint} Do not set {row.marker} by hand or copy it between jobs.",
                 variable=missing[0],
@@ -339,14 +240,14 @@ class _LayoutParser:
         node = self._integer(row.node_rank, "node_rank")
         if node >= len(counts):
             raise self._conflict(
-                f"{row.node_rank}={node} but {row.tasks_per_node}={self.env[row.tasks_per_node]!r} lists only "
+                f"{row.node_rank}={node} but {row.tasks_per_node}={shown(self.env[row.tasks_per_node])} lists only "
                 f"{len(counts)} node(s).",
                 row.node_rank,
                 str(node),
             )
         if sum(counts) != world_size:
             raise self._conflict(
-                f"{row.tasks_per_node}={self.env[row.tasks_per_node]!r} adds up to {sum(counts)} tasks but "
+                f"{row.tasks_per_node}={shown(self.env[row.tasks_per_node])} adds up to {sum(counts)} tasks but "
                 f"{row.world_size}={world_size}.",
                 row.tasks_per_node,
                 self.env[row.tasks_per_node],
@@ -371,7 +272,7 @@ class _LayoutParser:
             f"{self.launcher.name}: {problem}",
             f"The variables disagree, so they were not all set by one launch. {self.launcher.launch_hint}",
             variable=variable,
-            value=value,
+            value=value[:SHOWN_CHARACTERS],
             launcher=self.launcher.name,
         )
 
@@ -381,35 +282,11 @@ class _LayoutParser:
         row = self.launcher
         if row.node_rank is not None:
             return self._node_from_launcher(world_size, local_size)
-        num_nodes = world_size // local_size if world_size % local_size == 0 else None
-        self.sources.setdefault("num_nodes", f"{row.world_size} / {self.sources['local_size']}")
-        block = (rank % local_size == local_rank, rank // local_size)
-        round_robin = (num_nodes is not None and rank // num_nodes == local_rank, rank % (num_nodes or 1))
-        if block[0] and (not round_robin[0] or block[1] == round_robin[1]):
-            self.sources["node_rank"] = f"{row.rank} // {self.sources['local_size']} (block placement)"
-            return block[1], num_nodes, Placement.BLOCK
-        if round_robin[0] and not block[0]:
-            self.sources["node_rank"] = f"{row.rank} % num_nodes (round-robin placement)"
-            return round_robin[1], num_nodes, Placement.ROUND_ROBIN
-        self.sources["node_rank"] = f"{row.rank} // {self.sources['local_size']} (approximate)"
-        why = (
-            "fits both block and round-robin placement with different answers"
-            if block[0]
-            else "fits neither block nor round-robin placement (a rankfile or an uneven mapping?)"
-        )
-        self.warnings.append(
-            ApproximateNodeRankWarning(
-                f"Node rank {block[1]} is approximate: {row.rank}={rank} with {row.local_rank}={local_rank} and "
-                f"{self.sources['local_size']}={local_size} {why}. Global and local ranks are exact; only the node "
-                f"index is a guess.",
-                "use Trainer(strategy='ddp_mpi') or the roll call of MPIClusterEnvironment, which resolve node "
-                "ranks exactly by exchanging host names.",
-                variable=row.rank,
-                value=str(rank),
-                launcher=row.name,
-            )
-        )
-        return block[1], num_nodes, Placement.UNKNOWN
+        guess = guess_node(row, rank, world_size, local_rank, local_size, self.sources["local_size"])
+        self.sources.update(guess.sources)
+        if guess.warning is not None:
+            self.warnings.append(guess.warning)
+        return guess.node_rank, guess.num_nodes, guess.placement
 
     def _node_from_launcher(self, world_size: int, local_size: int) -> tuple[int, int | None, Placement]:
         row = self.launcher
@@ -420,13 +297,25 @@ class _LayoutParser:
                 expand_tasks_per_node(self.env[row.tasks_per_node], variable=row.tasks_per_node)
             )
             self.sources["num_nodes"] = f"len({row.tasks_per_node})"
-        else:
-            num_nodes = world_size // local_size if world_size % local_size == 0 else None
-            self.sources["num_nodes"] = f"{row.world_size} / {self.sources['local_size']}"
-        if num_nodes is not None and node >= num_nodes:
+            if num_nodes is not None and node >= num_nodes:
+                raise self._conflict(
+                    f"{row.node_rank}={node} but the job has only {num_nodes} node(s).", row.node_rank, str(node)
+                )
+            return node, num_nodes, Placement.LAUNCHER
+        # Nodes 0 to node-1 run a rank each at least, and this one local_size: more than that cannot be one launch.
+        if node + local_size > world_size:
             raise self._conflict(
-                f"{row.node_rank}={node} but the job has only {num_nodes} node(s).", row.node_rank, str(node)
+                f"{row.node_rank}={node} with {self.sources['local_size']}={local_size} ranks on this node needs "
+                f"at least {node + local_size} ranks, but {row.world_size}={world_size}.",
+                row.node_rank,
+                str(node),
             )
+        # The node index is the launcher's, but the count of nodes is divided out: assumed even. A node index at or
+        # past that count proves the nodes uneven (mpiexec -n 6 --ppn 4: the second node runs 2, not 4).
+        num_nodes = world_size // local_size if world_size % local_size == 0 else None
+        if num_nodes is not None and node >= num_nodes:
+            num_nodes = None
+        self.sources["num_nodes"] = num_nodes_source(row, self.sources["local_size"], world_size, local_size)
         return node, num_nodes, Placement.LAUNCHER
 
     # --- agreement with torchrun-style variables ---------------------------------------------------------------
@@ -436,32 +325,35 @@ class _LayoutParser:
             if variable not in self.env or variable in self.launcher.variables:
                 continue
             value = self.env[variable]
-            if not is_count(value) or int(value) != resolved[field_name]:
+            if as_count(value) != resolved[field_name]:
                 raise LayoutError(
-                    f"{variable}={value!r} disagrees with {self.launcher.name}, which says "
+                    f"{variable}={shown(value)} disagrees with {self.launcher.name}, which says "
                     f"{self.sources[field_name]}={resolved[field_name]}. A stale {variable} (exported by a job "
                     f"script or left over from torchrun) would give this process the wrong {field_name}.",
                     f"Unset {variable} before launching (`unset {variable}`), or do not pass it to the ranks "
                     f"(`mpirun -x` / `--export`).",
                     variable=variable,
-                    value=value,
+                    value=value[:SHOWN_CHARACTERS],
                     launcher=self.launcher.name,
                 )
 
     # --- main address -----------------------------------------------------------------------------------------
 
     def _main_address(self, num_nodes: int | None, world_size: int, local_size: int) -> str:
-        if self.env.get("MASTER_ADDR"):
+        given = given_main_address(self.env, self.launcher)
+        if given is not None:
             self.sources["main_address"] = "MASTER_ADDR"
-            return self.env["MASTER_ADDR"]
+            return given
+        if every_rank_here(world_size, local_size):
+            # Before the job's host list: one PBS job may run several one-node launches (an ensemble), each on its
+            # own node, and the first line of $PBS_NODEFILE is another launch's node.
+            self.sources["main_address"] = "single node: loopback"
+            return LOOPBACK_ADDRESS
         found = first_host(self.env, self.read_text, launch=(self.launcher.host_lists, self.launcher.name))
         if found is not None:
             host, variable = found
             self.sources["main_address"] = f"{variable} (first host)"
             return host
-        if num_nodes == 1:
-            self.sources["main_address"] = "single node: loopback"
-            return LOOPBACK_ADDRESS
         sources = [*self.launcher.host_lists, *(source for scheduler in SCHEDULERS for source in scheduler.host_lists)]
         lists = ", ".join(source.variable for source in sources)
         nodes = f"{num_nodes} nodes" if num_nodes is not None else "more than one node"
@@ -481,46 +373,11 @@ class _LayoutParser:
         )
 
 
-def _main_port(env: Mapping[str, str], launcher: Launcher | None) -> tuple[int, str]:
-    """``MASTER_PORT``; else derived from the launch's or the job's identity; else :data:`DEFAULT_MAIN_PORT`."""
-    name = launcher.name if launcher is not None else None
-    if "MASTER_PORT" in env:
-        port = parse_port(
-            env["MASTER_PORT"],
-            variable="MASTER_PORT",
-            launcher=name,
-            hint="export MASTER_PORT=<a free port such as 29500>, or unset it to derive one from the job id.",
-        )
-        return port, "MASTER_PORT"
-    if launcher is not None and launcher.job_identity and all(env.get(v) for v in launcher.job_identity):
-        identity = "/".join(env[variable] for variable in launcher.job_identity)
-        return derive_port(identity), f"derived from {'+'.join(launcher.job_identity)}"
-    job = job_identity(env)
-    if job is not None:
-        return derive_port(job[0]), f"derived from {'+'.join(job[1])}"
-    return DEFAULT_MAIN_PORT, "default"
-
-
-def derive_port(identity: str) -> int:
-    """A port in :data:`DERIVED_PORT_RANGE`, the same for the same job identity on every host.
-
-    A cryptographic hash spreads neighbouring job ids apart, unlike taking the id's last digits. Any text works,
-    non-ASCII included (Flux job ids start with ``ƒ``).
-
-    >>> derive_port("prterun-nodea-1234@1") == derive_port("prterun-nodea-1234@1")
-    True
-    >>> derive_port("ƒ2n7Sd1Ky") in DERIVED_PORT_RANGE
-    True
-    """
-    import hashlib  # Here, not at the top: most jobs set MASTER_PORT or have none to derive it from.
-
-    digest = int.from_bytes(hashlib.sha256(identity.encode("utf-8", "surrogateescape")).digest()[:8], "big")
-    return DERIVED_PORT_RANGE.start + digest % len(DERIVED_PORT_RANGE)
-
-
 __all__ = [
+    "DEALING",
     "DEFAULT_MAIN_PORT",
     "DERIVED_PORT_RANGE",
+    "LOOPBACK_ADDRESS",
     "LayoutError",
     "Placement",
     "RankLayout",

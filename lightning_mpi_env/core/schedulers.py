@@ -38,6 +38,10 @@ class Scheduler(NamedTuple):
     """What ``simulate`` exports for it, as templates: ``{job}``, ``{nodelist}``, ``{num_nodes}``,
     ``{lsf_pairs}``; a host file is ``{file:hosts}`` (one line per host), ``{file:slots}`` (one per slot) or
     ``{file:pe}`` (Grid Engine's ``PE_HOSTFILE``)."""
+    array_task: tuple[str, ...] = ()
+    """Variables that tell apart the tasks of one array job, which share :attr:`job_id`: appended to the job's
+    identity (for the main port) where set, not ``undefined`` (Grid Engine outside arrays) and, for those in
+    :attr:`nonzero`, not ``0``."""
     requeue_command: tuple[str, ...] = ()
     """The command that puts this job back in the queue (``{job}``: the job as :attr:`requeue_job` names it);
     empty where the job does it by its exit status (:attr:`requeue_exit_code`) or cannot."""
@@ -72,6 +76,8 @@ SGE = Scheduler(
         HostList("PE_HOSTFILE", HostListForm.PE_HOSTFILE),
     ),
     simulated=MappingProxyType({"JOB_ID": "{job}", "SGE_JOB_HOSTLIST": "{file:hosts}", "PE_HOSTFILE": "{file:pe}"}),
+    # qsub(1): "SGE_TASK_ID ... set to 'undefined' for non-array jobs"; the tasks of an array share JOB_ID.
+    array_task=("SGE_TASK_ID",),
     # A job that exits 99 is rescheduled (unless the site sets FORBID_RESCHEDULE); `qmod -rj` needs a manager.
     requeue_exit_code=99,
     warning_signal=signal.SIGUSR2,  # -notify: SIGUSR2 before SIGKILL (SIGUSR1 comes before a suspension)
@@ -85,6 +91,9 @@ PBS = Scheduler(
     job_id=("PBS_JOBID",),
     host_lists=(HostList("PBS_NODEFILE", HostListForm.HOST_PER_LINE),),
     simulated=MappingProxyType({"PBS_JOBID": "{job}.pbs", "PBS_NODEFILE": "{file:slots}"}),
+    # A subjob's PBS_JOBID is `123[4].server` already; its index too, should a site give the array's id:
+    # PBS_ARRAY_INDEX (PBS Professional), PBS_ARRAYID (Torque).
+    array_task=("PBS_ARRAY_INDEX", "PBS_ARRAYID"),
     # qrerun needs manager or operator rights on most sites: requeue_command=("qsub", "job.sh") resubmits instead.
     requeue_command=("qrerun", "{job}"),
     requeue_job=("{PBS_JOBID}",),
@@ -101,6 +110,7 @@ LSF = Scheduler(
         HostList("LSB_MCPU_HOSTS", HostListForm.LSF_PAIRS),
     ),
     simulated=MappingProxyType({"LSB_JOBID": "{job}", "LSB_MCPU_HOSTS": "{lsf_pairs}"}),
+    array_task=("LSB_JOBINDEX",),  # the elements of a job array share LSB_JOBID; 0 outside arrays
     requeue_command=("brequeue", "{job}"),  # the job's owner may requeue it
     requeue_job=("{LSB_JOBID}[{LSB_JOBINDEX}]", "{LSB_JOBID}"),
     nonzero=("LSB_JOBINDEX",),
@@ -232,11 +242,20 @@ def job_identity(env: Mapping[str, str]) -> tuple[str, tuple[str, ...]] | None:
 
     >>> job_identity({"PBS_JOBID": "4242.pbs01"})
     ('4242.pbs01', ('PBS_JOBID',))
+    >>> job_identity({"JOB_ID": "77", "SGE_TASK_ID": "3"})  # one task of a Grid Engine array job
+    ('77/3', ('JOB_ID', 'SGE_TASK_ID'))
     """
     for scheduler in SCHEDULERS:
         if all(env.get(variable) for variable in scheduler.job_id):
-            return "/".join(env[variable] for variable in scheduler.job_id), scheduler.job_id
+            tasks = tuple(name for name in scheduler.array_task if _is_array_task(env, name, scheduler))
+            names = (*scheduler.job_id, *tasks)
+            return "/".join(env[variable] for variable in names), names
     return None
+
+
+def _is_array_task(env: Mapping[str, str], name: str, scheduler: Scheduler) -> bool:
+    value = env.get(name, "")
+    return value not in ("", "undefined") and not (name in scheduler.nonzero and value == "0")
 
 
 __all__ = [

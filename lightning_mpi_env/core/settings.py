@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 from lightning_mpi_env.core.errors import SettingError
-from lightning_mpi_env.core.values import resolve_switch
+from lightning_mpi_env.core.values import SHOWN_CHARACTERS, resolve_switch, shown
 
 
 class MixedImportMode(enum.Enum):
@@ -163,10 +163,10 @@ def seconds(value: float | None, env: Mapping[str, str], variable: str, default:
         parsed = float("nan")
     if not parsed > 0 or parsed == float("inf"):
         raise SettingError(
-            f"{variable}={raw!r} is not a positive, finite number of seconds.",
+            f"{variable}={shown(raw)} is not a positive, finite number of seconds.",
             f"Set {variable} to a number of seconds, e.g. {default or DEFAULT_RENDEZVOUS_TIMEOUT:g}.",
             variable=variable,
-            value=raw,
+            value=raw[:SHOWN_CHARACTERS],
         )
     return parsed
 
@@ -221,11 +221,11 @@ def mixed_import_mode(env: Mapping[str, str]) -> MixedImportMode:
     except ValueError:
         allowed = ", ".join(mode.value for mode in MixedImportMode)
         raise SettingError(
-            f"{variable}={raw!r} is not one of {allowed}.",
+            f"{variable}={shown(raw)} is not one of {allowed}.",
             f"Set {variable}=warn (the default), =error to fail on mixed Lightning imports, or =ignore to "
             "silence them.",
             variable=variable,
-            value=raw,
+            value=raw[:SHOWN_CHARACTERS],
         ) from None
 
 

@@ -17,6 +17,35 @@ from lightning_mpi_env.core.errors import LayoutError, SettingError
 PORT_RANGE = range(1, 65536)
 """Valid TCP ports."""
 
+MAX_DIGITS = 18
+"""The most digits a count may have: no launcher sets a rank, size or count of 10**18 or more. Longer numbers are
+refused before ``int()`` sees them (which refuses more than 4300 digits with a bare ``ValueError``)."""
+
+SHOWN_CHARACTERS = 40
+"""How much of a hostile value a message repeats (:func:`shown`)."""
+
+
+def shown(value: str) -> str:
+    """A value as a message repeats it: quoted, and cut after :data:`SHOWN_CHARACTERS` characters.
+
+    >>> shown("12")
+    "'12'"
+    >>> shown("9" * 5000)
+    "'9999999999999999999999999999999999999999'... (5000 characters)"
+    """
+    if len(value) <= SHOWN_CHARACTERS:
+        return repr(value)
+    return f"{value[:SHOWN_CHARACTERS]!r}... ({len(value)} characters)"
+
+
+def as_count(text: str) -> int | None:
+    """``text`` as a count when it is one of at most :data:`MAX_DIGITS` plain ASCII digits; else ``None``.
+
+    >>> as_count("12"), as_count("x"), as_count("1" * 19)
+    (12, None, None)
+    """
+    return int(text) if is_count(text) and len(text) <= MAX_DIGITS else None
+
 
 def is_count(text: str) -> bool:
     """Whether ``text`` is a non-negative integer written in plain ASCII digits.
@@ -62,16 +91,23 @@ def parse_count(
     """
     where = launcher if launcher is not None else "no launcher"
     fix = hint if hint is not None else f"Unset {variable}, or set it to a plain number."
-    fields = {"variable": variable, "value": value, "launcher": launcher}
+    fields = {"variable": variable, "value": value[:SHOWN_CHARACTERS], "launcher": launcher}
     if not is_count(value):
         negative = value.startswith("-") and is_count(value[1:])
         problem = "is negative" if negative else "is not a non-negative integer"
-        raise LayoutError(f"{variable}={value!r} ({where}) {problem}.", fix, **fields)
-    number = int(value)
+        raise LayoutError(f"{variable}={shown(value)} ({where}) {problem}.", fix, **fields)
+    number = as_count(value)
+    if number is None:
+        raise LayoutError(
+            f"{variable}={shown(value)} ({where}) has {len(value)} digits; no launcher sets a number that large "
+            f"(at most {MAX_DIGITS} digits).",
+            fix,
+            **fields,
+        )
     if number < minimum:
-        raise LayoutError(f"{variable}={value!r} ({where}) must be at least {minimum}.", fix, **fields)
+        raise LayoutError(f"{variable}={shown(value)} ({where}) must be at least {minimum}.", fix, **fields)
     if maximum is not None and number > maximum:
-        raise LayoutError(f"{variable}={value!r} ({where}) must be at most {maximum}.", fix, **fields)
+        raise LayoutError(f"{variable}={shown(value)} ({where}) must be at most {maximum}.", fix, **fields)
     return number
 
 
@@ -84,16 +120,17 @@ def parse_port(value: str, *, variable: str, launcher: str | None = None, hint: 
     >>> parse_port("29500", variable="MASTER_PORT", hint="Set a free port.")
     29500
     """
-    if not is_count(value) or int(value) not in PORT_RANGE:
+    port = as_count(value)
+    if port is None or port not in PORT_RANGE:
         where = launcher if launcher is not None else "no launcher"
         raise LayoutError(
-            f"{variable}={value!r} is not a port number between 1 and 65535 (launcher: {where}).",
+            f"{variable}={shown(value)} is not a port number between 1 and 65535 (launcher: {where}).",
             hint,
             variable=variable,
-            value=value,
+            value=value[:SHOWN_CHARACTERS],
             launcher=launcher,
         )
-    return int(value)
+    return port
 
 
 def resolve_switch(value: bool | None, env: Mapping[str, str], variable: str, *, hint: str) -> bool:
@@ -120,11 +157,21 @@ def resolve_switch(value: bool | None, env: Mapping[str, str], variable: str, *,
     if text in ("0", "false", "no", "off"):
         return False
     raise SettingError(
-        f"{variable}={raw!r} is not one of 1, 0 (also true/false, yes/no, on/off).",
+        f"{variable}={shown(raw)} is not one of 1, 0 (also true/false, yes/no, on/off).",
         hint,
         variable=variable,
-        value=raw,
+        value=raw[:SHOWN_CHARACTERS],
     )
 
 
-__all__ = ["PORT_RANGE", "is_count", "parse_count", "parse_port", "resolve_switch"]
+__all__ = [
+    "MAX_DIGITS",
+    "PORT_RANGE",
+    "SHOWN_CHARACTERS",
+    "as_count",
+    "is_count",
+    "parse_count",
+    "parse_port",
+    "resolve_switch",
+    "shown",
+]

@@ -27,7 +27,7 @@ from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.layout import Placement, RankLayout, from_env
 from lightning_mpi_env.core.report import install_excepthook
 from lightning_mpi_env.core.settings import Settings
-from lightning_mpi_env.core.values import is_count, parse_count
+from lightning_mpi_env.core.values import as_count, parse_count
 from lightning_mpi_env.lightning.compat import silence_srun_not_used
 from lightning_mpi_env.lightning.requeue import Requeue
 
@@ -625,11 +625,11 @@ def _is_lightning_worker(layout: RankLayout, env: Mapping[str, str]) -> bool:
     launcher = layout.launcher
     if launcher is None or launcher.local_size is None or layout.local_size != 1:
         return False
-    node, local, size = env["NODE_RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]
-    if not all(is_count(value) for value in (node, local, size)):
+    node, local, size = (as_count(env[name]) for name in ("NODE_RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    if node is None or local is None or size is None:
         return False
-    per_node, remainder = divmod(int(size), layout.world_size)
-    return int(node) == layout.rank and remainder == 0 and per_node > 1 and int(local) < per_node
+    per_node, remainder = divmod(size, layout.world_size)
+    return node == layout.rank and remainder == 0 and per_node > 1 and local < per_node
 
 
 def _start_watchdog(claim: Claim, timeout: float, requeue: Requeue | None) -> Watchdog:

@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.launchers import FLAVOURS
-from lightning_mpi_env.core.layout import DEALING, Placement, RankLayout, from_env
+from lightning_mpi_env.core.layout import DEALING, LOOPBACK_ADDRESS, Placement, RankLayout, from_env
 from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY
 
 JOB_ID = "12345"
@@ -414,10 +414,10 @@ def check_table(ranks: Sequence[SimulatedRank]) -> list[str]:
         if len(values) > 1:
             problems.append(f"ranks disagree on {name}: {', '.join(values)}.")
     rank_zero = [row for row in ranks if row.slot.rank == 0]
-    if rank_zero and rank_zero[0].layout is not None and rank_zero[0].layout.main_address != rank_zero[0].host:
-        problems.append(
-            f"the main address {rank_zero[0].layout.main_address} is not {rank_zero[0].host}, the host of rank 0."
-        )
+    one_host = len({row.host for row in ranks}) == 1  # then the main address is loopback, which is rank 0's host
+    main = rank_zero[0].layout.main_address if rank_zero and rank_zero[0].layout is not None else None
+    if main is not None and main != rank_zero[0].host and not (one_host and main == LOOPBACK_ADDRESS):
+        problems.append(f"the main address {main} is not {rank_zero[0].host}, the host of rank 0.")
     per_node = Counter(row.host for row in ranks)
     if len(set(per_node.values())) > 1:
         spread = ", ".join(f"{host}: {count}" for host, count in sorted(per_node.items()))

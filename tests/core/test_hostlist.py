@@ -77,3 +77,26 @@ def test_pe_hostfile_first_line_is_the_master_host():
 def test_malformed_pe_hostfile_names_the_line(text, match):
     with pytest.raises(LayoutError, match=match):
         pe_hostfile_host(text)
+
+
+# --- hostile values (issue 15): one LayoutError, fast, never a bare ValueError or a huge list --------------------
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "match"),
+    [
+        ("gpu[1-" + "9" * 5000 + "]", r"a host number has more than 18 digits"),
+        ("gpu[0-99999999]", r"it lists more than 1000000 hosts"),
+        ("r[1-2000]n[1-2000]", r"it lists more than 1000000 hosts"),
+    ],
+)
+def test_hostile_nodelists_are_one_clear_error(nodelist, match):
+    with pytest.raises(LayoutError, match=match) as raised:
+        expand_nodelist(nodelist)
+    assert len(str(raised.value)) < 500
+
+
+@pytest.mark.parametrize("counts", ["9" * 5000, "4(x" + "9" * 5000 + ")", "4(x99999999999)", "4(x600000),2(x600000)"])
+def test_hostile_task_counts_are_one_clear_error(counts):
+    with pytest.raises(LayoutError, match=r"SLURM_STEP_TASKS_PER_NODE=.* \(Slurm srun\) is not a list of task counts"):
+        expand_tasks_per_node(counts)

@@ -33,6 +33,11 @@ def test_every_row_reads_its_marker_or_the_marker_only_identifies_it(launcher):
         (["PMI_RANK", "MPI_LOCALRANKID", "SLURM_STEP_ID"], "mpich"),
         (["PMI_RANK", "PMI_SIZE", "SLURM_STEP_ID", "PMIX_RANK"], "slurm"),
         (["PMIX_RANK"], "pmix"),
+        # The Cray plugins of srun and Flux set PALS_* beside their own (test_layout.py cites them).
+        (["PALS_RANKID", "PMI_RANK", "SLURM_STEP_ID", "SLURM_PROCID"], "slurm"),
+        (["PALS_RANKID", "FLUX_TASK_RANK"], "flux"),
+        # torchrun spawned the process; the MPI and Slurm variables are its agent's (docs/launchers.md).
+        (["TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK", "SLURM_STEP_ID", "PMI_RANK"], "torchrun"),
     ],
 )
 def test_precedence(names, expected):
@@ -134,9 +139,10 @@ def test_captured_launch_resolves_to_what_the_launcher_said(capture: Path):
     assert [shown for _, shown in resolved] == truth
     assert {layout.launcher.key for layout in layouts if layout.launcher is not None} == {launcher}
     assert all(layout.warnings == () for layout in layouts)
-    # One launch: every task meets at rank 0's host, on one port.
+    # One launch: every task meets at rank 0's host, on one port; loopback when every task ran on that one host.
     assert len({(layout.main_address, layout.main_port) for layout in layouts}) == 1
-    assert layouts[0].main_address == truth[0]["host"]
+    one_host = len({row["host"] for row in truth}) == 1
+    assert layouts[0].main_address == ("127.0.0.1" if one_host else truth[0]["host"])
 
 
 def test_captured_intel_mpi_launches_each_get_their_own_port():

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, LayoutError
-from lightning_mpi_env.core.launchers import FLUX, HYDRA, LAUNCHERS, OPEN_MPI, PMIX, SLURM, Launcher
+from lightning_mpi_env.core.launchers import FLUX, HYDRA, LAUNCHERS, OPEN_MPI, PMIX, SLURM, TORCHRUN, Launcher
 from lightning_mpi_env.core.layout import DEFAULT_MAIN_PORT, DERIVED_PORT_RANGE, Placement, derive_port, from_env
 from tests.layouts import launcher_env, placed
 
@@ -39,7 +39,8 @@ def test_every_launcher_resolves_two_node_layouts_exactly(launcher, placement, n
     assert sorted(layout.rank for _, layout in layouts) == list(range(nodes * per_node))
     for expected_node, layout in layouts:
         assert layout.node_rank == expected_node, layout
-        assert layout.node_rank_is_exact
+        # Exact only where the launcher exports the node index or every rank is on one node; else assumed, and right.
+        assert layout.node_rank_is_exact == (launcher.node_rank is not None or nodes == 1)
         assert layout.num_nodes == nodes
         assert layout.world_size == nodes * per_node
         assert layout.local_size == per_node
@@ -53,7 +54,8 @@ def test_round_robin_on_two_nodes_is_recognised_not_guessed():
     # rank 1 runs on node 1 under --map-by node; the usual hand fix rank // local_size would say node 0
     rank1 = next(layout for _, layout in layouts if layout.rank == 1)
     assert (rank1.node_rank, rank1.local_rank, rank1.placement) == (1, 0, Placement.ROUND_ROBIN)
-    assert rank1.sources["node_rank"] == "OMPI_COMM_WORLD_RANK % num_nodes (round-robin placement)"
+    assert rank1.sources["node_rank"] == "OMPI_COMM_WORLD_RANK % num_nodes (assumed round-robin placement)"
+    assert not rank1.node_rank_is_exact
 
 
 def test_ambiguous_placement_is_approximate_and_says_so():
@@ -62,7 +64,7 @@ def test_ambiguous_placement_is_approximate_and_says_so():
     layout = from_env({**env, **ADDRESS})
     assert layout.placement is Placement.UNKNOWN
     assert not layout.node_rank_is_exact
-    assert "node=1~/3" in repr(layout)
+    assert "node=1~/3~" in repr(layout)
     (warning,) = layout.warnings
     assert isinstance(warning, ApproximateNodeRankWarning)
     assert "approximate" in str(warning)
@@ -81,7 +83,7 @@ def test_rankfile_placement_fitting_neither_rule_is_approximate():
 def test_repr_is_informative():
     env = launcher_env(OPEN_MPI, rank=5, world_size=8, local_rank=1, local_size=4, node=1, num_nodes=2)
     assert repr(from_env({**env, **ADDRESS})) == (
-        "RankLayout(rank=5/8, local=1/4, node=1/2, main=nodea:29611, from=Open MPI)"
+        "RankLayout(rank=5/8, local=1/4, node=1~/2~, main=nodea:29611, from=Open MPI)"
     )
 
 
@@ -260,7 +262,7 @@ def open_mpi(**overrides: str | None) -> dict[str, str]:
                 "PALS_NODEID": "5",
                 **ADDRESS,
             },
-            r"Cray PALS: PALS_NODEID=5 but the job has only 2 node",
+            r"Cray PALS: PALS_NODEID=5 with PMI_LOCAL_SIZE=2 ranks on this node needs at least 7 ranks, but PMI_SIZE=4",
         ),
         ({"PMIX_RANK": "2", **ADDRESS}, r"PMIx variables are only partly set: PMIX_RANK='2' is set, but WORLD_SIZE"),
     ],
@@ -420,7 +422,7 @@ def test_property_ranks_unique_and_exact_node_pairs_unique(layout, launcher):
         if resolved.node_rank_is_exact:
             assert resolved.node_rank == node
             exact_pairs.add((resolved.node_rank, resolved.local_rank))
-        else:
+        elif resolved.placement is Placement.UNKNOWN:
             assert resolved.warnings
     assert seen_ranks == set(range(world))
     if kind == "uneven" and len(set(counts)) > 1:
@@ -515,3 +517,154 @@ def test_property_flux_resolves_even_jobs_exactly_and_refuses_uneven_ones(layout
             assert resolved.node_rank == node
     assert even or refusals
     assert all(error.launcher == "Flux" for error in refusals)
+
+
+# --- torchrun ----------------------------------------------------------------------------------------------------
+# https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables: what torchrun exports to each worker.
+
+TORCHRUN_WORKER = {
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "1",
+    "ROLE_RANK": "3",
+    "ROLE_WORLD_SIZE": "4",
+    "TORCHELASTIC_RUN_ID": "job-42",
+    "TORCHELASTIC_RESTART_COUNT": "0",
+    "MASTER_ADDR": "g0001",
+    "MASTER_PORT": "29400",
+}
+
+
+def test_torchrun_is_a_launcher_with_an_exact_node_rank():
+    layout = from_env(TORCHRUN_WORKER)
+    assert layout.launcher is TORCHRUN
+    assert (layout.rank, layout.world_size, layout.local_rank, layout.local_size) == (3, 4, 1, 2)
+    assert (layout.node_rank, layout.node_rank_is_exact, layout.placement) == (1, True, Placement.LAUNCHER)
+    assert (layout.main_address, layout.main_port) == ("g0001", 29400)
+    assert layout.sources["node_rank"] == "GROUP_RANK"
+
+
+def test_torchrun_inside_mpirun_wins_over_the_agent_s_mpi_variables():
+    # mpirun -npernode 1 torchrun --nproc-per-node 2 ...: the worker inherits its agent's OMPI rank (the node).
+    agent = launcher_env(OPEN_MPI, rank=1, world_size=2, local_rank=0, local_size=1, node=1, num_nodes=2)
+    assert from_env({**agent, **TORCHRUN_WORKER}).launcher is TORCHRUN
+    step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"}
+    assert from_env({**step, "SLURM_STEP_TASKS_PER_NODE": "1(x2)", **TORCHRUN_WORKER}).rank == 3
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"RANK": "3", "WORLD_SIZE": "4"},
+        {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"},
+        {"RANK": "x"},
+    ],
+)
+def test_torch_variables_without_torchrun_are_refused_not_rank_0_of_1(env):
+    with pytest.raises(LayoutError, match=r"as torchrun sets them, but TORCHELASTIC_RUN_ID is not") as raised:
+        from_env(env)
+    assert "HINT: Start the workers with `torchrun`" in str(raised.value)
+    assert raised.value.launcher == TORCHRUN.name
+
+
+def test_torch_variables_of_a_single_process_are_accepted():
+    assert from_env({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}).world_size == 1
+    # Lightning's own workers set LOCAL_RANK and WORLD_SIZE, never RANK: not refused here.
+    assert from_env({"LOCAL_RANK": "1", "WORLD_SIZE": "2", "NODE_RANK": "0"}).launcher is None
+
+
+# --- hostile values ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variable", ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"])
+def test_thousands_of_digits_are_one_clear_error_with_the_value_cut(variable):
+    with pytest.raises(LayoutError, match=rf"^{variable}='9{{40}}'\.\.\. \(5000 characters\) \(Open MPI\) has 5000 "):
+        from_env(open_mpi(**{variable: "9" * 5000}))
+
+
+def test_a_stale_torch_variable_with_thousands_of_digits_is_one_clear_error():
+    with pytest.raises(LayoutError, match=r"^RANK='1{40}'\.\.\. \(5000 characters\) disagrees with Open MPI") as raised:
+        from_env(open_mpi(RANK="1" * 5000))
+    assert raised.value.value == "1" * 40
+
+
+# --- Slurm and Flux with their Cray PALS plugins (issue 15, items 3 and 4) ---------------------------------------
+
+CRAY_SHASTA_STEP = {
+    # srun --mpi=cray_shasta -N2 -n4, job on x[1000-1003], step on x[1002-1003]. The plugin's own variables:
+    # https://github.com/SchedMD/slurm/blob/master/src/plugins/mpi/cray_shasta/mpi_cray_shasta.c
+    # (PALS_APID, PALS_APINFO, PALS_RANKID, PALS_NODEID, PALS_SPOOL_DIR, PMI_CONTROL_PORT; newer Slurm also
+    # PALS_LOCAL_RANKID, PMI_RANK, PMI_SIZE, PMI_LOCAL_RANK, PMI_LOCAL_SIZE, PMI_JOBID).
+    "SLURM_JOB_ID": "77",
+    "SLURM_STEP_ID": "2",
+    "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "4",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_JOB_NODELIST": "x[1000-1003]",
+    "SLURM_STEP_NODELIST": "x[1002-1003]",
+    "PALS_APID": "77.2",
+    "PALS_APINFO": "/var/spool/slurmd/mpi_cray_shasta/77.2/apinfo",
+    "PALS_RANKID": "3",
+    "PALS_NODEID": "1",
+    "PALS_SPOOL_DIR": "/var/spool/slurmd/mpi_cray_shasta/77.2",
+    "PMI_CONTROL_PORT": "11000",
+}
+
+
+@pytest.mark.parametrize(
+    "newer_slurm",
+    [{}, {"PALS_LOCAL_RANKID": "1", "PMI_RANK": "3", "PMI_SIZE": "4", "PMI_LOCAL_SIZE": "2", "PMI_JOBID": "77.2"}],
+    ids=["slurm-22", "slurm-24"],
+)
+def test_srun_cray_shasta_is_slurm_with_the_step_s_first_host(newer_slurm):
+    layout = from_env({**CRAY_SHASTA_STEP, **newer_slurm})
+    assert layout.launcher is SLURM
+    assert (layout.rank, layout.node_rank, layout.local_size, layout.num_nodes) == (3, 1, 2, 2)
+    assert (layout.main_address, layout.sources["main_address"]) == ("x1002", "SLURM_STEP_NODELIST (first host)")
+    assert layout.sources["main_port"] == "derived from SLURM_JOB_ID+SLURM_STEP_ID"
+
+
+def test_flux_with_the_cray_pals_shell_plugin_is_flux():
+    # flux run -N2 -n4 -o pmi=cray-pals,simple: flux-coral2's cray_pals plugin sets PALS_APID, PALS_APINFO,
+    # PALS_RANKID, PALS_NODEID, PALS_SPOOL_DIR only
+    # (https://github.com/flux-framework/flux-coral2/blob/main/src/shell/plugins/cray_pals.c); Flux's own are whole.
+    env = {
+        **launcher_env(FLUX, rank=3, world_size=4, local_rank=1, local_size=2, node=1, num_nodes=2),
+        "FLUX_JOB_ID": "ƒ2n7Sd1Ky",
+        "PALS_APID": "123456789",
+        "PALS_APINFO": "/tmp/flux-x/jobtmp-0-ƒ2n7Sd1Ky/libpals_apinfo",
+        "PALS_RANKID": "3",
+        "PALS_NODEID": "1",
+        "PALS_SPOOL_DIR": "/tmp/flux-x/jobtmp-0-ƒ2n7Sd1Ky",
+        **ADDRESS,
+    }
+    layout = from_env(env)
+    assert layout.launcher is FLUX
+    assert (layout.rank, layout.local_rank, layout.local_size) == (3, 1, 2)
+
+
+def test_cray_mpiexec_under_pbs_is_still_pals():
+    env = {"PALS_RANKID": "5", "PALS_LOCAL_RANKID": "1", "PALS_NODEID": "1", "PMI_SIZE": "8", "PMI_LOCAL_SIZE": "4"}
+    layout = from_env({**env, "PBS_JOBID": "12.pbs", **ADDRESS})
+    assert (layout.launcher.key, layout.node_rank) == ("pals", 1)
+
+
+def test_an_ensemble_member_on_one_node_meets_on_its_own_node(tmp_path: Path):
+    # One PBS job, several one-node `mpiexec -n 4 --ppn 4` runs (an ensemble): every rank of this launch is on this
+    # node, so the first line of $PBS_NODEFILE (another member's node) is not where they meet.
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("x1001\nx1002\nx1003\n")
+    env = launcher_env(OPEN_MPI, rank=2, world_size=4, local_rank=2, local_size=4, node=0, num_nodes=1)
+    layout = from_env({**env, "PBS_NODEFILE": str(nodefile), "PBS_JOBID": "12.pbs"})
+    assert (layout.main_address, layout.sources["main_address"]) == ("127.0.0.1", "single node: loopback")
+    two_nodes = launcher_env(OPEN_MPI, rank=6, world_size=8, local_rank=2, local_size=4, node=1, num_nodes=2)
+    assert from_env({**two_nodes, "PBS_NODEFILE": str(nodefile)}).main_address == "x1001"
+
+
+def test_a_port_with_thousands_of_digits_is_one_clear_error():
+    with pytest.raises(LayoutError, match=r"^MASTER_PORT='9{40}'\.\.\. \(5000 characters\) is not a port number"):
+        from_env(open_mpi(MASTER_PORT="9" * 5000))

@@ -6,6 +6,7 @@ import pytest
 
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.launchers import JSRUN, SLURM
+from lightning_mpi_env.core.layout import derive_port, from_env
 from lightning_mpi_env.core.schedulers import SCHEDULERS, SCHEDULERS_BY_KEY, first_host, job_identity
 
 
@@ -74,3 +75,40 @@ def test_every_row_has_a_unique_key_and_job_id():
     assert len({row.job_id for row in SCHEDULERS}) == len(SCHEDULERS)
     for row in SCHEDULERS:
         assert set(row.job_id) <= set(row.simulated), f"simulate must export {row.key}'s job id"
+
+
+# --- array jobs: each task its own port (issue 15, item 6) -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("job", "tasks", "outside"),
+    [
+        # Grid Engine qsub(1), https://gridscheduler.sourceforge.net/htmlman/htmlman1/qsub.html: "SGE_TASK_ID ...
+        # This environment variable is set to 'undefined' for non-array jobs"; the tasks share JOB_ID.
+        ({"JOB_ID": "77"}, [{"SGE_TASK_ID": "1"}, {"SGE_TASK_ID": "2"}], {"SGE_TASK_ID": "undefined"}),
+        # LSF, https://www.ibm.com/docs/en/SSWRJV_10.1.0/lsf_admin/job_array_cl_args.html: the element's index;
+        # 0 outside job arrays. The elements share LSB_JOBID.
+        ({"LSB_JOBID": "4242"}, [{"LSB_JOBINDEX": "1"}, {"LSB_JOBINDEX": "2"}], {"LSB_JOBINDEX": "0"}),
+        # PBS Professional, https://docs.it4i.cz/general/job-arrays/: each subjob has its own $PBS_ARRAY_INDEX (0 is
+        # a valid index), and its PBS_JOBID is `123[4].server`; Torque's is PBS_ARRAYID.
+        ({"PBS_JOBID": "123[].pbs01"}, [{"PBS_ARRAY_INDEX": "0"}, {"PBS_ARRAY_INDEX": "1"}], {}),
+        ({"PBS_JOBID": "123[].pbs01"}, [{"PBS_ARRAYID": "0"}, {"PBS_ARRAYID": "1"}], {}),
+    ],
+)
+def test_array_tasks_derive_different_ports(job, tasks, outside):
+    identities = [job_identity({**job, **task}) for task in tasks]
+    assert len({identity for identity, _ in identities}) == len(tasks)
+    assert len({derive_port(identity) for identity, _ in identities}) == len(tasks)
+    assert job_identity({**job, **outside}) == (next(iter(job.values())), tuple(job))
+
+
+def test_pbs_subjob_ids_already_differ():
+    ports = {derive_port(job_identity({"PBS_JOBID": f"123[{index}].pbs01"})[0]) for index in range(4)}
+    assert len(ports) == 4
+
+
+def test_array_task_port_through_the_layout():
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+    env |= {"OMPI_COMM_WORLD_LOCAL_SIZE": "1", "JOB_ID": "77", "SGE_TASK_ID": "5"}
+    layout = from_env(env)
+    assert (layout.main_port, layout.sources["main_port"]) == (derive_port("77/5"), "derived from JOB_ID+SGE_TASK_ID")

@@ -37,7 +37,7 @@ def test_reports_the_launcher_s_layout():
     assert environment.node_rank() == 1
     assert (environment.main_address, environment.main_port) == ("nodea", 29611)
     assert repr(environment) == (
-        "MPIClusterEnvironment(RankLayout(rank=5/8, local=1/4, node=1/2, main=nodea:29611, from=Open MPI))"
+        "MPIClusterEnvironment(RankLayout(rank=5/8, local=1/4, node=1~/2~, main=nodea:29611, from=Open MPI))"
     )
 
 

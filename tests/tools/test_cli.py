@@ -207,6 +207,14 @@ def test_show_json_carries_warnings_as_text(capsys, environ):
         ),
         ({**OPEN_MPI_RANK_5, "MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not a port number"),
         ({**OPEN_MPI_RANK_5, "WORLD_SIZE": "4"}, "WORLD_SIZE='4' disagrees with Open MPI"),
+        # Hostile values (issue 15): one line, never Python's "Exceeds the limit (4300 digits)" traceback.
+        (
+            {**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_RANK": "9" * 5000},
+            "OMPI_COMM_WORLD_RANK='9999999999999999999999999999999999999999'... (5000 characters) (Open MPI) has "
+            "5000 digits",
+        ),
+        ({**OPEN_MPI_RANK_5, "WORLD_SIZE": "7" * 5000}, "WORLD_SIZE='7777777777777777777777777777777777777777'..."),
+        ({**OPEN_MPI_RANK_5, "MASTER_ADDR": "g0001:29500"}, "MASTER_ADDR='g0001:29500' (Open MPI) is not a host name"),
     ],
 )
 def test_show_bad_layout_is_one_line_exit_1(variables, message, capsys, environ):

@@ -201,3 +201,29 @@ def test_interop_imports_neither_jax_nor_torch():
     }
     assert exported["WORLD_SIZE"] == "1"
     assert imported == []
+
+
+# https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables
+TORCHRUN_WORKER = {
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "1",
+    "TORCHELASTIC_RUN_ID": "job-42",
+    "MASTER_ADDR": "g0001",
+    "MASTER_PORT": "29400",
+}
+
+
+def test_torch_env_under_torchrun_keeps_torchrun_s_values():
+    exported = torch_env(TORCHRUN_WORKER)
+    assert {name: exported[name] for name in TORCHRUN_WORKER if name in exported} == {
+        name: value for name, value in TORCHRUN_WORKER.items() if name in TORCH_VARIABLES
+    }
+    assert exported["NODE_RANK"] == "1"
+
+
+def test_torch_env_refuses_torch_variables_without_torchrun():
+    with pytest.raises(LayoutError, match=r"RANK='3', WORLD_SIZE='4' are set, as torchrun sets them"):
+        torch_env({"RANK": "3", "WORLD_SIZE": "4"})
