@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
 
     from lightning_mpi_env.rollcall.store import RendezvousResult
-    from lightning_mpi_env.rollcall.verdicts import Claim
     from lightning_mpi_env.rollcall.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -458,7 +457,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         self._ranks = replace(self._ranks, node_rank=nodes.node_rank, num_nodes=nodes.num_nodes)
         self._met = result
         if self.settings.stall_timeout > 0 or self.requeue is not None:
-            self._watchdog = _start_watchdog(claim, self.settings.stall_timeout, self.requeue)
+            self._watchdog = _start_watchdog(result, self.settings.stall_timeout, self.requeue)
         if claim.rank == 0 and result.summary:
             # One line per job, on stderr with the other diagnostics: stdout stays the program's.
             print(result.summary, file=sys.stderr, flush=True)
@@ -632,24 +631,23 @@ def _is_lightning_worker(layout: RankLayout, env: Mapping[str, str]) -> bool:
     return node == layout.rank and remainder == 0 and per_node > 1 and local < per_node
 
 
-def _start_watchdog(claim: Claim, timeout: float, requeue: Requeue | None) -> Watchdog:
-    """This rank's watchdog thread, on its own client of the roll call's store (a connection, not a port).
+def _start_watchdog(result: RendezvousResult, timeout: float, requeue: Requeue | None) -> Watchdog:
+    """This rank's watchdog thread, on the roll call's own client of its store, which the roll call is done with.
 
-    It watches for stalls when ``timeout`` is not 0, and carries the requeue's stop agreement when the job can
-    requeue.
+    No new connection: rank 0's store then holds two per rank (this one, and ``init_process_group``'s), as without
+    the watchdog, which matters at tens of thousands of ranks. It watches for stalls when ``timeout`` is not 0, and
+    carries the requeue's stop agreement when the job can requeue.
     """
     from datetime import timedelta
-
-    import torch.distributed
 
     from lightning_mpi_env.rollcall.agreement import StopAgreement
     from lightning_mpi_env.rollcall.watchdog import Watchdog
 
+    claim = result.claim
+
     def connect(seconds: float) -> TCPStore:
-        store: TCPStore = torch.distributed.TCPStore(  # type: ignore[attr-defined]
-            claim.main_address, claim.main_port, is_master=False, timeout=timedelta(seconds=seconds)
-        )
-        return store
+        result.store.set_timeout(timedelta(seconds=seconds))  # each request's; the roll call waited longer
+        return result.store
 
     agreement = None
     if requeue is not None:

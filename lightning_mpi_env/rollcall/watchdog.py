@@ -1,12 +1,13 @@
 """The stall watchdog: a rank that stops making progress after ``init_process_group`` is named while the job runs.
 
 Once the roll call has met, every rank runs a daemon thread that, every :func:`interval_for` seconds, writes one
-:class:`Report` to the roll call's store (the store ``init_process_group`` shares: no new port): how far this rank
-got (a count of progress marks, with the step and phase for the message), a heartbeat, and where its main thread is
-(``file:line in function``, read with ``sys._current_frames()`` to *report* it). Rank 0's thread reads every report
-and applies :func:`find_stall`; a verdict goes under one key, announced by the store's event count, which every
-rank's thread reads. Each rank that sees it prints one line and ends its process with exit status 1, so the launcher
-ends the job: the main thread is blocked in a collective, which no exception can interrupt.
+:class:`Report` to the roll call's store (the store ``init_process_group`` shares, over the roll call's own client:
+no new port or connection): how far this rank got (a count of progress marks, with the step and phase for the
+message), a heartbeat, and where its main thread is (``file:line in function``, read with ``sys._current_frames()``
+to *report* it). Rank 0's thread reads every report and applies :func:`find_stall`; a verdict goes under one key,
+announced by the store's event count, which every rank's thread reads. Each rank that sees it prints one line and
+ends its process with exit status 1, so the launcher ends the job: the main thread is blocked in a collective, which
+no exception can interrupt.
 
 The same thread carries the requeue's :class:`~lightning_mpi_env.rollcall.agreement.StopAgreement` (also with the
 stall timeout off), so a job that can requeue costs its training loop no collective per step.
