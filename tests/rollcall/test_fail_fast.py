@@ -224,6 +224,24 @@ def test_a_stalled_rank_is_named_while_the_job_runs(cluster, path, how):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("path", "namespace"), [("trainer-ddp_mpi", "pytorch_lightning"), ("fabric-plugin", "lightning_fabric")]
+)
+def test_a_stalled_rank_is_named_in_the_standalone_namespaces(cluster, path, namespace):
+    # The Trainer's progress marks come from the callback of the `pytorch_lightning.callbacks_factory` entry point;
+    # Fabric's from the loop. Rank 3 blocks in its third step; a waiting rank names it.
+    job = _run(
+        cluster,
+        _command(path, "--namespace", namespace, fault=["--stall", "2:block"]),
+        LIGHTNING_MPI_ENV_STALL_TIMEOUT=str(STALL_TIMEOUT),
+    )
+    assert job.returncode != 0, job.tail()
+    shown = [line for line in job.stderr if line.startswith("StallError: rank ")]
+    assert {line.split(":", 2)[1] for line in shown} - {" rank 3 on 127.0.0.3"}, job.tail()
+    assert all("Rank 3 stalled" in line and "alive, main thread at " in line for line in shown), job.tail()
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("path", ["trainer-plugin", "fabric-ddp_mpi"])
 def test_work_slow_for_every_rank_is_not_a_stall(cluster, path, tmp_path):
     # Longer than the watchdog's timeout, but for every rank. The Trainer validates after each of 2 epochs (every
