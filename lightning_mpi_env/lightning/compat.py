@@ -27,11 +27,16 @@ Lightning or torch at module level.
   checkpoint connector) and which :func:`~lightning_mpi_env.hpc_checkpoint` finds on every scheduler.
 - :data:`SRUN_NOT_USED`: the text of Lightning's "`srun` is available but not used" warning, which has no class of
   its own to filter by.
+
+**Torch behaviour worked around:** :func:`settle_collectives_at_exit`.
 """
 
 from __future__ import annotations
 
+import atexit
 import re
+import sys
+import time
 import warnings
 from types import ModuleType
 from typing import Any
@@ -74,4 +79,38 @@ def silence_srun_not_used() -> None:
     warnings.filterwarnings("ignore", message=f"^{re.escape(SRUN_NOT_USED)}", category=UserWarning)
 
 
-__all__ = ["HPC_CHECKPOINT", "SRUN_NOT_USED", "hpc_checkpoint_name", "silence_srun_not_used", "strategy_registry"]
+SETTLE_SECONDS = 0.05
+"""How long the main thread gives up the GIL at exit while a process group is alive."""
+
+
+def _let_collective_workers_finish() -> None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        time.sleep(SETTLE_SECONDS)
+
+
+def settle_collectives_at_exit() -> None:
+    """At interpreter exit, while a process group is alive, give its worker threads the GIL once (50 ms).
+
+    A Gloo worker thread frees each finished collective's work object, whose thread-local state holds a Python
+    object: freeing it needs the GIL. When the main thread ends right after its last collective (Fabric programs
+    do; nothing in Lightning destroys the process group), that worker waits for the GIL until Python finalizes, and
+    a thread taking the GIL then is unwound through C++ frames: "terminate called without an active exception",
+    status 134, for a rank that finished its work (pytorch/pytorch#190489; an ``atexit`` fix in torch,
+    pytorch/pytorch#179291, was abandoned). ``destroy_process_group()`` at the end of the program does not prevent
+    it; giving up the GIL before finalization does. Called once the roll call's hook runs, right before
+    ``init_process_group``: never by an import. Registered once per process.
+    """
+    atexit.unregister(_let_collective_workers_finish)
+    atexit.register(_let_collective_workers_finish)
+
+
+__all__ = [
+    "HPC_CHECKPOINT",
+    "SETTLE_SECONDS",
+    "SRUN_NOT_USED",
+    "hpc_checkpoint_name",
+    "settle_collectives_at_exit",
+    "silence_srun_not_used",
+    "strategy_registry",
+]

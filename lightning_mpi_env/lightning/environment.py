@@ -28,7 +28,7 @@ from lightning_mpi_env.core.layout import Placement, RankLayout, from_env
 from lightning_mpi_env.core.report import install_excepthook
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.core.values import as_count, parse_count
-from lightning_mpi_env.lightning.compat import silence_srun_not_used
+from lightning_mpi_env.lightning.compat import settle_collectives_at_exit, silence_srun_not_used
 from lightning_mpi_env.lightning.requeue import Requeue
 
 if TYPE_CHECKING:
@@ -435,6 +435,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         """Run the roll call at the first read of the address after the strategy's last rank proposal."""
         if self._stage is Stage.SETTING_UP:
             self._stage = Stage.MET
+            settle_collectives_at_exit()  # init_process_group comes next
             if self.settings.roll_call:
                 self._meet()
 

@@ -24,6 +24,7 @@ report once (``multi_get``): linear in the world size, with an interval that wid
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -216,6 +217,7 @@ class Watchdog:
         self.agreement = agreement
         self.interval = interval_for(timeout or DEFAULT_STALL_TIMEOUT, world_size)
         self._connect, self._exit, self._clock = connect, exit, clock
+        self._request_timeout = max(5.0, 2 * self.interval)
         self._progress, self._step, self._phase, self._beat = 0, 0, 0, 0
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lightning-mpi-env-watchdog", daemon=True)
@@ -223,8 +225,15 @@ class Watchdog:
         """The line this rank showed, once a stall was found (for the tests)."""
 
     def start(self) -> Watchdog:
-        """Start the thread; returns ``self``."""
+        """Start the thread, and stop it at interpreter exit if nothing stopped it before; returns ``self``.
+
+        At exit, Python ends a daemon thread that is inside a store request when the request returns, by unwinding
+        its C++ frames, which aborts the process ("terminate called without an active exception", status 134): a
+        rank that finished its work would look crashed. So :meth:`stop` runs from :mod:`atexit` too (a Fabric
+        program ends without a teardown that would stop it), before Python ends the daemon threads.
+        """
         self._thread.start()
+        atexit.register(self.stop)
         return self
 
     def mark(self, step: int, phase: int) -> None:
@@ -233,8 +242,18 @@ class Watchdog:
         self._progress += 1
 
     def stop(self) -> None:
-        """Stop the thread (at teardown): a finished rank is not a stalled one."""
+        """Stop the thread (at teardown, or at exit), and wait for its store request in flight to return.
+
+        A finished rank is not a stalled one. The wait is bounded by one request's timeout; a thread that is
+        showing a verdict is waited for until it ends the process, with the status that says why.
+        """
         self._stopped.set()
+        atexit.unregister(self.stop)
+        if not self._thread.is_alive() or self._thread is threading.current_thread():
+            return
+        self._thread.join(self._request_timeout + 1.0)
+        if self.verdict is not None:
+            self._thread.join(35.0)  # _conclude ends the process within 30 s
 
     def _report(self) -> Report:
         self._beat += 1
@@ -245,7 +264,7 @@ class Watchdog:
         from torch.distributed import DistError
 
         try:
-            store = self._connect(max(5.0, 2 * self.interval))
+            store = self._connect(self._request_timeout)
         except DistError:
             return  # the job is ending already
         seen: dict[int, Seen] = {}

@@ -582,11 +582,36 @@ def test_hpc_checkpoint_name_is_lightnings():
     assert compat.HPC_CHECKPOINT.match("hpc_ckpt_x.ckpt") is None
 
 
+# At exit the main thread gives up the GIL once, only while a process group is alive, however often it was asked.
+SETTLE_PROGRAM = """
+import sys, types
+import torch, torch.distributed as dist
+from lightning_mpi_env.lightning import compat
+
+compat.time = types.SimpleNamespace(sleep=lambda seconds: print(f"SETTLED {seconds}", flush=True))
+compat.settle_collectives_at_exit()
+compat.settle_collectives_at_exit()
+if sys.argv[1] == "initialized":
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    dist.all_reduce(torch.ones(2))
+"""
+
+
+@pytest.mark.parametrize("state", ["initialized", "never initialized"])
+def test_collectives_settle_once_at_exit_while_a_process_group_is_alive(state):
+    done = subprocess.run([sys.executable, "-c", SETTLE_PROGRAM, state], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = [f"SETTLED {compat.SETTLE_SECONDS}"] if state == "initialized" else []
+    assert done.stdout.splitlines() == expected
+
+
 # Which test checks each name of compat (a name added to compat without a test here fails this test).
 CHECKED_BY = {
     "HPC_CHECKPOINT": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "SETTLE_SECONDS": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,
     "SRUN_NOT_USED": test_ddp_meets_in_the_roll_call_before_init_process_group,
     "hpc_checkpoint_name": test_hpc_checkpoint_name_is_lightnings,
+    "settle_collectives_at_exit": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,
     "silence_srun_not_used": test_ddp_meets_in_the_roll_call_before_init_process_group,
     "strategy_registry": test_ddp_meets_in_the_roll_call_before_init_process_group,
 }

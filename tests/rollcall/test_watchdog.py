@@ -229,3 +229,45 @@ def test_stop_ends_the_thread(store_port):
     dog.stop()
     dog._thread.join(5)
     assert not dog._thread.is_alive()
+
+
+# A rank that finished while its watchdog's request was in flight: the request must not return into a finalizing
+# interpreter, where Python unwinds the daemon thread through C++ frames: "terminate called without an active
+# exception", status 134. Here the request waits on a paused store host, which a timer resumes a second after the main
+# thread ends, while a module global's __del__ holds the interpreter in finalization for four more.
+REQUEST_IN_FLIGHT_AT_EXIT = """
+import os, signal, subprocess, sys, time, types
+from datetime import timedelta
+import torch.distributed as dist
+from lightning_mpi_env.rollcall.watchdog import Watchdog
+
+host = subprocess.Popen(
+    [sys.executable, "-c", "import sys, time, torch.distributed as d; s = d.TCPStore('127.0.0.1', 0, "
+     "is_master=True, wait_for_workers=False); print(s.port, flush=True); time.sleep(120)"],
+    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+)
+store = dist.TCPStore("127.0.0.1", int(host.stdout.readline()), is_master=False, timeout=timedelta(seconds=30))
+
+
+class HoldFinalizing:
+    def __del__(self, kill=os.kill, pid=host.pid, end=signal.SIGKILL, sleep=time.sleep):
+        sleep(4.0)
+        kill(pid, end)
+
+
+# In a module of its own: the watchdog thread holds __main__'s globals, which then outlive finalization.
+holder = sys.modules["holder"] = types.ModuleType("holder")
+holder.hold = HoldFinalizing()
+os.kill(host.pid, signal.SIGSTOP)
+Watchdog(lambda seconds: store, rank=1, world_size=2, host="nodeb", timeout=0).start()
+time.sleep(0.5)  # the thread's first request, sent at once, waits on the paused host
+subprocess.Popen(["sh", "-c", f"sleep 1; kill -CONT {host.pid}"])
+print("MAIN DONE", flush=True)
+"""
+
+
+def test_a_request_in_flight_when_the_program_ends_does_not_abort_the_process():
+    done = subprocess.run([sys.executable, "-c", REQUEST_IN_FLIGHT_AT_EXIT], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "MAIN DONE"
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
