@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from lightning_mpi_env.core.errors import StallError
 from lightning_mpi_env.core.report import render
 from lightning_mpi_env.core.settings import DEFAULT_STALL_TIMEOUT, VARIABLE
+from lightning_mpi_env.rollcall.deadline import Deadline, Unanswered
 from lightning_mpi_env.rollcall.verdicts import format_ranks
 
 if TYPE_CHECKING:
@@ -221,6 +222,7 @@ class Watchdog:
         self._progress, self._step, self._phase, self._beat = 0, 0, 0, 0
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lightning-mpi-env-watchdog", daemon=True)
+        self._requests = Deadline()
         self.verdict: str | None = None
         """The line this rank showed, once a stall was found (for the tests)."""
 
@@ -272,19 +274,17 @@ class Watchdog:
         silent_since: float | None = None
         while not self._stopped.is_set():  # the first report at once: a rank may freeze within its first interval
             try:
-                if self.timeout:
-                    store.set(KEY + str(self.rank), self._report().to_json())
-                events = store.add(EVENTS, 0)
-                if events and store.check([VERDICT]):
-                    self._conclude(*_verdict_from(store.get(VERDICT)))
+                verdict = self._requests.run(lambda: self._exchange(store, seen, started), self._request_timeout)
+                if verdict is not None:
+                    self._conclude(*verdict)
                     return
-                if self.agreement is not None and self.agreement.poll(store, events):
-                    store.add(EVENTS, 1)
-                if self.rank == 0 and self.timeout:
-                    self._judge(store, seen, started)
                 silent_since = None
-            except DistError as error:
-                timed_out = "timeout" in str(error).lower() or "timed out" in str(error).lower()
+            except (DistError, Unanswered) as error:
+                timed_out = (
+                    isinstance(error, Unanswered)
+                    or "timeout" in str(error).lower()
+                    or ("timed out" in str(error).lower())
+                )
                 if not timed_out or not self.timeout:
                     return  # rank 0 ended and its store with it: the launcher ends the job, not us
                 silent_since = silent_since if silent_since is not None else self._clock()
@@ -292,6 +292,19 @@ class Watchdog:
                     self._conclude(self._store_silent(silent_since), time.time())
                     return
             self._stopped.wait(self.interval)
+
+    def _exchange(self, store: TCPStore, seen: dict[int, Seen], started: float) -> tuple[StallError, float] | None:
+        """One interval's requests: report, read the event count, answer the agreement, judge (rank 0)."""
+        if self.timeout:
+            store.set(KEY + str(self.rank), self._report().to_json())
+        events = store.add(EVENTS, 0)
+        if events and store.check([VERDICT]):
+            return _verdict_from(store.get(VERDICT))
+        if self.agreement is not None and self.agreement.poll(store, events):
+            store.add(EVENTS, 1)
+        if self.rank == 0 and self.timeout:
+            self._judge(store, seen, started)
+        return None
 
     def _judge(self, store: TCPStore, seen: dict[int, Seen], started: float) -> None:
         keys = [KEY + str(rank) for rank in range(self.world_size)]

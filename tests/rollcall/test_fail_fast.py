@@ -136,10 +136,10 @@ def _run(cluster: SimulatedCluster, command: list[str], **variables: str) -> Job
     return job
 
 
-def _command(path: str, *options: str, fault: list[str] | None = None) -> list[str]:
+def _command(path: str, *options: str, fault: list[str] | None = None, rank: int = 3) -> list[str]:
     job, strategy, _ = PATHS[path]
     command = [str(job), "--strategy", strategy, "--samples", str(SAMPLES), *options]
-    return [str(TAMPER), "--rank", "3", *fault, "--", sys.executable, *command] if fault else command
+    return [str(TAMPER), "--rank", str(rank), *fault, "--", sys.executable, *command] if fault else command
 
 
 def _results(job: Job) -> list[dict]:
@@ -221,6 +221,25 @@ def test_a_stalled_rank_is_named_while_the_job_runs(cluster, path, how):
     assert "Traceback (most recent call last)" not in others, job.tail()
     traceback_at = job.text.find("Traceback")
     assert traceback_at == -1 or job.text.index("StallError: rank ") < traceback_at, job.tail()
+
+
+@pytest.mark.mpi
+def test_a_frozen_rank_zero_is_named_by_the_others(cluster):
+    # Rank 0 hosts the store the watchdogs report to; frozen, it answers no request (the client's own timeout does
+    # not end them), so each other rank names the silence after the timeout, and the job ends non-zero.
+    job = _run(
+        cluster,
+        _command("trainer-ddp_mpi", fault=["--stall", "2:freeze"], rank=0),
+        LIGHTNING_MPI_ENV_STALL_TIMEOUT=str(STALL_TIMEOUT),
+    )
+    assert job.returncode != 0, job.tail()
+    assert "RESULT" not in job.text
+    assert "STALL: rank 0 freezes at step 2\n" in job.output, job.tail()
+    shown = [line for line in job.stderr if line.startswith("StallError: rank ")]
+    assert shown, job.tail()
+    for line in shown:
+        assert "Rank 0's store (the main address) has not answered this rank's watchdog for " in line, job.tail()
+        assert "HINT: Look at rank 0's host." in line
 
 
 @pytest.mark.mpi

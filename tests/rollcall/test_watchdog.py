@@ -182,6 +182,13 @@ def test_a_blocked_rank_is_named_alive_by_every_rank(store_port):
     assert "rank 2 on node1 at step 0 (between steps), alive, main thread at " in verdict
 
 
+STORE_HOST = """
+import time, torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+print(store.port, flush=True)
+time.sleep(120)
+"""
+
 FROZEN_RANK = """
 import sys, time
 from datetime import timedelta
@@ -217,6 +224,37 @@ def test_a_frozen_rank_is_named_frozen(store_port):
     finally:
         os.kill(frozen.pid, signal.SIGKILL)
         frozen.wait()
+
+
+def test_a_frozen_store_host_is_named_by_the_others():
+    # The store lives in rank 0's process: frozen, it answers no request, and the client's timeout does not end one.
+    # The watchdog sees the silence anyway and names it once the stall timeout has passed.
+    exits: list[tuple[int, int]] = []
+    host = subprocess.Popen(
+        [sys.executable, "-c", STORE_HOST], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert host.stdout is not None
+        import torch.distributed as dist
+
+        # As in a job: the roll call's client, connected before the host froze.
+        client = dist.TCPStore("127.0.0.1", int(host.stdout.readline()), is_master=False)
+        dog = Watchdog(
+            lambda seconds: client,
+            rank=1,
+            world_size=2,
+            host="nodeb",
+            timeout=2.0,
+            exit=lambda status: exits.append((1, status)),
+        )
+        os.kill(host.pid, signal.SIGSTOP)
+        dog.start()
+        assert _wait_for(lambda: exits == [(1, 1)], 60), exits
+        assert dog.verdict is not None
+        assert "Rank 0's store (the main address) has not answered this rank's watchdog for" in dog.verdict
+    finally:
+        host.kill()
+        host.wait()
 
 
 def test_the_verdict_key_is_under_the_prefix():

@@ -1,0 +1,58 @@
+"""Store requests with a deadline: a frozen store host must not freeze the thread that would name it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar, cast
+
+_T = TypeVar("_T")
+
+
+class Unanswered(Exception):
+    """A store request that did not return within its deadline."""
+
+
+class Deadline:
+    """Runs one interval's store requests on a thread of its own, and waits for them at most a deadline.
+
+    A request to a store whose host is frozen (rank 0 under ``SIGSTOP``, a node swapping) never returns: the
+    client's timeout does not cover a server that accepted the connection and stopped answering (measured with
+    torch 2.13). The watchdog thread must still see the silence to name it. Requests of a later interval wait for
+    the unanswered ones instead of sending more on the same connection.
+    """
+
+    def __init__(self) -> None:
+        self._runner: threading.Thread | None = None
+        self._outcome: list[tuple[bool, object]] = []
+
+    def run(self, work: Callable[[], _T], seconds: float) -> _T:
+        """``work()``'s value (or exception), on a thread of its own; :class:`Unanswered` after ``seconds``.
+
+        While an earlier call's work is unanswered, ``work`` is not started: this call waits for that one, and
+        returns its outcome.
+        """
+        if self._runner is None:
+            outcome: list[tuple[bool, object]] = []
+            self._outcome = outcome
+
+            def target() -> None:
+                try:
+                    outcome.append((True, work()))
+                except BaseException as error:  # handed to the watchdog thread, which decides
+                    outcome.append((False, error))
+
+            self._runner = threading.Thread(target=target, name="lightning-mpi-env-watchdog-request", daemon=True)
+            self._runner.start()
+        self._runner.join(seconds)
+        if self._runner.is_alive():
+            raise Unanswered(f"no answer in {seconds:g} s")
+        self._runner = None
+        ((returned, value),) = self._outcome
+        if not returned:
+            assert isinstance(value, BaseException)
+            raise value
+        return cast(_T, value)  # what work returned
+
+
+__all__ = ["Deadline", "Unanswered"]
