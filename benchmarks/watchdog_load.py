@@ -103,8 +103,8 @@ PATHS = {  # job script, strategy: the four paths that have a roll call
 }
 
 
-def stall_job(path: str, how: str) -> tuple[float, float, int]:
-    """One job whose rank 3 stalls (``how``: block or freeze) at step 2, with the timeout at 20 s.
+def stall_job(path: str, how: str, rank: int = 3) -> tuple[float, float, int]:
+    """One job whose ``rank`` stalls (``how``: block or freeze) at step 2, with the timeout at 20 s.
 
     Returns the seconds from the rank's ``STALL:`` line to the first ``StallError`` line and to the job's end, and
     the job's exit status.
@@ -115,7 +115,7 @@ def stall_job(path: str, how: str) -> tuple[float, float, int]:
     script, strategy = PATHS[path]
     with tempfile.TemporaryDirectory() as directory:
         cluster = SimulatedCluster.of(Path(directory), nodes=2, per_node=2)
-        command = [sys.executable, str(instrumented / "tamper.py"), "--rank", "3", "--stall", f"2:{how}", "--"]
+        command = [sys.executable, str(instrumented / "tamper.py"), "--rank", str(rank), "--stall", f"2:{how}", "--"]
         command += [sys.executable, str(instrumented / script), "--strategy", strategy]
         export = {**cluster.job_environment(), "LIGHTNING_MPI_ENV_STALL_TIMEOUT": "20"}
         process = subprocess.Popen(
@@ -159,7 +159,10 @@ def main() -> None:
         for path in PATHS:
             for how in ("block", "freeze"):
                 named, ended, status = stall_job(path, how)
-                print(f"| {path} | {how} | {named:.1f} s | {ended:.1f} s | {status} |", flush=True)
+                print(f"| {path} | rank 3, {how} | {named:.1f} s | {ended:.1f} s | {status} |", flush=True)
+        # Rank 0 hosts the store every watchdog reports to: the others name its silence.
+        named, ended, status = stall_job("trainer-ddp_mpi", "freeze", rank=0)
+        print(f"| trainer-ddp_mpi | rank 0, freeze | {named:.1f} s | {ended:.1f} s | {status} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,133 +11,40 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import sys
 import warnings
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import replace
 from typing import TYPE_CHECKING, NoReturn
 
 from typing_extensions import override
 
 from lightning_mpi_env.core.errors import LayoutError, SettingError
 from lightning_mpi_env.core.launchers import detect_launcher
-from lightning_mpi_env.core.layout import Placement, RankLayout, from_env
+from lightning_mpi_env.core.layout import Placement, RankLayout
 from lightning_mpi_env.core.report import install_excepthook
 from lightning_mpi_env.core.settings import Settings
-from lightning_mpi_env.core.values import as_count, parse_count
+from lightning_mpi_env.core.values import parse_count
 from lightning_mpi_env.lightning.compat import settle_collectives_at_exit, silence_srun_not_used
+from lightning_mpi_env.lightning.interface import ClusterEnvironmentInterface
+from lightning_mpi_env.lightning.launch import (
+    LaunchMode,
+    Ranks,
+    Stage,
+    find_free_port,
+    initial_mode_and_ranks,
+    read_launch,
+    settings_mismatch,
+    started_by_lightning_under_launcher,
+    world_mismatch,
+)
 from lightning_mpi_env.lightning.requeue import Requeue
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
-
     from lightning_mpi_env.rollcall.store import RendezvousResult
     from lightning_mpi_env.rollcall.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
-
-LIGHTNING_SPAWN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
-"""What Lightning's subprocess launcher exports to the local workers it starts (``_call_children_scripts``)."""
-
-
-class ClusterEnvironmentInterface(ABC):
-    """Lightning's ``ClusterEnvironment`` contract, stated here so no namespace is imported to state it."""
-
-    @property
-    @abstractmethod
-    def creates_processes_externally(self) -> bool:
-        """Whether the launcher, not Lightning, starts the processes."""
-
-    @property
-    @abstractmethod
-    def main_address(self) -> str:
-        """Host through which all processes meet."""
-
-    @property
-    @abstractmethod
-    def main_port(self) -> int:
-        """Port on the main address."""
-
-    @staticmethod
-    @abstractmethod
-    def detect() -> bool:
-        """Whether this environment applies to the current process."""
-
-    @abstractmethod
-    def world_size(self) -> int:
-        """Number of processes in the job."""
-
-    @abstractmethod
-    def set_world_size(self, size: int) -> None:
-        """Lightning's proposal for the world size."""
-
-    @abstractmethod
-    def global_rank(self) -> int:
-        """Rank of this process in the job."""
-
-    @abstractmethod
-    def set_global_rank(self, rank: int) -> None:
-        """Lightning's proposal for the global rank."""
-
-    @abstractmethod
-    def local_rank(self) -> int:
-        """Rank of this process on its node."""
-
-    @abstractmethod
-    def node_rank(self) -> int:
-        """Index of this process's node."""
-
-    def validate_settings(self, num_devices: int, num_nodes: int) -> None:  # noqa: B027 (optional, as in Lightning)
-        """Check the Trainer's ``devices`` and ``num_nodes`` against the launched world."""
-
-    def teardown(self) -> None:  # noqa: B027 (optional, as in Lightning)
-        """Clean up after the run."""
-
-
-class LaunchMode(Enum):
-    """Who starts the processes, and so who decides the global ranks."""
-
-    PER_RANK = "one launcher process per rank"
-    """``mpirun -np 8`` with 4 devices x 2 nodes: the launcher's ranks are the truth."""
-    PER_NODE = "one launcher process per node"
-    """``mpirun --map-by ppr:1:node``: Lightning starts the workers on each node; node rank = launcher rank."""
-    NO_LAUNCHER = "no launcher"
-    """``python train.py``: one node, Lightning starts the workers, like Lightning's ``LightningEnvironment``."""
-
-    @property
-    def managed_by_lightning(self) -> bool:
-        """Whether Lightning starts the local workers and assigns the global ranks."""
-        return self is not LaunchMode.PER_RANK
-
-
-class Stage(Enum):
-    """Where the environment is in Lightning's life cycle, told apart by the order of Lightning's public calls."""
-
-    CONFIGURED = "configured"
-    """Made; no Trainer or Fabric has proposed ranks yet."""
-    PROPOSED = "proposed"
-    """A Trainer or Fabric was built with it (its first rank proposal); a launch may read the address to start
-    Lightning's own workers."""
-    SETTING_UP = "setting up"
-    """The strategy proposed the ranks again in ``setup_environment``: ``init_process_group`` comes next, and the
-    next read of ``main_address``/``main_port`` runs the roll call."""
-    MET = "met"
-    """The roll call is done (or off): the ranks are final."""
-
-
-@dataclass(frozen=True)
-class Ranks:
-    """This process's ranks as they stand; replaced as a whole by the launch mode, the settings and the roll call."""
-
-    global_rank: int
-    world_size: int
-    local_rank: int | None
-    """``None``: Lightning sets ``LOCAL_RANK`` in each worker it starts (``ddp_spawn``), read when asked."""
-    node_rank: int
-    num_nodes: int | None
 
 
 class MPIClusterEnvironment(ClusterEnvironmentInterface):
@@ -221,11 +128,11 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             stall_timeout=stall_timeout,
         )
         """The ``LIGHTNING_MPI_ENV_*`` settings, with the arguments given here taking precedence."""
-        self._layout, spawned = _read_launch(env)
+        self._layout, spawned = read_launch(env)
         if not self.settings.roll_call:  # with the roll call, node ranks become exact before any use
             for warning in self._layout.warnings:
                 warnings.warn(warning, stacklevel=2)
-        self._mode, self._ranks = _initial_mode_and_ranks(self._layout, env, spawned)
+        self._mode, self._ranks = initial_mode_and_ranks(self._layout, env, spawned)
         self._stage = Stage.CONFIGURED
         self._expected: tuple[int, int] | None = None  # (devices, num_nodes) the launcher was given
         self.api = "Trainer/Fabric"
@@ -302,7 +209,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             # On a workstation several jobs may run at once: like LightningEnvironment, take a free port. The
             # workers Lightning starts inherit it as MASTER_PORT.
             if self._free_port is None:
-                self._free_port = _find_free_port()
+                self._free_port = find_free_port()
             return self._free_port
         return self._layout.main_port
 
@@ -347,7 +254,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
                 self._ranks = replace(self._ranks, global_rank=rank)
             return
         if os.getpid() != self._made_in_pid:
-            raise self._started_by_lightning_under_launcher()
+            raise started_by_lightning_under_launcher(self._layout, self._made_in_pid)
         if rank != self._ranks.global_rank:
             log.debug(f"Keeping the launcher's global rank {self._ranks.global_rank}; Lightning proposed {rank}.")
 
@@ -365,7 +272,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         elif size != self._ranks.world_size:
             if self._stage is Stage.SETTING_UP:
                 # Lightning is about to set up torch.distributed for `size` processes: they would never all come.
-                raise self._world_mismatch(size)
+                raise world_mismatch(self._layout, size)
             log.debug(f"Keeping the launcher's world size {self._ranks.world_size}; Lightning proposed {size}.")
 
     # --- the launch ---------------------------------------------------------------------------------------------
@@ -399,7 +306,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
                 launcher=layout.launcher.name,
             )
         if (num_devices, num_nodes) != (layout.local_size, layout.num_nodes):
-            raise self._settings_mismatch(num_devices, num_nodes)
+            raise settings_mismatch(self._layout, self.api, num_devices, num_nodes)
 
     @override
     def teardown(self) -> None:
@@ -441,7 +348,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     def _meet(self) -> None:
         """Meet every rank in the roll call, and take the exact node ranks it finds."""
-        from lightning_mpi_env.rollcall import facts, store, verdicts
+        from lightning_mpi_env.rollcall import facts, store, verdicts, watchdog
 
         claim = verdicts.Claim.here(
             rank=self.global_rank(),
@@ -458,7 +365,9 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         self._ranks = replace(self._ranks, node_rank=nodes.node_rank, num_nodes=nodes.num_nodes)
         self._met = result
         if self.settings.stall_timeout > 0 or self.requeue is not None:
-            self._watchdog = _start_watchdog(result, self.settings.stall_timeout, self.requeue)
+            requeue = self.requeue
+            signalled = None if requeue is None else (lambda: requeue.requested)
+            self._watchdog = watchdog.watch(result, self.settings.stall_timeout, signalled)
         if claim.rank == 0 and result.summary:
             # One line per job, on stderr with the other diagnostics: stdout stays the program's.
             print(result.summary, file=sys.stderr, flush=True)
@@ -524,145 +433,6 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         if fabric.global_rank != 0 or self.requeue.run_command():  # type: ignore[attr-defined]
             raise SystemExit(self.requeue.exit_code)
         raise SystemExit(1)
-
-    # --- errors --------------------------------------------------------------------------------------------------
-
-    def _settings_mismatch(self, num_devices: int, num_nodes: int) -> LayoutError:
-        layout = self._layout
-        assert layout.launcher is not None
-        return LayoutError(
-            f"{layout.launcher.name} launched {layout.describe_world()} ({layout.num_nodes} node(s); "
-            f"{layout.sources['world_size']}={layout.world_size}, {layout.sources['local_size']}="
-            f"{layout.local_size}), but {self.api}(devices={num_devices}, num_nodes={num_nodes}) expects "
-            f"{num_devices * num_nodes} ranks, {num_devices} per node.",
-            f"Use {self.api}(devices={layout.local_size}, num_nodes={layout.num_nodes}), or launch "
-            f"{num_devices * num_nodes} ranks with {num_devices} per node "
-            f"(`mpirun -np {num_devices * num_nodes} --map-by ppr:{num_devices}:node`).",
-            variable=layout.sources["world_size"],
-            value=str(layout.world_size),
-            launcher=layout.launcher.name,
-        )
-
-    def _world_mismatch(self, size: int) -> LayoutError:
-        layout = self._layout
-        assert layout.launcher is not None
-        return LayoutError(
-            f"{layout.launcher.name} launched {layout.describe_world()} ({layout.sources['world_size']}="
-            f"{layout.world_size}), but the strategy is about to set up torch.distributed for {size} processes "
-            "(Trainer devices x num_nodes): the missing ones would never come.",
-            f"Make devices x num_nodes match the launch: devices={layout.local_size}"
-            f"{f', num_nodes={layout.num_nodes}' if layout.num_nodes else ''}.",
-            variable=layout.sources["world_size"],
-            value=str(layout.world_size),
-            launcher=layout.launcher.name,
-        )
-
-    def _started_by_lightning_under_launcher(self) -> LayoutError:
-        layout = self._layout
-        return LayoutError(
-            f"{layout.launcher_name} started this process as rank {layout.rank} of {layout.world_size} "
-            f"({layout.sources['rank']}={layout.rank}), and Lightning started worker processes from it again "
-            f"(pid {self._made_in_pid} made this environment, pid {os.getpid()} uses it): a strategy with the "
-            "start method spawn or fork ('ddp_spawn', 'ddp_fork', 'ddp_notebook'). Every such worker would "
-            f"claim rank {layout.rank}.",
-            "Under a launcher, use strategy='ddp' or 'ddp_mpi' (Lightning then starts no processes when the "
-            "launcher started one per device). To let Lightning start the workers on each node, launch one process "
-            "per node (`mpirun --map-by ppr:1:node`) with strategy='ddp' or 'ddp_mpi'.",
-            variable=layout.sources["rank"],
-            value=str(layout.rank),
-            launcher=layout.launcher_name,
-        )
-
-
-def _initial_mode_and_ranks(layout: RankLayout, env: Mapping[str, str], spawned: bool) -> tuple[LaunchMode, Ranks]:
-    if spawned:
-        local_rank = parse_count(env["LOCAL_RANK"], variable="LOCAL_RANK")
-        world_size = parse_count(env["WORLD_SIZE"], variable="WORLD_SIZE", minimum=1)
-        per_node = world_size // layout.world_size
-        return LaunchMode.PER_NODE, Ranks(
-            global_rank=layout.rank * per_node + local_rank,
-            world_size=world_size,
-            local_rank=local_rank,
-            node_rank=layout.rank,
-            num_nodes=layout.world_size,
-        )
-    if layout.launcher is None:
-        local = env.get("LOCAL_RANK")
-        node = env.get("NODE_RANK") or env.get("GROUP_RANK")
-        return LaunchMode.NO_LAUNCHER, Ranks(
-            global_rank=0,
-            world_size=1,
-            local_rank=None if local is None else parse_count(local, variable="LOCAL_RANK"),
-            node_rank=0 if node is None else parse_count(node, variable="NODE_RANK"),
-            num_nodes=1,
-        )
-    return LaunchMode.PER_RANK, Ranks(
-        global_rank=layout.rank,
-        world_size=layout.world_size,
-        local_rank=layout.local_rank,
-        node_rank=layout.node_rank,
-        num_nodes=layout.num_nodes,
-    )
-
-
-def _read_launch(env: Mapping[str, str]) -> tuple[RankLayout, bool]:
-    """The layout, and whether Lightning started this process as a worker of a one-process-per-node launch.
-
-    Lightning's workers carry the launcher's variables plus its own ``LIGHTNING_SPAWN_VARIABLES``; their
-    ``LOCAL_RANK``/``WORLD_SIZE`` are not stale. The environment is parsed once, without those two when all of
-    Lightning's variables are there; a second parse happens only when they turn out not to be a worker's, to name
-    them as stale.
-    """
-    if not all(name in env for name in LIGHTNING_SPAWN_VARIABLES):
-        return from_env(env), False
-    layout = from_env({name: value for name, value in env.items() if name not in ("LOCAL_RANK", "WORLD_SIZE")})
-    if _is_lightning_worker(layout, env):
-        return layout, True
-    return from_env(env), False
-
-
-def _is_lightning_worker(layout: RankLayout, env: Mapping[str, str]) -> bool:
-    launcher = layout.launcher
-    if launcher is None or launcher.local_size is None or layout.local_size != 1:
-        return False
-    node, local, size = (as_count(env[name]) for name in ("NODE_RANK", "LOCAL_RANK", "WORLD_SIZE"))
-    if node is None or local is None or size is None:
-        return False
-    per_node, remainder = divmod(size, layout.world_size)
-    return node == layout.rank and remainder == 0 and per_node > 1 and local < per_node
-
-
-def _start_watchdog(result: RendezvousResult, timeout: float, requeue: Requeue | None) -> Watchdog:
-    """This rank's watchdog thread, on the roll call's own client of its store, which the roll call is done with.
-
-    No new connection: rank 0's store then holds two per rank (this one, and ``init_process_group``'s), as without
-    the watchdog, which matters at tens of thousands of ranks. It watches for stalls when ``timeout`` is not 0, and
-    carries the requeue's stop agreement when the job can requeue.
-    """
-    from datetime import timedelta
-
-    from lightning_mpi_env.rollcall.agreement import StopAgreement
-    from lightning_mpi_env.rollcall.watchdog import Watchdog
-
-    claim = result.claim
-
-    def connect(seconds: float) -> TCPStore:
-        result.store.set_timeout(timedelta(seconds=seconds))  # each request's; the roll call waited longer
-        return result.store
-
-    agreement = None
-    if requeue is not None:
-        agreement = StopAgreement(rank=claim.rank, world_size=claim.world_size, signalled=lambda: requeue.requested)
-    return Watchdog(
-        connect, rank=claim.rank, world_size=claim.world_size, host=claim.host, timeout=timeout, agreement=agreement
-    ).start()
-
-
-def _find_free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 __all__ = ["LaunchMode", "MPIClusterEnvironment", "Ranks", "Stage"]

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
 
     from lightning_mpi_env.rollcall.agreement import StopAgreement
+    from lightning_mpi_env.rollcall.store import RendezvousResult
 
 KEY = "lightning_mpi_env/watchdog/"
 """Prefix of the watchdog's keys in the store."""
@@ -348,6 +349,32 @@ class Watchdog:
         self._exit(1)
 
 
+def watch(result: RendezvousResult, timeout: float, signalled: Callable[[], bool] | None) -> Watchdog:
+    """This rank's watchdog thread, on the roll call's own client of its store, which the roll call is done with.
+
+    No new connection: rank 0's store then holds two per rank (this one, and ``init_process_group``'s), as without
+    the watchdog, which matters at tens of thousands of ranks. It watches for stalls when ``timeout`` is not 0, and
+    carries the requeue's stop agreement when ``signalled`` is given (the job can requeue; it says whether this
+    rank's requeue signal came).
+    """
+    from datetime import timedelta
+
+    from lightning_mpi_env.rollcall.agreement import StopAgreement
+
+    claim = result.claim
+
+    def connect(seconds: float) -> TCPStore:
+        result.store.set_timeout(timedelta(seconds=seconds))  # each request's; the roll call waited longer
+        return result.store
+
+    agreement = None
+    if signalled is not None:
+        agreement = StopAgreement(rank=claim.rank, world_size=claim.world_size, signalled=signalled)
+    return Watchdog(
+        connect, rank=claim.rank, world_size=claim.world_size, host=claim.host, timeout=timeout, agreement=agreement
+    ).start()
+
+
 def _verdict_from(stored: bytes) -> tuple[StallError, float]:
     fields = json.loads(stored)
     error = StallError(fields["problem"], fields["hint"], variable=VARIABLE["stall_timeout"], value=fields["value"])
@@ -369,4 +396,5 @@ __all__ = [
     "interval_for",
     "main_thread_place",
     "observe",
+    "watch",
 ]

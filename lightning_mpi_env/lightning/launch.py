@@ -1,0 +1,191 @@
+"""The launch as Lightning meets it: who started the processes, this process's ranks, the stages, the mismatches."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from lightning_mpi_env.core.errors import LayoutError
+from lightning_mpi_env.core.layout import RankLayout, from_env
+from lightning_mpi_env.core.values import as_count, parse_count
+
+LIGHTNING_SPAWN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+"""What Lightning's subprocess launcher exports to the local workers it starts (``_call_children_scripts``)."""
+
+
+class LaunchMode(Enum):
+    """Who starts the processes, and so who decides the global ranks."""
+
+    PER_RANK = "one launcher process per rank"
+    """``mpirun -np 8`` with 4 devices x 2 nodes: the launcher's ranks are the truth."""
+    PER_NODE = "one launcher process per node"
+    """``mpirun --map-by ppr:1:node``: Lightning starts the workers on each node; node rank = launcher rank."""
+    NO_LAUNCHER = "no launcher"
+    """``python train.py``: one node, Lightning starts the workers, like Lightning's ``LightningEnvironment``."""
+
+    @property
+    def managed_by_lightning(self) -> bool:
+        """Whether Lightning starts the local workers and assigns the global ranks."""
+        return self is not LaunchMode.PER_RANK
+
+
+class Stage(Enum):
+    """Where the environment is in Lightning's life cycle, told apart by the order of Lightning's public calls."""
+
+    CONFIGURED = "configured"
+    """Made; no Trainer or Fabric has proposed ranks yet."""
+    PROPOSED = "proposed"
+    """A Trainer or Fabric was built with it (its first rank proposal); a launch may read the address to start
+    Lightning's own workers."""
+    SETTING_UP = "setting up"
+    """The strategy proposed the ranks again in ``setup_environment``: ``init_process_group`` comes next, and the
+    next read of ``main_address``/``main_port`` runs the roll call."""
+    MET = "met"
+    """The roll call is done (or off): the ranks are final."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's ranks as they stand; replaced as a whole by the launch mode, the settings and the roll call."""
+
+    global_rank: int
+    world_size: int
+    local_rank: int | None
+    """``None``: Lightning sets ``LOCAL_RANK`` in each worker it starts (``ddp_spawn``), read when asked."""
+    node_rank: int
+    num_nodes: int | None
+
+
+def initial_mode_and_ranks(layout: RankLayout, env: Mapping[str, str], spawned: bool) -> tuple[LaunchMode, Ranks]:
+    """The launch mode, and this process's ranks before Lightning proposes any."""
+    if spawned:
+        local_rank = parse_count(env["LOCAL_RANK"], variable="LOCAL_RANK")
+        world_size = parse_count(env["WORLD_SIZE"], variable="WORLD_SIZE", minimum=1)
+        per_node = world_size // layout.world_size
+        return LaunchMode.PER_NODE, Ranks(
+            global_rank=layout.rank * per_node + local_rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            node_rank=layout.rank,
+            num_nodes=layout.world_size,
+        )
+    if layout.launcher is None:
+        local = env.get("LOCAL_RANK")
+        node = env.get("NODE_RANK") or env.get("GROUP_RANK")
+        return LaunchMode.NO_LAUNCHER, Ranks(
+            global_rank=0,
+            world_size=1,
+            local_rank=None if local is None else parse_count(local, variable="LOCAL_RANK"),
+            node_rank=0 if node is None else parse_count(node, variable="NODE_RANK"),
+            num_nodes=1,
+        )
+    return LaunchMode.PER_RANK, Ranks(
+        global_rank=layout.rank,
+        world_size=layout.world_size,
+        local_rank=layout.local_rank,
+        node_rank=layout.node_rank,
+        num_nodes=layout.num_nodes,
+    )
+
+
+def read_launch(env: Mapping[str, str]) -> tuple[RankLayout, bool]:
+    """The layout, and whether Lightning started this process as a worker of a one-process-per-node launch.
+
+    Lightning's workers carry the launcher's variables plus its own ``LIGHTNING_SPAWN_VARIABLES``; their
+    ``LOCAL_RANK``/``WORLD_SIZE`` are not stale. The environment is parsed once, without those two when all of
+    Lightning's variables are there; a second parse happens only when they turn out not to be a worker's, to name
+    them as stale.
+    """
+    if not all(name in env for name in LIGHTNING_SPAWN_VARIABLES):
+        return from_env(env), False
+    layout = from_env({name: value for name, value in env.items() if name not in ("LOCAL_RANK", "WORLD_SIZE")})
+    if is_lightning_worker(layout, env):
+        return layout, True
+    return from_env(env), False
+
+
+def is_lightning_worker(layout: RankLayout, env: Mapping[str, str]) -> bool:
+    """Whether Lightning started this process as a worker of a one-process-per-node launch."""
+    launcher = layout.launcher
+    if launcher is None or launcher.local_size is None or layout.local_size != 1:
+        return False
+    node, local, size = (as_count(env[name]) for name in ("NODE_RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    if node is None or local is None or size is None:
+        return False
+    per_node, remainder = divmod(size, layout.world_size)
+    return node == layout.rank and remainder == 0 and per_node > 1 and local < per_node
+
+
+def settings_mismatch(layout: RankLayout, api: str, num_devices: int, num_nodes: int) -> LayoutError:
+    """``devices``/``num_nodes`` of the Trainer or Fabric (``api``) that do not fit the launch."""
+    assert layout.launcher is not None
+    return LayoutError(
+        f"{layout.launcher.name} launched {layout.describe_world()} ({layout.num_nodes} node(s); "
+        f"{layout.sources['world_size']}={layout.world_size}, {layout.sources['local_size']}="
+        f"{layout.local_size}), but {api}(devices={num_devices}, num_nodes={num_nodes}) expects "
+        f"{num_devices * num_nodes} ranks, {num_devices} per node.",
+        f"Use {api}(devices={layout.local_size}, num_nodes={layout.num_nodes}), or launch "
+        f"{num_devices * num_nodes} ranks with {num_devices} per node "
+        f"(`mpirun -np {num_devices * num_nodes} --map-by ppr:{num_devices}:node`).",
+        variable=layout.sources["world_size"],
+        value=str(layout.world_size),
+        launcher=layout.launcher.name,
+    )
+
+
+def world_mismatch(layout: RankLayout, size: int) -> LayoutError:
+    """A strategy about to set up ``size`` processes where the launch has another number."""
+    assert layout.launcher is not None
+    return LayoutError(
+        f"{layout.launcher.name} launched {layout.describe_world()} ({layout.sources['world_size']}="
+        f"{layout.world_size}), but the strategy is about to set up torch.distributed for {size} processes "
+        "(Trainer devices x num_nodes): the missing ones would never come.",
+        f"Make devices x num_nodes match the launch: devices={layout.local_size}"
+        f"{f', num_nodes={layout.num_nodes}' if layout.num_nodes else ''}.",
+        variable=layout.sources["world_size"],
+        value=str(layout.world_size),
+        launcher=layout.launcher.name,
+    )
+
+
+def started_by_lightning_under_launcher(layout: RankLayout, made_in_pid: int) -> LayoutError:
+    """Lightning started workers (spawn or fork) from a process a launcher had started already."""
+    return LayoutError(
+        f"{layout.launcher_name} started this process as rank {layout.rank} of {layout.world_size} "
+        f"({layout.sources['rank']}={layout.rank}), and Lightning started worker processes from it again "
+        f"(pid {made_in_pid} made this environment, pid {os.getpid()} uses it): a strategy with the "
+        "start method spawn or fork ('ddp_spawn', 'ddp_fork', 'ddp_notebook'). Every such worker would "
+        f"claim rank {layout.rank}.",
+        "Under a launcher, use strategy='ddp' or 'ddp_mpi' (Lightning then starts no processes when the "
+        "launcher started one per device). To let Lightning start the workers on each node, launch one process "
+        "per node (`mpirun --map-by ppr:1:node`) with strategy='ddp' or 'ddp_mpi'.",
+        variable=layout.sources["rank"],
+        value=str(layout.rank),
+        launcher=layout.launcher_name,
+    )
+
+
+def find_free_port() -> int:
+    """A port free on this host now (as Lightning's ``LightningEnvironment`` takes one)."""
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+__all__ = [
+    "LIGHTNING_SPAWN_VARIABLES",
+    "LaunchMode",
+    "Ranks",
+    "Stage",
+    "find_free_port",
+    "initial_mode_and_ranks",
+    "is_lightning_worker",
+    "read_launch",
+    "settings_mismatch",
+    "started_by_lightning_under_launcher",
+    "world_mismatch",
+]
