@@ -110,6 +110,8 @@ def settings_table() -> str:
             default.value
             if hasattr(default, "value")
             else ("on" if default is True else "off" if default is False else f"{default:g}")
+            if not isinstance(default, str)
+            else (default or "unset")
         )
         lines.append(f"| `{row.variable}` | {row.meaning} | {shown} |")
     return "\n".join(lines) + "\n"

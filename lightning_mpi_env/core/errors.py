@@ -104,6 +104,10 @@ class ApproximateNodeRankWarning(LayoutWarning):
     """The node rank is a guess: the launcher exports no node index and the placement fits no known rule."""
 
 
+class FabricWarning(LayoutWarning):
+    """``LIGHTNING_MPI_ENV_IFNAME`` names the fabric, but the main host resolves to another network on rank 0's node."""
+
+
 class MixedImportWarning(Explained, UserWarning):
     """Both Lightning namespaces are imported in one process (the problem names the importer of each)."""
 
@@ -111,6 +115,7 @@ class MixedImportWarning(Explained, UserWarning):
 __all__ = [
     "ApproximateNodeRankWarning",
     "Explained",
+    "FabricWarning",
     "LayoutError",
     "LayoutWarning",
     "MixedImportError",

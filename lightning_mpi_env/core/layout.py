@@ -12,6 +12,7 @@ from types import MappingProxyType
 from lightning_mpi_env.core.errors import LayoutError, LayoutWarning
 from lightning_mpi_env.core.hostlist import expand_tasks_per_node
 from lightning_mpi_env.core.launchers import TORCHRUN, Launcher, detect_launcher, stray_rank_variables
+from lightning_mpi_env.core.network import apply_host_template
 from lightning_mpi_env.core.placement import DEALING, Placement, every_rank_here, guess_node, num_nodes_source
 from lightning_mpi_env.core.ports import (
     DEFAULT_MAIN_PORT,
@@ -22,6 +23,7 @@ from lightning_mpi_env.core.ports import (
 )
 from lightning_mpi_env.core.rank_layout import RankLayout
 from lightning_mpi_env.core.schedulers import SCHEDULERS, first_host, read_host_file
+from lightning_mpi_env.core.settings import VARIABLE, host_template
 from lightning_mpi_env.core.values import SHOWN_CHARACTERS, as_count, parse_count, shown
 
 STALE_TORCH_VARIABLES: tuple[tuple[str, str], ...] = (
@@ -352,8 +354,12 @@ class _LayoutParser:
         found = first_host(self.env, self.read_text, launch=(self.launcher.host_lists, self.launcher.name))
         if found is not None:
             host, variable = found
-            self.sources["main_address"] = f"{variable} (first host)"
-            return host
+            # On the fabric's name where the user gave a template (JSC: `{host}i`); a MASTER_ADDR stays as given.
+            template = host_template(self.env)
+            self.sources["main_address"] = f"{variable} (first host)" + (
+                f" as {VARIABLE['main_host']}={template}" if template else ""
+            )
+            return apply_host_template(template, host)
         sources = [*self.launcher.host_lists, *(source for scheduler in SCHEDULERS for source in scheduler.host_lists)]
         lists = ", ".join(source.variable for source in sources)
         nodes = f"{num_nodes} nodes" if num_nodes is not None else "more than one node"

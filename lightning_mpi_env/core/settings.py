@@ -8,6 +8,7 @@ choice), so a variable is never read twice or two ways. Constructor arguments ov
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
@@ -51,6 +52,16 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("debug", "LIGHTNING_MPI_ENV_DEBUG", "`1` shows full tracebacks of this package's errors"),
     Setting("mixed_imports", "LIGHTNING_MPI_ENV_MIXED_IMPORTS", "`warn`, `error` or `ignore` on mixed imports"),
+    Setting(
+        "main_host",
+        "LIGHTNING_MPI_ENV_MAIN_HOST",
+        "the main host's name on the fabric, from the host list's first host: `{host}i` (JSC's InfiniBand names)",
+    ),
+    Setting(
+        "ifname",
+        "LIGHTNING_MPI_ENV_IFNAME",
+        "the fabric's interface (`ib0`, `hsn0`): exported as `GLOO_SOCKET_IFNAME` and `NCCL_SOCKET_IFNAME`",
+    ),
 )
 """Every variable this package reads about itself; a test keeps the docs' table equal to these rows."""
 
@@ -90,6 +101,10 @@ class Settings:
     """Show full tracebacks of this package's errors."""
     mixed_imports: MixedImportMode = MixedImportMode.WARN
     """What a mixed import of both Lightning namespaces does."""
+    main_host: str = ""
+    """Template of the main host's name on the fabric (``{host}i``); empty: the host list's name as it is."""
+    ifname: str = ""
+    """The fabric's interface for gloo and NCCL; empty: theirs to choose."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -99,7 +114,7 @@ class Settings:
             SettingError: Naming the variable, its value and the values it takes.
 
         >>> Settings.from_env({"LIGHTNING_MPI_ENV_ROLL_CALL": "off", "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"})
-        Settings(roll_call=False, rendezvous_timeout=20.0, requeue=True, stall_timeout=300.0, max_requeues=20, debug=False, mixed_imports=<MixedImportMode.WARN: 'warn'>)
+        Settings(roll_call=False, rendezvous_timeout=20.0, requeue=True, stall_timeout=300.0, max_requeues=20, debug=False, mixed_imports=<MixedImportMode.WARN: 'warn'>, main_host='', ifname='')
         """  # noqa: E501
         return cls(
             roll_call=switch(env, VARIABLE["roll_call"], default=True),
@@ -109,6 +124,8 @@ class Settings:
             max_requeues=count_or_off(env, VARIABLE["max_requeues"], DEFAULT_MAX_REQUEUES),
             debug=switch(env, VARIABLE["debug"], default=False),
             mixed_imports=mixed_import_mode(env),
+            main_host=host_template(env),
+            ifname=interface_name(env),
         )
 
     def with_arguments(self, **arguments: object) -> Settings:
@@ -229,6 +246,65 @@ def mixed_import_mode(env: Mapping[str, str]) -> MixedImportMode:
         ) from None
 
 
+_INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # Linux: at most 15 characters (IFNAMSIZ - 1)
+_HOST_TEMPLATE = re.compile(r"^[A-Za-z0-9._-]*\{host\}[A-Za-z0-9._-]*$")
+
+
+def host_template(env: Mapping[str, str]) -> str:
+    """``LIGHTNING_MPI_ENV_MAIN_HOST``: a host name around one ``{host}``, or empty when unset.
+
+    Raises:
+        SettingError: Naming the value and the form it takes.
+
+    >>> host_template({"LIGHTNING_MPI_ENV_MAIN_HOST": "{host}i"}), host_template({})
+    ('{host}i', '')
+    """
+    return _word(
+        env,
+        "main_host",
+        _HOST_TEMPLATE,
+        "a host name template: it needs `{host}` once, with letters, digits, dots, dashes or underscores around it",
+        "the fabric's name of a host, e.g. `{host}i` (JSC: `jwb0001` -> `jwb0001i`) or `{host}-ib`, or unset it.",
+    )
+
+
+def interface_name(env: Mapping[str, str]) -> str:
+    """``LIGHTNING_MPI_ENV_IFNAME``: one network interface's name, or empty when unset.
+
+    Raises:
+        SettingError: Naming the value; lists and prefixes (``ib0,ib1``, ``^docker``) go to gloo and NCCL directly.
+
+    >>> interface_name({"LIGHTNING_MPI_ENV_IFNAME": "ib0"})
+    'ib0'
+    """
+    return _word(
+        env,
+        "ifname",
+        _INTERFACE_NAME,
+        "the name of one network interface (at most 15 letters, digits or `_.:@-`)",
+        "one interface such as ib0 or hsn0 (`ip -brief addr` lists them); for lists or prefixes, set "
+        "GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME yourself.",
+    )
+
+
+def _word(env: Mapping[str, str], field: str, form: re.Pattern[str], what: str, example: str) -> str:
+    """The setting ``field`` of ``env`` when it has the ``form``; empty when unset.
+
+    Raises:
+        SettingError: ``{variable}='...' is not {what}.`` with the hint ``Set {variable} to {example}``.
+    """
+    variable = VARIABLE[field]
+    raw = env.get(variable, "").strip()
+    if raw and not form.match(raw):
+        raise SettingError(
+            f"{variable}={shown(raw)} is not {what}.",
+            f"Set {variable} to {example}",
+            variable=variable,
+            value=raw[:SHOWN_CHARACTERS],
+        )
+    return raw
+
+
 __all__ = [
     "DEFAULT_MAX_REQUEUES",
     "DEFAULT_RENDEZVOUS_TIMEOUT",
@@ -239,6 +315,8 @@ __all__ = [
     "Setting",
     "Settings",
     "count_or_off",
+    "host_template",
+    "interface_name",
     "mixed_import_mode",
     "seconds",
     "seconds_or_off",

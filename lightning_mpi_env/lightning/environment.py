@@ -22,6 +22,7 @@ from typing_extensions import override
 from lightning_mpi_env.core.errors import LayoutError, SettingError
 from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.layout import Placement, RankLayout
+from lightning_mpi_env.core.network import socket_ifname_exports
 from lightning_mpi_env.core.report import install_excepthook
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.core.values import parse_count
@@ -31,9 +32,12 @@ from lightning_mpi_env.lightning.launch import (
     LaunchMode,
     Ranks,
     Stage,
+    check_fabric,
+    export_fabric,
     find_free_port,
     initial_mode_and_ranks,
     read_launch,
+    restore_environment,
     settings_mismatch,
     started_by_lightning_under_launcher,
     world_mismatch,
@@ -55,7 +59,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     layout raises :class:`~lightning_mpi_env.LayoutError` right there. The variables read are those of the launcher
     rows in :mod:`lightning_mpi_env.core.launchers` and the scheduler rows in :mod:`lightning_mpi_env.core.schedulers`
     (``MASTER_ADDR``/``MASTER_PORT`` first), plus ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE`` from Lightning's own
-    workers, ``LIGHTNING_MPI_ENV_ROLL_CALL`` and ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``.
+    workers, ``LIGHTNING_MPI_ENV_ROLL_CALL``, ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, ``LIGHTNING_MPI_ENV_IFNAME``
+    and ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
 
     Three ways to run (:class:`LaunchMode`):
 
@@ -88,7 +93,9 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     **Made here, not on import:** the one-line-per-rank display of this package's errors (chained to the previous
     ``sys.excepthook``), the filter for Lightning's "`srun` is available but not used" advice, and the requeue
-    signal handler (chained to the previous one).
+    signal handler (chained to the previous one). With ``LIGHTNING_MPI_ENV_IFNAME``, ``GLOO_SOCKET_IFNAME`` and
+    ``NCCL_SOCKET_IFNAME`` go into ``os.environ`` right before ``init_process_group`` (gloo and NCCL read nothing
+    else), where the user set neither, and are put back at teardown.
 
     Args:
         environ: The environment to read; ``os.environ`` by default.
@@ -129,6 +136,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         )
         """The ``LIGHTNING_MPI_ENV_*`` settings, with the arguments given here taking precedence."""
         self._layout, spawned = read_launch(env)
+        self._fabric = socket_ifname_exports(self.settings.ifname, env)  # checked now, exported before init
+        self._replaced: dict[str, str | None] = {}  # what the fabric's exports replaced, put back at teardown
         if not self.settings.roll_call:  # with the roll call, node ranks become exact before any use
             for warning in self._layout.warnings:
                 warnings.warn(warning, stacklevel=2)
@@ -310,9 +319,11 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     @override
     def teardown(self) -> None:
-        """Stop the stall watchdog (a finished rank is not a stalled one); ``os.environ`` was never written."""
+        """Stop the stall watchdog (a finished rank is not a stalled one); undo the fabric's exports."""
         if self._watchdog is not None:
             self._watchdog.stop()
+        restore_environment(self._replaced)
+        self._replaced = {}
 
     # --- progress, for the stall watchdog ----------------------------------------------------------------------
 
@@ -343,6 +354,9 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         if self._stage is Stage.SETTING_UP:
             self._stage = Stage.MET
             settle_collectives_at_exit()  # init_process_group comes next
+            self._replaced = export_fabric(self._fabric)
+            if self.settings.ifname and self.global_rank() == 0:
+                check_fabric(self.settings.ifname, self._layout.main_address)
             if self.settings.roll_call:
                 self._meet()
 

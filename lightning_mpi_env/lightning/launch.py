@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -176,15 +177,47 @@ def find_free_port() -> int:
         return port
 
 
+def export_fabric(exports: Mapping[str, str]) -> dict[str, str | None]:
+    """Put ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` in ``os.environ`` (gloo and NCCL read nothing else).
+
+    Returns:
+        The values they replace (``None``: unset), for :func:`restore_environment`.
+    """
+    previous = {name: os.environ.get(name) for name in exports}
+    os.environ.update(exports)
+    return previous
+
+
+def check_fabric(ifname: str, main_address: str) -> None:
+    """On rank 0: warn when the main host resolves here to another network than ``ifname``'s (a ``FabricWarning``)."""
+    from lightning_mpi_env.rollcall.reach import NetworkView, off_fabric
+
+    warning = off_fabric(ifname, NetworkView.here(main_address))
+    if warning is not None:
+        warnings.warn(warning, stacklevel=3)
+
+
+def restore_environment(previous: Mapping[str, str | None]) -> None:
+    """Put back the values :func:`export_fabric` replaced."""
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 __all__ = [
     "LIGHTNING_SPAWN_VARIABLES",
     "LaunchMode",
     "Ranks",
     "Stage",
+    "check_fabric",
+    "export_fabric",
     "find_free_port",
     "initial_mode_and_ranks",
     "is_lightning_worker",
     "read_launch",
+    "restore_environment",
     "settings_mismatch",
     "started_by_lightning_under_launcher",
     "world_mismatch",

@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from lightning_mpi_env.core.errors import RendezvousError
-from lightning_mpi_env.core.settings import VARIABLE
+from lightning_mpi_env.rollcall.reach import NetworkView, serve_error, unreachable_error, with_rank_zero_view
 from lightning_mpi_env.rollcall.verdicts import (
     MISSING_CAUSES,
     Claim,
@@ -53,6 +53,7 @@ _ARRIVED = KEY_PREFIX + "arrived"
 _ARRIVED_RANKS = KEY_PREFIX + "arrived_ranks"
 _VERDICT = KEY_PREFIX + "verdict"
 _READ = KEY_PREFIX + "verdict_read"
+_RANK_ZERO_VIEW = KEY_PREFIX + "network/0"
 
 
 def store_append(store: TCPStore, key: str, value: str) -> None:
@@ -122,7 +123,6 @@ def rendezvous(
 def _connect(claim: Claim, timeout: float) -> TCPStore:
     import torch.distributed
 
-    address = f"{claim.main_address}:{claim.main_port}"
     try:
         if claim.rank != 0:
             # TCPStore's own connect retries can overshoot its timeout twofold: wait for the port ourselves.
@@ -137,42 +137,37 @@ def _connect(claim: Claim, timeout: float) -> TCPStore:
             # init_process_group's env:// store on rank 0 then shares this server (keyed by port): no second port.
             multi_tenant=True,
         )
-        return store
     except (RuntimeError, TimeoutError) as error:
         if claim.rank == 0:
-            raise RendezvousError(
-                f"Rank 0 on {claim.describe()} could not serve the rendezvous on port {claim.main_port} "
-                f"({type(error).__name__}: {_first_line(error)}).",
-                "The port is taken: by another job on this host (give each job its own MASTER_PORT, or unset it to "
-                "derive one from the job id), or by a second process that also claims rank 0 here.",
-                variable="MASTER_PORT",
-                value=str(claim.main_port),
-            ) from error
-        raise RendezvousError(
-            f"Rank {claim.rank} on {claim.describe()}: rank 0 never answered at the main address {address} within "
-            f"the rendezvous timeout of {timeout:g} s ({type(error).__name__}).",
-            f"Rank 0 or its node failed to start, MASTER_ADDR/MASTER_PORT ({address} here) point at the wrong host "
-            f"or differ between nodes, or a firewall blocks the port. To wait longer, raise "
-            f"{VARIABLE['rendezvous_timeout']}.",
-            variable="MASTER_ADDR",
-            value=claim.main_address,
-        ) from error
+            raise serve_error(claim, error) from error
+        last = str(error) if isinstance(error, _Unreachable) else _first_line(error)
+        raise unreachable_error(claim, timeout, error, NetworkView.here(claim.main_address), last) from error
+    if claim.rank == 0 and claim.world_size > 1:
+        # What rank 0 sees of the network, for the verdict on ranks that never reach it (they cannot ask).
+        store.set(_RANK_ZERO_VIEW, NetworkView.here(claim.main_address).to_json())
+    return store
 
 
 def _first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
+class _Unreachable(TimeoutError):
+    """Nothing accepted a connection at the main address before the deadline; the message is the last failure."""
+
+
 def _wait_for_port(host: str, port: int, deadline: float) -> None:
-    """Return once ``host:port`` accepts a connection; raise :class:`TimeoutError` at the deadline."""
+    """Return once ``host:port`` accepts a connection; raise :class:`_Unreachable` at the deadline."""
+    last = "no attempt"
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise TimeoutError(f"nothing accepted a connection at {host}:{port}")
+            raise _Unreachable(f"connecting to {host}:{port}: {last}")
         try:
             with socket.create_connection((host, port), timeout=min(remaining, 2.0)):
                 return
-        except OSError:
+        except OSError as error:
+            last = str(error) or type(error).__name__
             time.sleep(min(0.2, max(remaining, 0.0)))
 
 
@@ -320,6 +315,7 @@ class _Meeting:
         if not missing:
             return None
         examples: dict[int, Claim] = {}
+        wanted: set[int] = set()
         if self.expected_node is not None:
             wanted = {self.expected_node(rank) for rank in missing}
             for rank in sorted(arrived_ranks):
@@ -327,9 +323,13 @@ class _Meeting:
                 if node in wanted:
                     examples[rank] = Claim.from_json(self.store.get(f"{KEY_PREFIX}claim/{rank}/1"))
                     wanted.discard(node)
-        return missing_message(
+        problem = missing_message(
             missing, examples, world_size, self.timeout, self.expected_node, arrived_count=len(arrived_ranks)
         )
+        whole_node = self.expected_node is None or bool(wanted)  # a node none of whose ranks reached rank 0
+        if whole_node and self.store.check([_RANK_ZERO_VIEW]):
+            return with_rank_zero_view(problem, NetworkView.from_json(self.store.get(_RANK_ZERO_VIEW)))
+        return problem
 
     def _get(self, key: str) -> bytes:
         """The value of ``key`` once set, giving up at the deadline (then: who is missing)."""

@@ -25,7 +25,7 @@ from lightning_mpi_env.core.errors import LayoutError, MpiEnvError
 from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.tools.doctor import Level, diagnose
-from lightning_mpi_env.tools.interop import TORCH_VARIABLES, torch_layout_env, torchrun_args
+from lightning_mpi_env.tools.interop import TORCH_VARIABLES, fabric_env, torch_layout_env, torchrun_args
 from lightning_mpi_env.tools.simcluster import MpirunNotFoundError, SimulatedCluster
 from lightning_mpi_env.tools.simulate import LAUNCHER_KEYS, SCHEDULERS, MapBy, Simulation, simulate
 
@@ -125,7 +125,8 @@ def _build_parser() -> argparse.ArgumentParser:
         usage=f"{PROG} exec [-h] [--debug] [--overwrite] -- CMD [ARGS ...]",
         help="export RANK, WORLD_SIZE, MASTER_ADDR, ... and run a command",
         description="Export torchrun's variables (" + ", ".join(TORCH_VARIABLES) + ") resolved from the "
-        "launcher, then replace this process with CMD (no shell). Example: "
+        "launcher (and, with LIGHTNING_MPI_ENV_IFNAME, GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME), then "
+        "replace this process with CMD (no shell). Example: "
         "`mpirun -np 8 lightning-mpi-env exec -- python train_ddp.py`.",
     )
     run.add_argument("--overwrite", action="store_true", help="replace conflicting values already set")
@@ -347,7 +348,7 @@ def _exec(args: argparse.Namespace) -> int:
                 environ.pop(name, None)
     layout = from_env(environ)
     _print_warnings(layout)
-    exported = torch_layout_env(layout)
+    exported = {**torch_layout_env(layout), **fabric_env(environ)}
     conflicts = {name: value for name, value in exported.items() if os.environ.get(name, value) != value}
     if conflicts and not args.overwrite:
         listed = ", ".join(f"{name}={os.environ[name]!r} (resolved: {value!r})" for name, value in conflicts.items())

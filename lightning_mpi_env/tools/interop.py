@@ -14,6 +14,8 @@ from typing import TypedDict
 
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.layout import RankLayout, from_env
+from lightning_mpi_env.core.network import socket_ifname_exports
+from lightning_mpi_env.core.settings import interface_name
 
 TORCH_VARIABLES: tuple[str, ...] = (
     "RANK",
@@ -79,17 +81,29 @@ def torch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
     Returns:
         ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``GROUP_RANK``,
-        ``MASTER_ADDR`` and ``MASTER_PORT``, as strings.
+        ``MASTER_ADDR`` and ``MASTER_PORT``, as strings; with ``LIGHTNING_MPI_ENV_IFNAME`` set, also
+        ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` (those not already set to it).
 
     Raises:
         LayoutError: If the launcher's variables are malformed, missing, contradictory or stale.
+        SettingError: If ``LIGHTNING_MPI_ENV_IFNAME`` names no interface of this host, or contradicts
+            ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
 
     >>> torch_env({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
     ...            "MASTER_ADDR": "nodea", "MASTER_PORT": "29500"})["GROUP_RANK"]
     '1'
     """
-    layout, _ = _layout(env)
-    return torch_layout_env(layout)
+    layout, environ = _layout(env)
+    return {**torch_layout_env(layout), **fabric_env(environ)}
+
+
+def fabric_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` for ``LIGHTNING_MPI_ENV_IFNAME``, where not set already.
+
+    >>> fabric_env({"LIGHTNING_MPI_ENV_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"})
+    {'NCCL_SOCKET_IFNAME': 'lo'}
+    """
+    return socket_ifname_exports(interface_name(env), env)
 
 
 def torchrun_args(env: Mapping[str, str] | None = None, *, nproc_per_node: int | str = 1) -> list[str]:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -10,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from lightning_mpi_env import LayoutError, MPIClusterEnvironment
-from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, LayoutWarning, SettingError
+from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, FabricWarning, LayoutWarning, SettingError
 from lightning_mpi_env.core.launchers import OPEN_MPI, SLURM
+from lightning_mpi_env.core.network import local_interfaces
 from tests.layouts import launcher_env
 
 ADDRESS = {"MASTER_ADDR": "nodea", "MASTER_PORT": "29611"}
@@ -334,3 +337,42 @@ def test_a_single_process_may_train_on_one_device(tmp_path):
     )
     assert "TRAINED ALONE" in result.stdout, result.stderr[-2000:]
     assert "REFUSED" not in result.stdout
+
+
+def test_the_fabric_interface_is_exported_right_before_init_and_put_back_at_teardown(monkeypatch: pytest.MonkeyPatch):
+    # gloo and NCCL read GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME from os.environ only; lo is on every Linux host.
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")  # the user's own value stays as it was
+    environment = MPIClusterEnvironment({**open_mpi(), "LIGHTNING_MPI_ENV_IFNAME": "lo"}, roll_call=False)
+    assert "GLOO_SOCKET_IFNAME" not in os.environ  # nothing on construction
+    environment.set_world_size(8)  # Lightning's two proposals, then its read of the address: init comes next
+    environment.set_world_size(8)
+    assert environment.main_address == "nodea"
+    assert (os.environ["GLOO_SOCKET_IFNAME"], os.environ["NCCL_SOCKET_IFNAME"]) == ("lo", "lo")
+    environment.teardown()
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "lo"
+
+
+def test_a_fabric_interface_that_contradicts_gloo_s_fails_when_the_environment_is_made():
+    env = {**open_mpi(), "LIGHTNING_MPI_ENV_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "eth9"}
+    with pytest.raises(SettingError, match=r"LIGHTNING_MPI_ENV_IFNAME='lo'.*GLOO_SOCKET_IFNAME='eth9'"):
+        MPIClusterEnvironment(env)
+
+
+def test_rank_zero_warns_when_the_main_host_is_off_the_fabric_interface():
+    # A real interface of this host other than lo, and its address as the main address: rank 0's node then resolves
+    # the main host to that interface's network, not to the fabric's (lo here).
+    others = [i for i in local_interfaces() if i.name != "lo" and any("." in a for a in i.addresses)]
+    if not others:
+        pytest.skip("this host has no IPv4 interface besides lo")
+    address = next(a for a in others[0].addresses if "." in a).split("/")[0]
+    env = {**open_mpi(rank=0), "MASTER_ADDR": address, "LIGHTNING_MPI_ENV_IFNAME": "lo"}
+    environment = MPIClusterEnvironment(env, roll_call=False)
+    environment.set_world_size(8)
+    environment.set_world_size(8)
+    try:
+        with pytest.warns(FabricWarning, match=rf"resolves to {re.escape(address)} \({others[0].name}\), not to an"):
+            assert environment.main_address == address
+    finally:
+        environment.teardown()

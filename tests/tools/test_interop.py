@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import lightning_mpi_env
-from lightning_mpi_env.core.errors import LayoutError, LayoutWarning
+from lightning_mpi_env.core.errors import LayoutError, LayoutWarning, SettingError
 from lightning_mpi_env.tools.interop import (
     TORCH_VARIABLES,
     jax_distributed_kwargs,
@@ -227,3 +227,16 @@ def test_torch_env_under_torchrun_keeps_torchrun_s_values():
 def test_torch_env_refuses_torch_variables_without_torchrun():
     with pytest.raises(LayoutError, match=r"RANK='3', WORLD_SIZE='4' are set, as torchrun sets them"):
         torch_env({"RANK": "3", "WORLD_SIZE": "4"})
+
+
+def test_torch_env_adds_the_fabric_interface_for_gloo_and_nccl():
+    # lo is on every Linux host; GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME are the variables gloo and NCCL read.
+    exported = torch_env({**OPEN_MPI_RANK_5, "LIGHTNING_MPI_ENV_IFNAME": "lo"})
+    assert (exported["GLOO_SOCKET_IFNAME"], exported["NCCL_SOCKET_IFNAME"]) == ("lo", "lo")
+    assert tuple(exported)[: len(TORCH_VARIABLES)] == TORCH_VARIABLES
+
+
+def test_torch_env_refuses_a_fabric_interface_that_contradicts_nccl_s():
+    env = {**OPEN_MPI_RANK_5, "LIGHTNING_MPI_ENV_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "ib0"}
+    with pytest.raises(SettingError, match=r"LIGHTNING_MPI_ENV_IFNAME='lo'.*NCCL_SOCKET_IFNAME='ib0'"):
+        torch_env(env)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightning_mpi_env.core.errors import SettingError
-from lightning_mpi_env.tools.simcluster import SimulatedCluster, loopback_hosts, processes_with
+from lightning_mpi_env.tools.simcluster import RSH_AGENT, SimulatedCluster, loopback_hosts, processes_with
 from tests.conftest import TRAINER_JOB
 
 SAMPLES = 64
@@ -88,6 +88,18 @@ def test_mpirun_command_line(tmp_path: Path):
     assert cluster.hostfile.read_text() == "127.0.0.2 slots=2\n127.0.0.3 slots=2\n"
 
 
+def test_a_node_s_own_etc_hosts_goes_to_the_agent(tmp_path: Path):
+    cluster = SimulatedCluster(tmp_path, etc_hosts={"127.0.0.3": "224.0.0.9 main-host"})
+    args = cluster.mpirun(["true"])
+    agent = args[args.index("plm_rsh_agent") + 1]
+    assert agent == f"{RSH_AGENT} --etc-hosts {tmp_path / 'etc-hosts'}"
+    own = (tmp_path / "etc-hosts" / "127.0.0.3").read_text()
+    assert own.startswith("224.0.0.9 main-host\n")  # first: the first line naming a host wins
+    assert own.endswith(Path("/etc/hosts").read_text())
+    assert not (tmp_path / "etc-hosts" / "127.0.0.2").exists()  # node 1 keeps this machine's /etc/hosts
+    assert SimulatedCluster(tmp_path).mpirun(["true"])[args.index("plm_rsh_agent") + 1] == str(RSH_AGENT)
+
+
 def test_any_number_of_nodes(tmp_path: Path):
     cluster = SimulatedCluster.of(tmp_path, nodes=5, per_node=3)
     assert cluster.hosts == ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6")
@@ -107,8 +119,15 @@ def test_any_number_of_nodes(tmp_path: Path):
         (lambda path: SimulatedCluster(path, hosts=("127.0.0.2", "127.0.0.2")), "each named once"),
         (lambda path: SimulatedCluster(path, slots=0), "slots=0: every simulated node needs at least one slot"),
         (lambda path: SimulatedCluster(path).mpirun(["true"], np=5), "np=5 does not fit 2 simulated node"),
+        (lambda path: SimulatedCluster(path, etc_hosts={"10.0.0.1": "x"}), "etc_hosts names 10.0.0.1, which is not"),
+        (
+            lambda path: (
+                (path / "a b").mkdir() or SimulatedCluster(path / "a b", etc_hosts={"127.0.0.2": "x"}).mpirun(["true"])
+            ),
+            "etc_hosts needs a work directory without spaces",
+        ),
     ],
-    ids=["no-nodes", "past-loopback", "no-hosts", "twice", "no-slots", "np"],
+    ids=["no-nodes", "past-loopback", "no-hosts", "twice", "no-slots", "np", "etc-hosts-stranger", "etc-hosts-space"],
 )
 def test_impossible_clusters_are_setting_errors(tmp_path: Path, make, match):
     with pytest.raises(SettingError, match=match):

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightning_mpi_env.core.errors import MpiEnvError, SettingError
@@ -120,14 +120,18 @@ class SimulatedCluster:
         workdir: Where the host file and host list are written (it must exist).
         hosts: One loopback address per simulated node; :meth:`of` numbers them for you.
         slots: Processes each node may run.
+        etc_hosts: Lines a node's own ``/etc/hosts`` adds to this machine's, by node: a host name that resolves
+            differently on each node (a management network and a fabric), in a mount namespace of the node's own
+            (root, or unprivileged user namespaces); nodes not named see this machine's ``/etc/hosts``.
 
     Raises:
-        SettingError: No hosts, a host named twice, or fewer than one slot.
+        SettingError: No hosts, a host named twice, fewer than one slot, or ``etc_hosts`` for a host not listed.
     """
 
     workdir: Path
     hosts: tuple[str, ...] = ("127.0.0.2", "127.0.0.3")
     slots: int = 2
+    etc_hosts: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not self.hosts or len(set(self.hosts)) != len(self.hosts):
@@ -136,6 +140,14 @@ class SimulatedCluster:
                 "Pass distinct loopback addresses, or use SimulatedCluster.of(workdir, nodes=N, per_node=P).",
                 variable="hosts",
                 value=repr(self.hosts),
+            )
+        strangers = sorted(set(self.etc_hosts) - set(self.hosts))
+        if strangers:
+            raise SettingError(
+                f"etc_hosts names {', '.join(strangers)}, which is not a node of this cluster {self.hosts!r}.",
+                "Key etc_hosts by the nodes' addresses, e.g. {'127.0.0.3': '127.0.0.9 main-host'}.",
+                variable="etc_hosts",
+                value=", ".join(strangers),
             )
         if self.slots < 1:
             raise SettingError(
@@ -206,11 +218,31 @@ class SimulatedCluster:
         if os.geteuid() == 0:
             args.append("--allow-run-as-root")
         self.hostfile.write_text("".join(f"{host} slots={self.slots}\n" for host in self.hosts))
-        args += ["--mca", "plm_rsh_agent", str(RSH_AGENT), "--hostfile", str(self.hostfile)]
+        args += ["--mca", "plm_rsh_agent", self._agent(), "--hostfile", str(self.hostfile)]
         args += ["-np", str(ranks), "--map-by", map_by]
         for name, value in (export or {}).items():
             args += ["-x", f"{name}={value}"]
         return [*args, *mpirun_args, *command]
+
+    def _agent(self) -> str:
+        """The agent's command (Open MPI splits it at spaces), with the nodes' own ``/etc/hosts`` when asked for."""
+        if not self.etc_hosts:
+            return str(RSH_AGENT)
+        directory = self.workdir / "etc-hosts"
+        if any(character.isspace() for character in f"{RSH_AGENT}{directory}"):
+            raise SettingError(
+                f"etc_hosts needs a work directory without spaces (Open MPI splits the agent's command at them): "
+                f"{directory}.",
+                "Pass a workdir without spaces.",
+                variable="workdir",
+                value=str(self.workdir),
+            )
+        directory.mkdir(exist_ok=True)
+        here = Path("/etc/hosts").read_text(encoding="utf-8") if Path("/etc/hosts").exists() else ""
+        for host, lines in self.etc_hosts.items():
+            # The node's own lines first: the first line that names a host wins.
+            (directory / host).write_text(f"{lines.rstrip()}\n{here}", encoding="utf-8")
+        return f"{RSH_AGENT} --etc-hosts {directory}"
 
     def job_environment(self) -> dict[str, str]:
         """What an SGE job script on ABCI would give every rank: the job's host list and id (writes the list)."""
