@@ -104,12 +104,17 @@ class ApproximateNodeRankWarning(LayoutWarning):
     """The node rank is a guess: the launcher exports no node index and the placement fits no known rule."""
 
 
+class DeviceIndexWarning(LayoutWarning):
+    """``LOCAL_RANK`` is not this rank's device index: the launcher bound a subset of the node's GPUs to it."""
+
+
 class MixedImportWarning(Explained, UserWarning):
     """Both Lightning namespaces are imported in one process (the problem names the importer of each)."""
 
 
 __all__ = [
     "ApproximateNodeRankWarning",
+    "DeviceIndexWarning",
     "Explained",
     "LayoutError",
     "LayoutWarning",
