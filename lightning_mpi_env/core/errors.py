@@ -104,6 +104,10 @@ class ApproximateNodeRankWarning(LayoutWarning):
     """The node rank is a guess: the launcher exports no node index and the placement fits no known rule."""
 
 
+class DeviceIndexWarning(LayoutWarning):
+    """``LOCAL_RANK`` is not this rank's device index: the launcher bound a subset of the node's GPUs to it."""
+
+
 class FabricWarning(LayoutWarning):
     """``LIGHTNING_MPI_ENV_IFNAME`` names the fabric, but the main host resolves to another network on rank 0's node."""
 
@@ -114,6 +118,7 @@ class MixedImportWarning(Explained, UserWarning):
 
 __all__ = [
     "ApproximateNodeRankWarning",
+    "DeviceIndexWarning",
     "Explained",
     "FabricWarning",
     "LayoutError",

@@ -19,6 +19,14 @@ from typing import TYPE_CHECKING, NoReturn
 
 from typing_extensions import override
 
+from lightning_mpi_env.core.devices import (
+    VISIBLE_DEVICE_VARIABLES,
+    DeviceBasis,
+    DeviceChoice,
+    own_device,
+    unknown_device,
+    visible_devices,
+)
 from lightning_mpi_env.core.errors import LayoutError, SettingError
 from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.layout import Placement, RankLayout
@@ -142,6 +150,9 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             for warning in self._layout.warnings:
                 warnings.warn(warning, stacklevel=2)
         self._mode, self._ranks = initial_mode_and_ranks(self._layout, env, spawned)
+        self._visible = visible_devices(env)  # which accelerators this process sees, read once
+        self._visible_env = {name: env[name] for name in VISIBLE_DEVICE_VARIABLES if name in env}
+        self._device: DeviceChoice | None = None  # the device this rank drives, once "ddp_mpi" asked or it met
         self._stage = Stage.CONFIGURED
         self._expected: tuple[int, int] | None = None  # (devices, num_nodes) the launcher was given
         self.api = "Trainer/Fabric"
@@ -153,6 +164,9 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         self._free_port: int | None = None
         self._made_in_pid = os.getpid()  # a copy in another process was forked or pickled there by Lightning
         self.process_group_backend: str | None = None  # the strategy's, when it says (ddp_mpi); else the device's
+        self.accelerator = ""
+        """The device type the strategy drives (``"cuda"``), when it says (``"ddp_mpi"``): the roll call then
+        states this rank's visible devices and finds each rank's own."""
         self.requeue = Requeue.plan(
             env, enabled=self.settings.requeue, requeue_signal=requeue_signal, command=requeue_command
         )
@@ -284,6 +298,55 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
                 raise world_mismatch(self._layout, size)
             log.debug(f"Keeping the launcher's world size {self._ranks.world_size}; Lightning proposed {size}.")
 
+    # --- the device ---------------------------------------------------------------------------------------------
+
+    @property
+    def visible(self) -> tuple[str, list[str]] | None:
+        """The variable restricting this process's accelerators and the devices it lists, or ``None`` if unset."""
+        return self._visible
+
+    def device_for(self, accelerator: str) -> DeviceChoice:
+        """The device this rank drives, as an index into the devices it sees; asked by ``"ddp_mpi"``'s root device.
+
+        From the rank's own variables where they say it (:func:`~lightning_mpi_env.core.devices.own_device`), else
+        from the roll call, which then runs right here (every rank's visible set on each host:
+        :func:`~lightning_mpi_env.core.devices.assign_devices`). Not :meth:`local_rank`: under per-task GPU binding
+        the device index is not the local rank. Made once.
+
+        Args:
+            accelerator: The device type the strategy drives (``"cuda"``).
+
+        Raises:
+            LayoutError: If neither the variables nor a roll call (turned off, or already past) can say.
+            RendezvousError: From the roll call, e.g. two ranks on one device.
+        """
+        if self._device is not None:
+            return self._device
+        self.accelerator = accelerator  # the roll call then states this rank's visible set and its choice
+        choice = own_device(
+            self._visible,
+            local_rank=self.local_rank(),
+            local_size=self._layout.local_size,
+            shared=self.managed_by_lightning,  # Lightning's workers inherit one environment
+        )
+        if choice.basis is DeviceBasis.UNKNOWN:
+            if self.settings.roll_call and self._stage is not Stage.MET and not self.managed_by_lightning:
+                self._stage = Stage.MET  # the roll call runs now, before the strategy sets up its device
+                settle_collectives_at_exit()
+                self._meet()
+            if self._device is None:
+                layout = self._layout
+                raise unknown_device(
+                    choice,
+                    local_rank=self.local_rank(),
+                    local_size=layout.local_size,
+                    launcher=layout.launcher_name,
+                    roll_call=self.settings.roll_call,
+                )
+            return self._device
+        self._device = choice
+        return choice
+
     # --- the launch ---------------------------------------------------------------------------------------------
 
     @override
@@ -315,7 +378,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
                 launcher=layout.launcher.name,
             )
         if (num_devices, num_nodes) != (layout.local_size, layout.num_nodes):
-            raise settings_mismatch(self._layout, self.api, num_devices, num_nodes)
+            raise settings_mismatch(self._layout, self.api, num_devices, num_nodes, self._visible)
 
     @override
     def teardown(self) -> None:
@@ -371,9 +434,17 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             main_address=self._layout.main_address,
             main_port=self._port(),
             expected=self._expected,
-            **facts.local_facts(self.process_group_backend),
+            **facts.local_facts(
+                self.process_group_backend,
+                accelerator=self.accelerator,
+                device_index=None if self._device is None else self._device.index,
+                environ=self._visible_env,
+            ),
         )
         result = store.rendezvous(claim, timeout=self.rendezvous_timeout, expected_node=self._expected_node())
+        if result.device_index is not None and (self._device is None or self._device.index is None):
+            visible = claim.visible_set or ()
+            self._device = DeviceChoice(result.device_index, DeviceBasis.ROLL_CALL, visible, claim.visible_variable)
         nodes = result.nodes
         # The launcher's local rank stays (the device was chosen by it); the node index becomes exact.
         self._ranks = replace(self._ranks, node_rank=nodes.node_rank, num_nodes=nodes.num_nodes)
@@ -385,6 +456,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         if claim.rank == 0 and result.summary:
             # One line per job, on stderr with the other diagnostics: stdout stays the program's.
             print(result.summary, file=sys.stderr, flush=True)
+            for note in result.notes:
+                print(f"lightning-mpi-env: roll call: note: {note}", file=sys.stderr, flush=True)
 
     def _expected_node(self) -> Callable[[int], int] | None:
         """Where the launcher put each rank, to say where missing ranks were expected; ``None`` when unknown."""

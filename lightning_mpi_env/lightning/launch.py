@@ -120,9 +120,22 @@ def is_lightning_worker(layout: RankLayout, env: Mapping[str, str]) -> bool:
     return node == layout.rank and remainder == 0 and per_node > 1 and local < per_node
 
 
-def settings_mismatch(layout: RankLayout, api: str, num_devices: int, num_nodes: int) -> LayoutError:
-    """``devices``/``num_nodes`` of the Trainer or Fabric (``api``) that do not fit the launch."""
+def settings_mismatch(
+    layout: RankLayout, api: str, num_devices: int, num_nodes: int, visible: tuple[str, list[str]] | None = None
+) -> LayoutError:
+    """``devices``/``num_nodes`` of the Trainer or Fabric (``api``) that do not fit the launch.
+
+    ``visible`` is the rank's device variable and list: a list shorter than the ranks per node is per-task GPU
+    binding, under which Lightning's own strategies would drive ``cuda:<local rank>``.
+    """
     assert layout.launcher is not None
+    bound = ""
+    if visible is not None and 0 < len(visible[1]) < layout.local_size:
+        bound = (
+            f" This rank sees {visible[0]}={','.join(visible[1])!r}, a subset of the node's GPUs (per-task binding),"
+            f' where Lightning\'s own strategies drive cuda:<local rank>: use strategy="ddp_mpi", which drives '
+            "each rank's own device."
+        )
     return LayoutError(
         f"{layout.launcher.name} launched {layout.describe_world()} ({layout.num_nodes} node(s); "
         f"{layout.sources['world_size']}={layout.world_size}, {layout.sources['local_size']}="
@@ -130,7 +143,7 @@ def settings_mismatch(layout: RankLayout, api: str, num_devices: int, num_nodes:
         f"{num_devices * num_nodes} ranks, {num_devices} per node.",
         f"Use {api}(devices={layout.local_size}, num_nodes={layout.num_nodes}), or launch "
         f"{num_devices * num_nodes} ranks with {num_devices} per node "
-        f"(`mpirun -np {num_devices * num_nodes} --map-by ppr:{num_devices}:node`).",
+        f"(`mpirun -np {num_devices * num_nodes} --map-by ppr:{num_devices}:node`).{bound}",
         variable=layout.sources["world_size"],
         value=str(layout.world_size),
         launcher=layout.launcher.name,

@@ -132,7 +132,13 @@ def _build(package: str, strategies: ModuleType) -> type:
 
         @parallel_devices.setter
         def parallel_devices(self, devices: Any) -> None:
-            base.parallel_devices.fset(self, self._devices_from_launch(devices))
+            devices = self._devices_from_launch(devices)
+            base.parallel_devices.fset(self, devices)
+            environment = self.__dict__.get("cluster_environment")
+            if isinstance(environment, MPIClusterEnvironment) and devices:
+                # The roll call then finds each rank's device, also where Lightning sets it up after
+                # init_process_group (2.1) rather than before (root_device).
+                environment.accelerator = devices[0].type
 
         @property
         @override
@@ -168,7 +174,36 @@ def _build(package: str, strategies: ModuleType) -> type:
                 return list(devices) * per_node
             if len(devices) > per_node:  # all of the node's GPUs visible: local rank i drives the i-th
                 return list(devices)[:per_node]
+            if self._bound_per_task():
+                # Each task sees a subset of the node's GPUs (`--gpu-bind=closest`): one entry per local rank, each
+                # a device it sees; which one this rank drives is root_device's to say.
+                return [devices[index % len(devices)] for index in range(per_node)]
             return devices  # fewer GPUs than ranks on the node: the settings check says so
+
+        def _bound_per_task(self) -> bool:
+            """Whether the launcher bound a subset of the node's devices to this rank (a list of its own)."""
+            environment = self.__dict__.get("cluster_environment")
+            if not isinstance(environment, MPIClusterEnvironment) or environment.managed_by_lightning:
+                return False
+            return environment.visible is not None
+
+        @property
+        @override
+        def root_device(self) -> Any:
+            """This rank's device: under per-task GPU binding its index among the devices it sees, not its local rank.
+
+            Lightning sets it up right before ``init_process_group``. Where the rank's own variables do not say which
+            device is its own, the roll call runs here, first (:meth:`MPIClusterEnvironment.device_for`).
+            """
+            environment = self.cluster_environment
+            devices = self.parallel_devices
+            # CUDA_VISIBLE_DEVICES and ROCm's variables govern "cuda" devices (ROCm's too); others keep Lightning's.
+            if not isinstance(environment, MPIClusterEnvironment) or not devices or devices[0].type != "cuda":
+                return base.root_device.fget(self)
+            choice = environment.device_for(devices[0].type)
+            if choice.index is None:
+                return base.root_device.fget(self)
+            return type(devices[0])(devices[0].type, choice.index)
 
         def _as_if_auto(self, devices: Any) -> bool:
             """Whether ``devices`` is what ``devices="auto"`` gives (every device the accelerator sees): left out."""

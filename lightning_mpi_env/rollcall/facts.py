@@ -5,14 +5,53 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from lightning_mpi_env.core.devices import visible_devices
 
-def local_facts(backend: str | None = None) -> dict[str, Any]:
+
+def _cuda_device_count() -> int:
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def visible_set(
+    environ: Mapping[str, str], device_count: Callable[[], int] = _cuda_device_count
+) -> tuple[str, tuple[str, ...]]:
+    """The variable listing this process's accelerators (``""`` when unset) and their identifiers.
+
+    Unset, the process sees every device of the node: their physical indices ``0..n-1``, ``n`` from
+    ``device_count`` (torch's CUDA count by default, which creates no CUDA context).
+
+    >>> visible_set({"CUDA_VISIBLE_DEVICES": "2,3"})
+    ('CUDA_VISIBLE_DEVICES', ('2', '3'))
+    >>> visible_set({}, device_count=lambda: 2)
+    ('', ('0', '1'))
+    """
+    found = visible_devices(environ)
+    if found is not None:
+        return found[0], tuple(found[1])
+    return "", tuple(str(index) for index in range(device_count()))
+
+
+def local_facts(
+    backend: str | None = None,
+    *,
+    accelerator: str = "",
+    device_index: int | None = None,
+    environ: Mapping[str, str] | None = None,
+    device_count: Callable[[], int] = _cuda_device_count,
+) -> dict[str, Any]:
     """What this process can say about its software and device, for :meth:`Claim.here`.
 
     Args:
         backend: The process group backend, when the strategy states it; else the default for the device.
+        accelerator: The device type the strategy will drive (``"cuda"``), when it says so before setting it up.
+        device_index: The index into its visible set the strategy chose; else the current CUDA device, once set.
+        environ: The environment to read the visible devices from; ``os.environ`` by default.
+        device_count: Devices this process sees when no variable restricts them (injected by the tests).
     """
     versions = {"python": platform.python_version()}
     for name in ("torch", "lightning", "pytorch_lightning", "lightning_mpi_env"):
@@ -33,7 +72,14 @@ def local_facts(backend: str | None = None) -> dict[str, Any]:
         visible, device = 0, "cpu"
     if backend is None and device:
         backend = "nccl" if device.startswith("cuda") else "gloo"
+    devices: dict[str, Any] = {}
+    if accelerator == "cuda" or device.startswith("cuda"):  # ROCm's devices are "cuda" in torch too
+        variable, identifiers = visible_set(os.environ if environ is None else environ, device_count)
+        if device_index is None and device.startswith("cuda"):
+            device_index = int(device.partition(":")[2] or 0)
+        devices = {"visible_set": identifiers, "visible_variable": variable, "device_index": device_index}
     return {
+        **devices,
         "versions": versions,
         "backend": backend or "",
         "device": device,

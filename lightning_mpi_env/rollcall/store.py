@@ -32,6 +32,7 @@ from lightning_mpi_env.rollcall.verdicts import (
     NodeAssignment,
     assign_all,
     collisions,
+    devices_of,
     disagreement_message,
     duplicate_message,
     expectation_mismatch,
@@ -78,6 +79,10 @@ class RendezvousResult:
     """This process's node assignment."""
     summary: str = ""
     """One line saying who met where, for rank 0 to print."""
+    device_index: int | None = None
+    """This rank's device, as an index into the devices it sees, when its claim stated them (exact)."""
+    notes: tuple[str, ...] = ()
+    """What rank 0 tells the user besides the summary (per-task binding that costs peer-to-peer links)."""
 
 
 # --- the roll call ---------------------------------------------------------------------------------------------------
@@ -109,7 +114,7 @@ def rendezvous(
     store = _connect(claim, timeout)
     meeting = _Meeting(store, claim, start, timeout, expected_node)
     try:
-        nodes, line = meeting.run()
+        nodes, line, device_index, notes = meeting.run()
     except RendezvousError:
         meeting.leave()
         raise
@@ -117,7 +122,9 @@ def rendezvous(
         raise meeting.lost_store(error) from error
     except DistError as error:  # the store went away: rank 0 stopped, most likely for a reason it printed
         raise meeting.lost_store(error) from error
-    return RendezvousResult(store=store, claim=claim, nodes=nodes, summary=line)
+    return RendezvousResult(
+        store=store, claim=claim, nodes=nodes, summary=line, device_index=device_index, notes=tuple(notes)
+    )
 
 
 def _connect(claim: Claim, timeout: float) -> TCPStore:
@@ -190,7 +197,7 @@ class _Meeting:
         self.expected_node = expected_node
         self.rank_zero: Claim | None = None
 
-    def run(self) -> tuple[NodeAssignment, str]:
+    def run(self) -> tuple[NodeAssignment, str, int | None, list[str]]:
         self._register()
         if self.claim.rank != 0:
             self._compare_with_rank_zero()
@@ -199,8 +206,16 @@ class _Meeting:
         if "problem" in verdict:
             self._raise(verdict)
         self.store.add(_READ, 1)
-        node_rank, num_nodes, local_rank, local_size = json.loads(self.store.get(f"{KEY_PREFIX}node/{self.claim.rank}"))
-        return NodeAssignment(node_rank, num_nodes, local_rank, local_size), str(verdict.get("summary", ""))
+        node_rank, num_nodes, local_rank, local_size, *device = json.loads(
+            self.store.get(f"{KEY_PREFIX}node/{self.claim.rank}")
+        )
+        notes = [str(note) for note in verdict.get("notes", [])]
+        return (
+            NodeAssignment(node_rank, num_nodes, local_rank, local_size),
+            str(verdict.get("summary", "")),
+            device[0] if device else None,
+            notes,
+        )
 
     # --- steps ---------------------------------------------------------------------------------------------------
 
@@ -245,14 +260,21 @@ class _Meeting:
         mismatch = expectation_mismatch(claims, assignments[0])
         if mismatch is not None:
             self._conclude(mismatch)
+        try:
+            devices, notes = devices_of(claims)
+        except RendezvousError as error:
+            self._conclude(error)
         store_multi_set(
             self.store,
             [f"{KEY_PREFIX}node/{rank}" for rank in range(world_size)],
-            [json.dumps([a.node_rank, a.num_nodes, a.local_rank, a.local_size]) for a in assignments],
+            [
+                json.dumps([a.node_rank, a.num_nodes, a.local_rank, a.local_size, devices.get(rank)])
+                for rank, a in enumerate(assignments)
+            ],
         )
         self.store.set(KEY_PREFIX + "hosts", json.dumps(hosts))
         line = summary(claims, time.monotonic() - self.start)
-        self.store.compare_set(_VERDICT, "", json.dumps({"summary": line}))
+        self.store.compare_set(_VERDICT, "", json.dumps({"summary": line, "notes": notes}))
 
     def _await_verdict(self) -> dict[str, Any]:
         if _wait_quietly(self.store, _VERDICT, self.deadline, self.claim.world_size):

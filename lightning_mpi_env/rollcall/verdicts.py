@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lightning_mpi_env.core.devices import DeviceView, assign_devices, lost_peer_links
 from lightning_mpi_env.core.errors import RendezvousError
 from lightning_mpi_env.core.settings import VARIABLE
 
@@ -54,6 +55,13 @@ class Claim:
     """How many accelerators this process sees; ``None`` when unknown."""
     expected: tuple[int, int] | None = None
     """``(devices, num_nodes)`` of the Trainer/Fabric, when known."""
+    visible_set: tuple[str, ...] | None = None
+    """Identifiers of the accelerators this process sees (its ``CUDA_VISIBLE_DEVICES`` list, else the physical
+    indices); ``None`` when unknown or when the job runs on the CPU."""
+    visible_variable: str = ""
+    """The variable that lists :attr:`visible_set`; empty when none is set."""
+    device_index: int | None = None
+    """The index into :attr:`visible_set` this rank already drives; ``None`` when the roll call is to say."""
 
     @classmethod
     def here(
@@ -74,9 +82,18 @@ class Claim:
     def from_json(cls, text: str | bytes) -> Claim:
         """Read back a stored claim."""
         data = json.loads(text)
-        if data.get("expected") is not None:
-            data["expected"] = tuple(data["expected"])
+        for name in ("expected", "visible_set"):
+            if data.get(name) is not None:
+                data[name] = tuple(data[name])
         return cls(**data)
+
+    def device_view(self) -> DeviceView | None:
+        """What this claim says about its devices, for :func:`~lightning_mpi_env.core.devices.assign_devices`."""
+        if self.visible_set is None:
+            return None
+        return DeviceView(
+            self.rank, self.host, self.local_rank, self.visible_set, self.visible_variable, self.device_index
+        )
 
 
 @dataclass(frozen=True)
@@ -317,6 +334,16 @@ def summary(claims: Sequence[Claim], seconds: float) -> str:
     )
 
 
+def devices_of(claims: Sequence[Claim]) -> tuple[dict[int, int | None], list[str]]:
+    """Each rank's device index (of those that stated their visible set) and the peer-to-peer notes.
+
+    Raises:
+        RendezvousError: Two ranks on one host on one device.
+    """
+    views = [view for view in (claim.device_view() for claim in claims) if view is not None]
+    return assign_devices(views), lost_peer_links(views)
+
+
 def assign_all(hosts: Sequence[str]) -> list[NodeAssignment]:
     """:func:`assign_nodes` for every rank at once (linear in the number of ranks)."""
     ranks_by_host = _ranks_by_host(hosts)
@@ -336,6 +363,7 @@ __all__ = [
     "assign_all",
     "assign_nodes",
     "collisions",
+    "devices_of",
     "device_collision",
     "disagreement_message",
     "duplicate_message",

@@ -25,7 +25,13 @@ from lightning_mpi_env.core.errors import LayoutError, MpiEnvError
 from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.tools.doctor import Level, diagnose
-from lightning_mpi_env.tools.interop import TORCH_VARIABLES, fabric_env, torch_layout_env, torchrun_args
+from lightning_mpi_env.tools.interop import (
+    TORCH_VARIABLES,
+    device_warnings,
+    fabric_env,
+    torch_layout_env,
+    torchrun_args,
+)
 from lightning_mpi_env.tools.simcluster import MpirunNotFoundError, SimulatedCluster
 from lightning_mpi_env.tools.simulate import LAUNCHER_KEYS, SCHEDULERS, MapBy, Simulation, simulate
 
@@ -348,6 +354,8 @@ def _exec(args: argparse.Namespace) -> int:
                 environ.pop(name, None)
     layout = from_env(environ)
     _print_warnings(layout)
+    for warning in device_warnings(layout, environ):  # LOCAL_RANK is not the device under per-task binding
+        _emit(f"{PROG}: warning: {warning.one_line()}", sys.stderr)
     exported = {**torch_layout_env(layout), **fabric_env(environ)}
     conflicts = {name: value for name, value in exported.items() if os.environ.get(name, value) != value}
     if conflicts and not args.overwrite:

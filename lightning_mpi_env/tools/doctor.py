@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from lightning_mpi_env.core.devices import DeviceBasis, own_device, visible_devices
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.launchers import LAUNCHERS, detect_launcher, inherited_variables
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.namespaces import NAMESPACES
 from lightning_mpi_env.core.schedulers import first_host
-from lightning_mpi_env.tools.interop import visible_devices
 
 
 class Level(str, Enum):
@@ -219,6 +219,22 @@ def _gpu_findings(env: Mapping[str, str], layout: RankLayout, gpus: int | None) 
         count, seen = gpus, f"{gpus} GPU(s) on this host"
     if count == 1 and layout.local_size > 1 and found is not None:
         return [Finding(Level.OK, "gpus", f"{seen}: one GPU per rank, bound by the launcher; each rank uses device 0.")]
+    choice = own_device(found, local_rank=layout.local_rank, local_size=layout.local_size, node_devices=gpus)
+    if found is not None and choice.basis is DeviceBasis.UNKNOWN:
+        of_node = f" of the node's {gpus}" if gpus is not None else ""
+        return [
+            Finding(
+                Level.INFO,
+                "gpus",
+                f"{seen}: {count}{of_node} GPUs for this rank, fewer than the {layout.local_size} ranks on this node. "
+                "The launcher binds a subset to each task (e.g. `srun --gpu-bind=closest`: the GPUs of its socket), "
+                "so this rank's device is its index among the ranks that see the same GPUs, not its local rank "
+                f"{layout.local_rank}; its own variables cannot say which.",
+                'With Lightning, use `strategy="ddp_mpi"`: its roll call finds each rank\'s device and refuses two '
+                "ranks on one GPU. Elsewhere choose the device yourself, or bind one GPU per task "
+                "(`srun --gpus-per-task=1`).",
+            )
+        ]
     if count < layout.local_size:
         return [
             Finding(
@@ -229,7 +245,13 @@ def _gpu_findings(env: Mapping[str, str], layout: RankLayout, gpus: int | None) 
                 f"Launch at most {count} rank(s) per node, or set Trainer(devices=...) to the ranks per node.",
             )
         ]
-    return [Finding(Level.OK, "gpus", f"{seen} for {layout.local_size} rank(s) on this node.")]
+    line = f"{seen} for {layout.local_size} rank(s) on this node."
+    if choice.basis is DeviceBasis.SHARED_LIST and gpus is not None:
+        line += (
+            f" {count} of the node's {gpus} GPUs: each rank takes the one at its local rank, as long as every rank "
+            "on the node sees this same list (the roll call checks it)."
+        )
+    return [Finding(Level.OK, "gpus", line)]
 
 
 def _network_findings(

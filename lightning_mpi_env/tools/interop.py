@@ -12,7 +12,9 @@ import warnings
 from collections.abc import Mapping
 from typing import TypedDict
 
-from lightning_mpi_env.core.errors import LayoutError
+from lightning_mpi_env.core.devices import DeviceBasis, own_device, unknown_device
+from lightning_mpi_env.core.devices import visible_devices as visible_devices
+from lightning_mpi_env.core.errors import DeviceIndexWarning, LayoutError
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.network import socket_ifname_exports
 from lightning_mpi_env.core.settings import interface_name
@@ -28,9 +30,6 @@ TORCH_VARIABLES: tuple[str, ...] = (
     "MASTER_PORT",
 )
 """What torchrun exports to each worker and :func:`torch_env` reproduces (``GROUP_RANK`` is torchrun's node rank)."""
-
-VISIBLE_DEVICE_VARIABLES: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
-"""Variables that restrict which accelerators a process sees, in the order we consult them."""
 
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9._:\[\]%-]+$")
 
@@ -94,6 +93,8 @@ def torch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     '1'
     """
     layout, environ = _layout(env)
+    for warning in device_warnings(layout, environ):
+        warnings.warn(warning, stacklevel=2)
     return {**torch_layout_env(layout), **fabric_env(environ)}
 
 
@@ -104,6 +105,29 @@ def fabric_env(env: Mapping[str, str]) -> dict[str, str]:
     {'NCCL_SOCKET_IFNAME': 'lo'}
     """
     return socket_ifname_exports(interface_name(env), env)
+
+
+def device_warnings(layout: RankLayout, env: Mapping[str, str]) -> list[DeviceIndexWarning]:
+    """A warning when ``LOCAL_RANK`` is not this rank's device index (the launcher bound GPUs per task).
+
+    Scripts that call ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` then fail with "invalid device
+    ordinal"; the warning names the index to use, by the rule of :func:`local_device_ids`.
+    """
+    choice = own_device(visible_devices(env), local_rank=layout.local_rank, local_size=layout.local_size)
+    if choice.basis is DeviceBasis.NONE or choice.index == layout.local_rank:
+        return []
+    device = f"index {choice.index} ({choice.basis.value})" if choice.index is not None else "not known here"
+    return [
+        DeviceIndexWarning(
+            f"LOCAL_RANK={layout.local_rank} is not this rank's device: it sees {choice.seen()}, so its device is "
+            f"{device} ({layout.launcher_name}).",
+            "Choose the device with `lightning_mpi_env.jax_distributed_kwargs()['local_device_ids']` or the index "
+            'above, not with LOCAL_RANK; under Lightning, `strategy="ddp_mpi"` chooses it.',
+            variable=choice.variable or None,
+            value=",".join(choice.visible),
+            launcher=layout.launcher_name,
+        )
+    ]
 
 
 def torchrun_args(env: Mapping[str, str] | None = None, *, nproc_per_node: int | str = 1) -> list[str]:
@@ -158,44 +182,24 @@ def torchrun_args(env: Mapping[str, str] | None = None, *, nproc_per_node: int |
     ]
 
 
-def visible_devices(env: Mapping[str, str]) -> tuple[str, list[str]] | None:
-    """The variable restricting this process's accelerators and the devices it lists, or ``None`` if unset.
-
-    >>> visible_devices({"CUDA_VISIBLE_DEVICES": "0,1"})
-    ('CUDA_VISIBLE_DEVICES', ['0', '1'])
-    """
-    for variable in VISIBLE_DEVICE_VARIABLES:
-        if variable in env:
-            return variable, [device.strip() for device in env[variable].split(",") if device.strip()]
-    return None
-
-
 def local_device_ids(layout: RankLayout, env: Mapping[str, str]) -> list[int]:
     """The accelerator this rank drives, as an index into the devices it sees.
 
-    A process that sees exactly one device (the launcher bound one GPU to each task) drives device 0; a process
-    that sees the whole node's devices drives the one at its local rank.
+    The rule of :func:`~lightning_mpi_env.core.devices.own_device`: a process that sees exactly one device (the
+    launcher bound one GPU to each task) drives device 0; a process that sees the whole node's devices, or a list
+    with room for every local rank, drives the one at its local rank.
 
     Raises:
-        LayoutError: If this process sees several devices, but fewer than its local rank needs.
+        LayoutError: If this process sees a subset of several devices that its own variables cannot place it in.
     """
-    found = visible_devices(env)
-    if found is None or not found[1]:
-        return [layout.local_rank]
-    variable, devices = found
-    if len(devices) == 1:
-        return [0]
-    if layout.local_rank >= len(devices):
-        raise LayoutError(
-            f"{variable}={env[variable]!r} lists {len(devices)} devices, but this process has local rank "
-            f"{layout.local_rank} of {layout.local_size} ({layout.launcher_name}), so it has no device of its own.",
-            "Show every local rank all of the node's devices, or exactly one each (e.g. `srun --gpus-per-task=1`), "
-            "and launch at most as many ranks per node as there are devices.",
-            variable=variable,
-            value=env[variable],
-            launcher=layout.launcher_name,
+    choice = own_device(visible_devices(env), local_rank=layout.local_rank, local_size=layout.local_size)
+    if choice.basis is DeviceBasis.NONE:
+        return [layout.local_rank]  # no device listed: JAX runs on the CPU, the index is unused
+    if choice.index is None:
+        raise unknown_device(
+            choice, local_rank=layout.local_rank, local_size=layout.local_size, launcher=layout.launcher_name
         )
-    return [layout.local_rank]
+    return [choice.index]
 
 
 def jax_distributed_kwargs(env: Mapping[str, str] | None = None) -> JaxDistributedKwargs:

@@ -90,6 +90,21 @@ def test_validate_settings_names_the_world_the_trainer_and_the_fix(devices, num_
         MPIClusterEnvironment(open_mpi()).validate_settings(num_devices=devices, num_nodes=num_nodes)
 
 
+def test_validate_settings_under_per_task_gpus_points_at_ddp_mpi():
+    # srun --gpus-per-task=1 (https://slurm.schedmd.com/srun.html): Trainer(strategy="ddp") with devices="auto" sees
+    # one GPU per rank; Lightning's DDPStrategy would drive cuda:<local rank>, which this rank does not have. The
+    # plugin has no public hook that chooses the device, so the error names the strategy that does.
+    environment = MPIClusterEnvironment(open_mpi(CUDA_VISIBLE_DEVICES="3"))
+    with pytest.raises(LayoutError, match=r"sees CUDA_VISIBLE_DEVICES='3', a subset .* use strategy=\"ddp_mpi\""):
+        environment.validate_settings(num_devices=1, num_nodes=2)
+
+
+def test_the_device_is_not_the_local_rank_under_per_task_gpus():
+    environment = MPIClusterEnvironment(open_mpi(CUDA_VISIBLE_DEVICES="3"), roll_call=False)
+    choice = environment.device_for("cuda")
+    assert (environment.local_rank(), choice.index, choice.device_id, choice.exact) == (1, 0, "3", True)
+
+
 def test_validate_settings_refuses_uneven_ranks_per_node():
     env = {
         "SLURM_STEP_ID": "0",

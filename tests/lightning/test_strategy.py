@@ -10,6 +10,7 @@ import textwrap
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -365,3 +366,136 @@ def test_zero_config_one_launcher_process_per_node_keeps_lightning_s_devices():
     # 2 nodes, one launcher process each: devices says how many workers Lightning starts on each node.
     shape = _built("lightning.pytorch", "Trainer", "devices=2", _open_mpi(rank=1, world_size=2, local_size=1))
     assert (shape["devices"], shape["num_nodes"]) == (2, 2)
+
+
+# --- the device under per-task GPU binding (no GPU here: the device count is injected, no CUDA is set up) ----------
+
+BOUND_DEVICES = """
+import json, socket, sys, threading
+import torch
+import lightning.pytorch as L
+from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning_mpi_env import LayoutError, MPIClusterEnvironment
+from lightning_mpi_env.lightning.strategy import strategy_class
+
+class TwoVisibleGPUs(CUDAAccelerator):
+    # The injected probe: what torch.cuda.device_count() says in a task that sees two GPUs.
+    @staticmethod
+    def auto_device_count():
+        return 2
+
+lists, roll_call, after = json.loads(sys.argv[1]), sys.argv[2] == "1", sys.argv[3:] == ["after"]
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = str(probe.getsockname()[1])
+strategies = []
+for rank, listed in enumerate(lists):
+    env = {
+        "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(len(lists)),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(len(lists)),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "CUDA_VISIBLE_DEVICES": listed,
+    }
+    environment = MPIClusterEnvironment(env, roll_call=roll_call, rendezvous_timeout=30, stall_timeout=0)
+    strategy = strategy_class("lightning.pytorch")(cluster_environment=environment)
+    strategy.accelerator = TwoVisibleGPUs()
+    strategy.parallel_devices = [torch.device("cuda", 0), torch.device("cuda", 1)]  # what devices="auto" gives
+    strategies.append(strategy)
+found = {}
+
+def root_device(rank):
+    try:
+        if after:  # Lightning 2.1: init_process_group (and the roll call) before the device is set up
+            environment = strategies[rank].cluster_environment
+            environment.set_world_size(len(lists))  # the proposal while the Trainer is built
+            environment.set_world_size(len(lists))  # the one right before init_process_group
+            environment.main_address  # the roll call
+        found[rank] = str(strategies[rank].root_device)
+    except LayoutError as error:
+        found[rank] = error.one_line()
+
+threads = [threading.Thread(target=root_device, args=(rank,)) for rank in range(len(lists))]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join(60)
+print(json.dumps({"devices": found, "parallel": [len(s.parallel_devices) for s in strategies]}))
+"""
+
+
+def _bound_devices(lists, roll_call=True, after=False):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            BOUND_DEVICES,
+            json.dumps(lists),
+            "1" if roll_call else "0",
+            *(["after"] if after else []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1]), result.stderr
+
+
+def test_root_device_under_closest_binding_comes_from_the_roll_call():
+    # srun --gpu-bind=closest, 4 ranks, 2 GPUs per socket (cited in tests/core/test_devices.py): Lightning's
+    # cuda:<local rank> would be cuda:2 and cuda:3 for ranks 2 and 3, which see two GPUs each.
+    found, stderr = _bound_devices(["0,1", "0,1", "2,3", "2,3"])
+    assert found["devices"] == {"0": "cuda:0", "1": "cuda:1", "2": "cuda:0", "3": "cuda:1"}
+    assert found["parallel"] == [4, 4, 4, 4]  # devices="auto" still means the 4 ranks of the node
+    assert "roll call: note: ranks 0,1 and 2,3 on host" in stderr
+    assert "see disjoint GPUs" in stderr
+
+
+def test_root_device_read_after_the_roll_call_takes_its_answer():
+    # Lightning 2.1 sets the device up after init_process_group: the roll call, told by the strategy's devices that
+    # the job drives CUDA, has found each rank's device by then.
+    found, _ = _bound_devices(["0,1", "2,3", "0,1", "2,3"], after=True)
+    assert found["devices"] == {"0": "cuda:0", "1": "cuda:0", "2": "cuda:1", "3": "cuda:1"}
+
+
+def test_root_device_with_one_gpu_per_task_needs_no_roll_call():
+    # srun --gpus-per-task=1: each task sees one GPU, its device 0, whatever its local rank.
+    found, _ = _bound_devices(["0", "1", "2", "3"], roll_call=False)
+    assert found["devices"] == {"0": "cuda:0", "1": "cuda:0", "2": "cuda:0", "3": "cuda:0"}
+
+
+def test_root_device_under_closest_binding_without_roll_call_is_refused():
+    found, _ = _bound_devices(["0,1", "0,1", "2,3", "2,3"], roll_call=False)
+    for line in found["devices"].values():
+        assert "CUDA_VISIBLE_DEVICES=" in line
+        assert "cannot be known from its own variables" in line
+        assert "LIGHTNING_MPI_ENV_ROLL_CALL" in line
+
+
+def test_two_ranks_on_one_gpu_are_refused_before_setup():
+    # srun --gpu-bind=single:2: two tasks per GPU; every rank stops naming both ranks
+    found, _ = _bound_devices(["0,1", "0,1", "0,1"])
+    for line in found["devices"].values():
+        assert "Ranks 0 and 2 on host" in line
+        assert "would both drive device '0'" in line
+
+
+BOUND_JOB = str(Path(__file__).parents[1] / "jobs" / "bound_device.py")
+
+
+@pytest.mark.mpi
+def test_mpirun_closest_binding_gives_each_rank_its_own_device(tmp_path):
+    # srun --gpu-bind=closest with 3 tasks per node and 2 GPUs per socket (https://slurm.schedmd.com/srun.html):
+    # local ranks 0 and 1 see socket 0's GPUs, local rank 2 socket 1's. Real mpirun on two simulated nodes.
+    cluster = SimulatedCluster.of(tmp_path, nodes=2, per_node=3)
+    result = cluster.run(
+        [sys.executable, BOUND_JOB, "0,1", "0,1", "2,3"], timeout=240, export=cluster.job_environment()
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(found) == 6
+    for outcome in found:
+        assert outcome["device"] == ["cuda:0", "cuda:1", "cuda:0"][outcome["local_rank"]], outcome
+        assert outcome["devices"] == 3  # devices="auto" is the node's 3 ranks, not the 2 GPUs a task sees
+    assert "roll call: all 6 ranks met on 2 host(s)" in result.stderr
+    assert result.stderr.count("see disjoint GPUs") == 2  # one note per host, from rank 0

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import shutil
@@ -212,6 +213,46 @@ def test_rendezvous_uneven_hosts():
     for result in results.values():
         assert isinstance(result, RendezvousError)
         assert "spread unevenly" in str(result)
+
+
+def _bound(claims, lists):
+    """The claims with the visible sets a launcher gave them (``srun --gpu-bind=...``, see tests/core/test_devices)."""
+    return [
+        dataclasses.replace(claim, visible_set=tuple(listed.split(",")), visible_variable="CUDA_VISIBLE_DEVICES")
+        for claim, listed in zip(claims, lists, strict=True)
+    ]
+
+
+def test_rendezvous_gives_each_rank_its_device_under_closest_binding():
+    # srun --gpu-bind=closest on two hosts, round robin: each host's local ranks 0 and 1 share one socket's GPUs.
+    results = _meet(_bound(_claims([0, 1, 2, 3]), ["0,1", "2,3", "0,1", "2,3"]), timeout=20)
+    assert {i: result.device_index for i, result in results.items()} == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert all(result.notes == () for result in results.values())  # one socket's ranks per host: nothing is lost
+
+
+def test_rendezvous_notes_lost_peer_links():
+    results = _meet(_bound(_claims([0, 1, 2, 3], hosts="a"), ["0,1", "0,1", "2,3", "2,3"]), timeout=20)
+    assert [result.device_index for _, result in sorted(results.items())] == [0, 1, 0, 1]
+    for result in results.values():
+        (note,) = result.notes
+        assert "ranks 0,1 and 2,3 on host a see disjoint GPUs" in note
+
+
+def test_rendezvous_refuses_two_ranks_on_one_gpu():
+    # srun --gpu-bind=single:2 puts two tasks on each GPU
+    results = _meet(_bound(_claims([0, 1, 2, 3]), ["0", "0", "0", "0"]), timeout=20)
+    for result in results.values():
+        assert isinstance(result, RendezvousError)
+        assert "Ranks 0 and 2 on host a would both drive device '0'" in str(result)
+
+
+def test_claim_with_visible_set_round_trips_and_old_claims_still_parse():
+    (claim,) = _bound(_claims([0], world_size=1), ["2,3"])
+    assert Claim.from_json(claim.to_json()) == claim
+    old = json.loads(claim.to_json())
+    for name in ("visible_set", "visible_variable", "device_index"):
+        del old[name]
+    assert Claim.from_json(json.dumps(old)).visible_set is None
 
 
 # --- a duplicate rank 0 on another host ---------------------------------------------------------------------------

@@ -307,6 +307,17 @@ def test_exec_exports_and_replaces_process(fake_execvp, environ):
     }
 
 
+def test_exec_says_when_local_rank_is_not_the_device(fake_execvp, capsys, environ):
+    # srun --gpus-per-task=1 (https://slurm.schedmd.com/srun.html): one GPU per task, device 0 for every local rank
+    environ({**OPEN_MPI_RANK_5, "CUDA_VISIBLE_DEVICES": "3"})
+    with pytest.raises(Executed):
+        main(["exec", "--", "true"])
+    err = capsys.readouterr().err
+    assert "lightning-mpi-env: warning: LOCAL_RANK=1 is not this rank's device" in err
+    assert "its device is index 0 (the only device it sees)" in err
+    assert fake_execvp[0][2]["LOCAL_RANK"] == "1"
+
+
 def test_exec_without_double_dash_keeps_command_options(fake_execvp, environ):
     with pytest.raises(Executed):
         main(["exec", "python", "--overwrite"])

@@ -105,6 +105,24 @@ def test_gpus_against_local_ranks(env, gpus, level, text):
     assert text in finding.message
 
 
+def test_subset_binding_is_explained():
+    # srun --gpu-bind=closest (https://slurm.schedmd.com/srun.html): 4 ranks per node, each sees its socket's 2 GPUs
+    env = {**OPEN_MPI_RANK_0, "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "CUDA_VISIBLE_DEVICES": "2,3"}
+    (finding,) = _by_topic(_diagnose(env, gpu_count=lambda: 4), "gpus")
+    assert finding.level is Level.INFO
+    assert "CUDA_VISIBLE_DEVICES='2,3': 2 of the node's 4 GPUs for this rank, fewer than the 4 ranks" in finding.message
+    assert "not its local rank 0" in finding.message
+    assert 'strategy="ddp_mpi"' in finding.fix
+
+
+def test_a_share_of_the_node_for_every_rank_is_taken_at_the_local_rank():
+    # srun --gpus-per-node=2 on a 4-GPU node: every task sees the job's 2 GPUs
+    env = {**OPEN_MPI_RANK_0, "CUDA_VISIBLE_DEVICES": "0,1"}
+    (finding,) = _by_topic(_diagnose(env, gpu_count=lambda: 4), "gpus")
+    assert finding.level is Level.OK
+    assert "2 of the node's 4 GPUs: each rank takes the one at its local rank" in finding.message
+
+
 def test_unresolvable_main_address():
     def resolve(host):
         raise OSError("Name or service not known")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import lightning_mpi_env
-from lightning_mpi_env.core.errors import LayoutError, LayoutWarning, SettingError
+from lightning_mpi_env.core.errors import DeviceIndexWarning, LayoutError, LayoutWarning, SettingError
 from lightning_mpi_env.tools.interop import (
     TORCH_VARIABLES,
     jax_distributed_kwargs,
@@ -167,6 +167,27 @@ def test_jax_kwargs_refuse_too_few_devices():
                 "CUDA_VISIBLE_DEVICES": "0,1",
             }
         )
+
+
+def test_jax_refuses_a_subset_it_cannot_place_and_asks_for_the_roll_call():
+    # srun --gpu-bind=closest (https://slurm.schedmd.com/srun.html): local rank 1 of 4 sees its socket's 2 GPUs;
+    # which of them is its own depends on the other ranks' sets.
+    with pytest.raises(LayoutError, match=r"lists 2 devices, but this process has local rank 1 of 4") as caught:
+        jax_distributed_kwargs({**OPEN_MPI_RANK_5, "CUDA_VISIBLE_DEVICES": "2,3"})
+    assert 'strategy="ddp_mpi"' in caught.value.hint
+
+
+def test_torch_env_warns_when_local_rank_is_not_the_device():
+    # srun --gpus-per-task=1: LOCAL_RANK=1 but the task sees one GPU, its device 0
+    with pytest.warns(
+        DeviceIndexWarning, match=r"LOCAL_RANK=1 is not this rank's device: it sees CUDA_VISIBLE_DEVICES='5'"
+    ):
+        exported = torch_env({**OPEN_MPI_RANK_5, "CUDA_VISIBLE_DEVICES": "5"})
+    assert exported["LOCAL_RANK"] == "1"  # torchrun's meaning stays; only the device differs
+
+
+def test_torch_env_is_quiet_when_local_rank_is_the_device():
+    assert torch_env({**OPEN_MPI_RANK_5, "CUDA_VISIBLE_DEVICES": "0,1,2,3"})["LOCAL_RANK"] == "1"
 
 
 def test_jax_coordinator_brackets_ipv6():

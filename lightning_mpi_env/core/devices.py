@@ -1,0 +1,291 @@
+"""Which accelerator each rank drives, when the launcher binds GPUs per task (standard library only).
+
+A launcher that binds GPUs per task gives each task its own visible set through ``CUDA_VISIBLE_DEVICES``,
+``ROCR_VISIBLE_DEVICES`` or ``HIP_VISIBLE_DEVICES``: ``srun --gpus-per-task=1`` and ``--gpu-bind=single:1`` one GPU
+each, ``--gpu-bind=closest`` the GPUs of the task's socket, PALS and Flux wrappers one per rank. A device index is an
+index into the process's *own* visible set, so ``cuda:<local rank>`` is right only when every local rank sees all of
+the node's devices.
+
+Two rules, one answer:
+
+- :func:`own_device`: what one process can prove from its own variables. One visible device is index 0; a process
+  that sees all of the node's devices drives the one at its local rank. A list with room for every local rank is
+  taken at the local rank, as torchrun and Lightning do, but not called exact. Anything else is not known.
+- :func:`assign_devices`: what the roll call proves from every rank's visible set on each host. A rank that has
+  chosen keeps its device; the others take, in local-rank order, the first device of their set that no rank on the
+  host holds (for ranks that share one set: their index among those ranks). Two ranks on one device are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from lightning_mpi_env.core.errors import LayoutError, RendezvousError
+
+VISIBLE_DEVICE_VARIABLES: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+"""Variables that restrict which accelerators a process sees, in the order we consult them."""
+
+BINDING_HINT = (
+    "Give each rank on a node a device of its own: one rank per GPU (`srun --gpus-per-task=1`, "
+    "`--gpu-bind=single:1`, `--ntasks-per-gpu=1`), or show every rank all of the node's GPUs and let each take the "
+    "one at its local rank."
+)
+"""The fix for two ranks on one device."""
+
+
+def visible_devices(env: Mapping[str, str]) -> tuple[str, list[str]] | None:
+    """The variable restricting this process's accelerators and the devices it lists, or ``None`` if unset.
+
+    >>> visible_devices({"CUDA_VISIBLE_DEVICES": "0,1"})
+    ('CUDA_VISIBLE_DEVICES', ['0', '1'])
+    """
+    for variable in VISIBLE_DEVICE_VARIABLES:
+        if variable in env:
+            return variable, [device.strip() for device in env[variable].split(",") if device.strip()]
+    return None
+
+
+class DeviceBasis(str, Enum):
+    """Why a rank drives the device it drives."""
+
+    ONLY_DEVICE = "the only device it sees"
+    WHOLE_NODE = "its local rank: it sees all of the node's devices"
+    SHARED_LIST = "its local rank: the list has room for every local rank (as torchrun and Lightning assume)"
+    ROLL_CALL = "its place among the ranks of its host that see the same devices (roll call)"
+    UNKNOWN = "not known from its own variables: the ranks of its host see different subsets"
+    NONE = "none: it sees no device"
+
+
+EXACT_BASES = frozenset({DeviceBasis.ONLY_DEVICE, DeviceBasis.WHOLE_NODE, DeviceBasis.ROLL_CALL})
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """The device one rank drives, as an index into its own visible set, and why."""
+
+    index: int | None
+    """Index into :attr:`visible`; ``None`` when not known (:attr:`basis` says why)."""
+    basis: DeviceBasis
+    """Why this index."""
+    visible: tuple[str, ...]
+    """The identifiers this process sees (``("2", "3")``, GPU UUIDs); physical indices when no variable is set."""
+    variable: str = ""
+    """The variable that lists :attr:`visible`; empty when none is set."""
+
+    @property
+    def exact(self) -> bool:
+        """Whether the launcher's variables (or the roll call) prove the index."""
+        return self.basis in EXACT_BASES
+
+    @property
+    def device_id(self) -> str:
+        """The identifier of the chosen device (``"3"``), or ``""``."""
+        return self.visible[self.index] if self.index is not None and self.index < len(self.visible) else ""
+
+    def seen(self) -> str:
+        """``"CUDA_VISIBLE_DEVICES='2,3'"`` or ``"4 device(s), no CUDA_VISIBLE_DEVICES"``, for messages."""
+        if self.variable:
+            return f"{self.variable}={','.join(self.visible)!r}"
+        return f"{len(self.visible)} device(s), no {VISIBLE_DEVICE_VARIABLES[0]}"
+
+
+def own_device(
+    found: tuple[str, Sequence[str]] | None,
+    *,
+    local_rank: int,
+    local_size: int,
+    node_devices: int | None = None,
+    shared: bool = False,
+) -> DeviceChoice:
+    """The device a rank drives, from its own variables alone (see the module docstring).
+
+    Args:
+        found: :func:`visible_devices` of the process's environment.
+        local_rank: The rank's local rank.
+        local_size: Ranks on its node.
+        node_devices: Devices on the node (the driver's count), when known: a list that long is the whole node.
+        shared: Every local rank sees this same list (Lightning started the local workers from one environment).
+
+    >>> own_device(("CUDA_VISIBLE_DEVICES", ["3"]), local_rank=2, local_size=4).index
+    0
+    >>> own_device(("CUDA_VISIBLE_DEVICES", ["2", "3"]), local_rank=3, local_size=4).basis.name
+    'UNKNOWN'
+    """
+    if found is None:
+        count = node_devices if node_devices is not None else max(local_size, local_rank + 1)
+        visible, variable = tuple(str(index) for index in range(count)), ""
+    else:
+        variable, visible = found[0], tuple(found[1])
+    if not visible:
+        return DeviceChoice(None, DeviceBasis.NONE, visible, variable)
+    if len(visible) == 1:
+        return DeviceChoice(0, DeviceBasis.ONLY_DEVICE, visible, variable)
+    if found is None or shared or len(visible) == node_devices:
+        basis = DeviceBasis.WHOLE_NODE
+    elif len(visible) >= local_size:
+        basis = DeviceBasis.SHARED_LIST
+    else:
+        return DeviceChoice(None, DeviceBasis.UNKNOWN, visible, variable)
+    if local_rank >= len(visible):
+        return DeviceChoice(None, DeviceBasis.UNKNOWN, visible, variable)
+    return DeviceChoice(local_rank, basis, visible, variable)
+
+
+def unknown_device(
+    choice: DeviceChoice, *, local_rank: int, local_size: int, launcher: str, roll_call: bool | None = None
+) -> LayoutError:
+    """The error for a rank whose device its own variables do not give, and no roll call can say.
+
+    Args:
+        choice: The rank's :func:`own_device`.
+        local_rank: Its local rank.
+        local_size: Ranks on its node.
+        launcher: The launcher's name.
+        roll_call: Whether the roll call is on (``None``: no roll call runs here, as for JAX and plain torch).
+    """
+    listed = ",".join(choice.visible)
+    if roll_call is False:
+        remedy = "Turn the roll call back on (unset LIGHTNING_MPI_ENV_ROLL_CALL): it finds each rank's device exactly."
+    elif roll_call is None:
+        remedy = (
+            'Pass the device index yourself, or use Lightning\'s `strategy="ddp_mpi"`, whose roll call finds each '
+            "rank's device exactly."
+        )
+    else:
+        remedy = "Let the launcher start one process per rank, so the roll call can find each rank's device."
+    return LayoutError(
+        f"{choice.variable or 'the device list'}={listed!r} lists {len(choice.visible)} devices, but this process "
+        f"has local rank {local_rank} of {local_size} ({launcher}), so which of them is its own cannot be known "
+        "from its own variables (the launcher binds a subset of the node's GPUs to each task, or the node has fewer "
+        "GPUs than ranks).",
+        f"{remedy} Or show every local rank all of the node's devices, or exactly one each (`srun --gpus-per-task=1`).",
+        variable=choice.variable or None,
+        value=listed,
+        launcher=launcher,
+    )
+
+
+# --- the roll call's rule -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """What one rank told the roll call about its devices."""
+
+    rank: int
+    host: str
+    local_rank: int
+    visible: tuple[str, ...]
+    """Identifiers of the devices it sees, in its own order."""
+    variable: str = ""
+    """The variable that lists them; empty when none is set (physical indices)."""
+    chosen: int | None = None
+    """The index it already drives (set up before the roll call), or ``None``."""
+
+
+def assign_devices(views: Sequence[DeviceView]) -> dict[int, int | None]:
+    """Each rank's device index within its own visible set, from every rank's view.
+
+    Ranks are taken per host: first those that already chose, then the others by the size of their visible set
+    (the most bound first), then by local rank; each takes the first device of its set that no rank of its host
+    holds. Ranks that share one visible set thus get their index among those ranks. A rank that sees no device
+    gets ``None``.
+
+    Raises:
+        RendezvousError: Two ranks on one host on one device, naming both ranks, the host, the device, the variable
+            and the fix.
+
+    >>> views = [DeviceView(r, "a", r, ("0", "1") if r < 2 else ("2", "3"), "CUDA_VISIBLE_DEVICES") for r in range(4)]
+    >>> assign_devices(views)
+    {0: 0, 1: 1, 2: 0, 3: 1}
+    """
+    assigned: dict[int, int | None] = {}
+    by_host: dict[str, list[DeviceView]] = {}
+    for view in views:
+        by_host.setdefault(view.host, []).append(view)
+    for host_views in by_host.values():
+        holders: dict[str, DeviceView] = {}
+        order = sorted(host_views, key=lambda view: (view.chosen is None, len(view.visible), view.local_rank))
+        for view in order:
+            if not view.visible:
+                assigned[view.rank] = None
+                continue
+            if view.chosen is not None:
+                index = view.chosen
+            else:
+                free = [index for index, device in enumerate(view.visible) if device not in holders]
+                index = free[0] if free else view.local_rank % len(view.visible)
+            device = view.visible[index] if index < len(view.visible) else str(index)
+            holder = holders.setdefault(device, view)
+            if holder is not view:
+                raise shared_device(holder, view, device)
+            assigned[view.rank] = index
+    return dict(sorted(assigned.items()))
+
+
+def shared_device(first: DeviceView, second: DeviceView, device: str) -> RendezvousError:
+    """The error for two ranks on one host that would drive one device."""
+    variable = second.variable or first.variable or VISIBLE_DEVICE_VARIABLES[0]
+
+    def seen(view: DeviceView) -> str:
+        listed = ",".join(view.visible)
+        return f"{view.variable}={listed!r}" if view.variable else f"all {len(view.visible)} devices (no {variable})"
+
+    return RendezvousError(
+        f"Ranks {first.rank} and {second.rank} on host {second.host} would both drive device {device!r}: rank "
+        f"{first.rank} (local rank {first.local_rank}) sees {seen(first)}, rank {second.rank} (local rank "
+        f"{second.local_rank}) sees {seen(second)}, and no other device is free for either. Two processes on one "
+        "GPU run out of memory or deadlock in NCCL.",
+        f"{BINDING_HINT} `--gpu-bind=single:<n>` with n > 1 puts n tasks on each GPU.",
+        variable=variable,
+        value=device,
+    )
+
+
+def lost_peer_links(views: Sequence[DeviceView]) -> list[str]:
+    """One line per host whose ranks see different, disjoint device sets (per-task binding), else nothing.
+
+    Those ranks cannot open each other's GPUs, so CUDA peer-to-peer (NVLink, PCIe P2P) between them is not there
+    for NCCL, which then goes through host memory or the network instead.
+    """
+    notes = []
+    by_host: dict[str, dict[tuple[str, ...], list[int]]] = {}
+    for view in views:
+        if view.visible:
+            by_host.setdefault(view.host, {}).setdefault(tuple(sorted(view.visible)), []).append(view.rank)
+    for host, groups in by_host.items():
+        sets = list(groups)
+        apart = [
+            (a, b) for i, a in enumerate(sets) for b in sets[i + 1 :] if not set(a) & set(b)
+        ]  # disjoint: neither sees the other's GPUs
+        if apart:
+            first, second = apart[0]
+            notes.append(
+                f"ranks {_ranks(groups[first])} and {_ranks(groups[second])} on host {host} see disjoint GPUs "
+                f"({','.join(first)} and {','.join(second)}): per-task binding hides each rank's GPU from the "
+                "others, so NCCL cannot use CUDA peer-to-peer (NVLink, PCIe) between them. If the node's GPUs are "
+                "linked, show every rank all of them (`srun --gpu-bind=none`); each rank still drives its own."
+            )
+    return notes
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ",".join(str(rank) for rank in sorted(ranks))
+
+
+__all__ = [
+    "BINDING_HINT",
+    "EXACT_BASES",
+    "VISIBLE_DEVICE_VARIABLES",
+    "DeviceBasis",
+    "DeviceChoice",
+    "DeviceView",
+    "assign_devices",
+    "lost_peer_links",
+    "own_device",
+    "shared_device",
+    "unknown_device",
+    "visible_devices",
+]
