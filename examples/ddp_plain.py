@@ -10,6 +10,7 @@ or once per node under torchrun (see torchrun_per_node.sh). Prints one `RESULT {
 import json
 import os
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -49,4 +50,8 @@ print(
     end="",
     flush=True,
 )
+# On CPUs (gloo), give gloo's worker threads the GIL before the interpreter ends: the last collective's work object
+# is freed there, and a worker that takes the GIL only during finalization aborts the finished rank ("terminate
+# called without an active exception", status 134; pytorch/pytorch#190489). The Lightning plugin does this itself.
+time.sleep(0.05)
 dist.destroy_process_group()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lightning_mpi_env.tools.simcluster import SimulatedCluster
+from tests.clusters.lanes import lane_of
 
 JOBS = Path(__file__).parent / "jobs"
 """Programs only the tests run (a single rendezvous claim)."""
@@ -31,16 +32,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the groups into node id suffixes
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Real launcher jobs (4 ranks each: Open MPI, MPICH, Intel MPI, Slurm) run one at a time, in one xdist group:
-    # - every launcher puts its ranks on the same simulated hosts 127.0.0.2/3, where concurrent jobs could clash on
-    #   a main port (one concurrent pair did), and two jobs at once on 2 cores would stretch the rendezvous timeouts
-    #   of the fault tests; measured, two lanes were no faster anyway;
-    # - in one worker, one Slurm cluster starts (a session fixture), not one per worker.
-    # A file lock held by every such test (tests/clusters/fixtures.py) keeps them apart where the group does not:
-    # across concurrent pytest runs, and under an xdist that drops groups.
+    # Real launcher jobs (4 ranks each) run in lanes: one xdist group each, one job at a time within a lane, the
+    # lanes side by side. Much of a real job is waiting (a roll call's timeout, a stall's, a scheduler's requeue),
+    # so lanes overlap waits with work. They cannot clash: each mpirun derives its own main port from its
+    # PMIX_NAMESPACE, Hydra jobs take a free one, Slurm's jobs from their job ids (tests/clusters/lanes.py).
+    # - Slurm's jobs share one lane: one cluster starts (a session fixture) in one worker, not one per worker;
+    # - MPICH's and Intel MPI's share another (their installs, and a fixed MASTER_PORT in one scenario);
+    # - Open MPI's are dealt round-robin over OPEN_MPI_LANES lanes, parametrized variants apart.
+    # A file lock per lane (tests/clusters/fixtures.py) keeps a lane's jobs apart where the group does not: across
+    # concurrent pytest runs, and under an xdist that drops groups.
+    dealt = 0
     for item in items:
-        if item.get_closest_marker("mpi") is not None:
-            item.add_marker(pytest.mark.xdist_group("mpirun"))
+        if item.get_closest_marker("mpi") is None:
+            continue
+        lane = lane_of(item.fixturenames, {mark.name for mark in item.iter_markers()}, dealt)
+        dealt += lane.startswith("openmpi")
+        item.add_marker(pytest.mark.xdist_group(lane))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which sends the node ids to the scheduler

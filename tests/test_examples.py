@@ -113,6 +113,29 @@ def test_jax_example_without_jax_prints_its_arguments():
         assert (kwargs["num_processes"], kwargs["process_id"], kwargs["local_device_ids"]) == (4, 3, [1])
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("map_by", "hosts"), [("slot", [0, 0, 1, 1]), ("node", [0, 1, 0, 1])], ids=["block", "round-robin"]
+)
+def test_jax_example_sums_across_two_simulated_nodes(tmp_path, jax_python, map_by, hosts):
+    # JAX for real (jax from PyPI, CPU): 4 processes on 2 simulated nodes, each initialized from
+    # jax_distributed_kwargs() alone, meet at the coordinator and add 1 + 2 + 3 + 4 across processes. JAX's own
+    # detection cannot: Open MPI 5 sets no OMPI_MCA_orte_hnp_uri (jax/_src/clusters/ompi_cluster.py).
+    cluster = SimulatedCluster(tmp_path)
+    result = cluster.run(
+        [str(jax_python), str(EXAMPLES / "jax_distributed.py")],
+        timeout=MPI_TIMEOUT,
+        map_by=map_by,
+        export={**cluster.job_environment(), "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("process "))
+    assert lines == [
+        f"process {rank}/4 on {cluster.hosts[hosts[rank]]}: 1 local device(s), 4 in all; sum over processes 10"
+        for rank in range(4)
+    ], result.stdout + result.stderr[-3000:]
+
+
 # --- schedulers absent here: their variables, resolved by the plugin's code ----------------------------------------
 
 

@@ -19,6 +19,7 @@ from lightning_mpi_env.core.layout import derive_port
 from lightning_mpi_env.tools.simcluster import find_mpirun
 from tests.clusters.fixtures import real_launch_lock
 from tests.clusters.hydra import launcher_truth, printed_results, probe_command, read_probes, shown
+from tests.clusters.lanes import SLURM_LANE
 from tests.clusters.slurm import SlurmCluster
 from tests.conftest import TRAINER_JOB
 from tests.tools.test_simcluster import SAMPLES, assert_trained_as_one_job
@@ -130,7 +131,7 @@ def batch_job(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFact
         mpirun_command(out / "ranks", SHOW),
     ]
     script = "#!/bin/bash\nset -e\n" + "".join(" ".join(f"'{arg}'" for arg in line) + "\n" for line in lines)
-    with real_launch_lock():  # a module's fixture runs before the tests' own hold of the lock
+    with real_launch_lock(SLURM_LANE):  # a module's fixture runs before the tests' own hold of the lock
         job = slurm_cluster.sbatch(script, ["--nodes=2", "--ntasks-per-node=2"])
         state = slurm_cluster.wait(job, timeout=TIMEOUT)
     assert state == "COMPLETED", slurm_cluster.output(job)[-4000:]

@@ -13,6 +13,9 @@ package to add callbacks without touching the Trainer); ``pyproject.toml`` names
   (:mod:`lightning_mpi_env.lightning.requeue`; no collective per step: :mod:`lightning_mpi_env.rollcall.agreement`).
 - the four hooks of a training step: progress marks for the stall watchdog
   (:mod:`lightning_mpi_env.rollcall.watchdog`).
+- ``on_sanity_check_start``/``on_train_start``: ``SIGTERM`` only records the signal, with no collective in the
+  handler, so ranks signalled a moment apart cannot hang in mismatched collectives
+  (:func:`~lightning_mpi_env.lightning.compat.record_sigterm_without_collective`).
 - ``on_exception``: a Trainer ended by ``SIGTERM`` (Lightning raises ``SIGTERMException``, a ``SystemExit`` with
   status 0) exits with status 143, as a process ended by ``SIGTERM`` does, so a job script's ``&&`` stops there.
 
@@ -32,6 +35,7 @@ from lightning_mpi_env.core.namespaces import STANDALONE, UNIFIED
 from lightning_mpi_env.core.settings import MixedImportMode, Settings
 from lightning_mpi_env.imports.class_check import check_roles
 from lightning_mpi_env.imports.sites import both_namespaces_loaded, mode
+from lightning_mpi_env.lightning.compat import record_sigterm_without_collective
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
 from lightning_mpi_env.lightning.requeue import Requeue, checkpoint_and_requeue
 
@@ -65,6 +69,14 @@ def callback_class(package: str) -> type:
             """Refuse objects of the other Lightning namespace before the Trainer uses them."""
             if mode() is not MixedImportMode.IGNORE and both_namespaces_loaded():
                 check_roles(trainer, [("model", pl_module)])
+
+        def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+            """``SIGTERM`` records the signal, without a collective (Lightning registered its handlers by now)."""
+            _record_sigterm_quietly(trainer)
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            """``SIGTERM`` records the signal, without a collective (when no sanity check ran before)."""
+            _record_sigterm_quietly(trainer)
 
         def on_train_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
             """Progress for the stall watchdog: the step started."""
@@ -107,6 +119,11 @@ def callback_class(package: str) -> type:
 def _environment(trainer: Any) -> MPIClusterEnvironment | None:
     environment = getattr(trainer.strategy, "cluster_environment", None)
     return environment if isinstance(environment, MPIClusterEnvironment) else None
+
+
+def _record_sigterm_quietly(trainer: Any) -> None:
+    if _environment(trainer) is not None:
+        record_sigterm_without_collective(trainer)
 
 
 def _mark(trainer: Any, phase: int) -> None:

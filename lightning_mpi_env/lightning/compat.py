@@ -28,6 +28,10 @@ Lightning or torch at module level.
 - :data:`SRUN_NOT_USED`: the text of Lightning's "`srun` is available but not used" warning, which has no class of
   its own to filter by.
 
+- :func:`record_sigterm_without_collective`: the Trainer's signal connector (``Trainer._signal_connector``, its
+  ``_sigterm_notifier_fn`` and ``received_sigterm``), and ``_HandlersCompose.signal_handlers``, the handlers it
+  composes for ``SIGTERM``.
+
 **Torch behaviour worked around:** :func:`settle_collectives_at_exit`.
 """
 
@@ -35,10 +39,11 @@ from __future__ import annotations
 
 import atexit
 import re
+import signal
 import sys
 import time
 import warnings
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any
 
 HPC_CHECKPOINT = re.compile(r"^hpc_ckpt_(\d+)\.ckpt$")
@@ -105,11 +110,49 @@ def settle_collectives_at_exit() -> None:
     atexit.register(_let_collective_workers_finish)
 
 
+def record_sigterm_without_collective(trainer: Any) -> bool:
+    """For this ``fit``, a ``SIGTERM`` handler that records the signal as Lightning 2.1's does, with no collective.
+
+    Lightning 2.5 and newer broadcast from rank 0 inside the handler (``_sigterm_notifier_fn``). A handler runs
+    wherever the main thread is when the signal comes, so ranks signalled a moment apart (``scancel``, a scheduler's
+    ``SIGTERM`` to every process) enter that broadcast at different points: one in its step, the others already in
+    DDP's gradient all-reduce, and the job hangs until the collective's timeout (30 min). Reproduced under
+    ``mpirun`` with staggered ``SIGTERM``s: tests/lightning/test_strategy.py. The loop itself broadcasts rank 0's
+    ``received_sigterm`` at the start of every step (2.5+), so every rank still stops at the same step; on 2.1 to
+    2.4 each rank stops at its own next step, as before. The other handlers Lightning composed for ``SIGTERM`` (one
+    set before ``fit``, Lightning's Slurm bypass) still run, in order. Lightning puts back the handlers from before
+    ``fit`` at its teardown. Call it from the main thread once Lightning registered its handlers.
+
+    Returns:
+        Whether the handler was replaced: not when the one in place is not the connector's (already replaced, or
+        another program's).
+    """
+    connector: Any = getattr(trainer, "_signal_connector", None)
+    notifier = getattr(connector, "_sigterm_notifier_fn", None)
+    composed = getattr(signal.getsignal(signal.SIGTERM), "signal_handlers", None)
+    if notifier is None or not isinstance(composed, list) or notifier not in composed:
+        return False
+    others = [handler for handler in composed if handler != notifier and callable(handler)]
+
+    def record_sigterm(signum: int, frame: FrameType | None) -> None:
+        if not connector.received_sigterm:
+            launcher = trainer.strategy.launcher
+            if launcher is not None:  # workers Lightning started itself get the signal too
+                launcher.kill(signum)
+        connector.received_sigterm = True
+        for handler in others:
+            handler(signum, frame)
+
+    signal.signal(signal.SIGTERM, record_sigterm)
+    return True
+
+
 __all__ = [
     "HPC_CHECKPOINT",
     "SETTLE_SECONDS",
     "SRUN_NOT_USED",
     "hpc_checkpoint_name",
+    "record_sigterm_without_collective",
     "settle_collectives_at_exit",
     "silence_srun_not_used",
     "strategy_registry",

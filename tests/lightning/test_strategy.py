@@ -188,6 +188,22 @@ def test_mpirun_rank_that_dies_in_training_ends_the_job(cluster):
     assert "Connection closed by peer" in result.stderr, result.stderr[-3000:]
 
 
+def _hang_report(tag: str, lines: "queue.Queue[str]", output: list[str]) -> str:
+    """Where a hung job's processes are: their states and kernel waits, each rank's Python stacks, the output."""
+    listing = subprocess.run(
+        ["ps", "-ww", "-eo", "pid,stat,wchan:24,etime,args"], capture_output=True, text=True, check=False
+    ).stdout.splitlines()
+    states = [line for line in listing if tag in line and "ps -ww" not in line]
+    for line in states:
+        pid, args = int(line.split()[0]), line.split(None, 4)[4]
+        if args.startswith(sys.executable):
+            os.kill(pid, signal.SIGABRT)  # faulthandler prints the stacks on the job's output
+    time.sleep(5)
+    while not lines.empty():
+        output.append(lines.get_nowait())
+    return "the job still ran 60 s after the signal. Processes:\n" + "\n".join(states) + "\n" + "".join(output)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     ("phase", "signum", "target"),
@@ -204,7 +220,12 @@ def test_mpirun_interrupted_job_leaves_no_process(cluster, phase, signum, target
         job, ready, marker = [sys.executable, TAMPER, "--rank", "3", "--exit", "--", *job], 3, "FIT pid="
     else:
         ready, marker = 1, "FIRST_STEP"
-    environment = {**cluster.job_environment(), "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "120"}
+    # PYTHONFAULTHANDLER: a rank sent SIGABRT prints every thread's Python stack, for the report of a hang.
+    environment = {
+        **cluster.job_environment(),
+        "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "120",
+        "PYTHONFAULTHANDLER": "1",
+    }
     process = subprocess.Popen(
         cluster.mpirun(job, export=environment),
         stdout=subprocess.PIPE,
@@ -226,9 +247,16 @@ def test_mpirun_interrupted_job_leaves_no_process(cluster, phase, signum, target
         else:
             ranks = [int(line.split()[0]) for line in processes_with(tag) if line.split()[1] == sys.executable]
             assert len(ranks) == (3 if phase == "rendezvous" else 4), processes_with(tag)
+            # A moment apart, as a scheduler's signal reaches the processes of a step: ranks handle it at different
+            # points of their step (Lightning 2.5+ broadcast inside its handler, and such a job hung:
+            # compat.record_sigterm_without_collective).
             for pid in ranks:
                 os.kill(pid, signum)
-        process.wait(timeout=60)  # a hang fails the test here
+                time.sleep(0.4)
+        try:
+            process.wait(timeout=60)  # a hang fails the test here, saying where each rank is
+        except subprocess.TimeoutExpired:
+            pytest.fail(_hang_report(tag, lines, output))
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)

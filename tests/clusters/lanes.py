@@ -1,0 +1,45 @@
+"""Lanes for the real launcher jobs: which jobs may run side by side, and which one at a time.
+
+A lane is one xdist group and one file lock (:func:`tests.clusters.fixtures.real_launch_lock`): its jobs run one
+after another, and the lanes run at once. Jobs in different lanes do not clash, because no two of them meet on one
+port: each ``mpirun`` derives its main port from its own ``PMIX_NAMESPACE``, the Hydra tests take a free port or a
+fixed one of their own, and Slurm's jobs derive theirs from their job ids. Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+OPEN_MPI_LANES = 3
+"""Lanes for the Open MPI jobs: with Slurm's and the Hydras', five lanes on the suite's 4 xdist workers. Their jobs
+overlap each other's waits (roll-call and stall timeouts, requeues); the fault tests' margins hold under that load
+(the fault runs with two busy loops in the CHANGELOG)."""
+
+SLURM_LANE = "slurm"
+"""Every job on the Slurm cluster: one cluster per pytest process, started by the worker that holds this lane."""
+
+HYDRA_LANE = "hydra"
+"""MPICH's and Intel MPI's ``mpiexec`` jobs (and their launcher installs)."""
+
+
+def lane_of(fixtures: Collection[str], marks: Collection[str], dealt: int) -> str:
+    """The lane of a real launcher test.
+
+    Args:
+        fixtures: The test's fixture names.
+        marks: The names of the test's marks.
+        dealt: How many Open MPI tests were dealt a lane before this one (round-robin).
+
+    >>> lane_of(["slurm_cluster", "tmp_path"], {"mpi"}, 7), lane_of([], {"mpi", "hydra"}, 7)
+    ('slurm', 'hydra')
+    >>> [lane_of(["cluster"], {"mpi"}, dealt) for dealt in range(4)]
+    ['openmpi-0', 'openmpi-1', 'openmpi-2', 'openmpi-0']
+    """
+    if "slurm_cluster" in fixtures or "slurm" in marks:
+        return SLURM_LANE
+    if "hydra_cluster" in fixtures or "hydra" in marks:
+        return HYDRA_LANE
+    return f"openmpi-{dealt % OPEN_MPI_LANES}"
+
+
+__all__ = ["HYDRA_LANE", "OPEN_MPI_LANES", "SLURM_LANE", "lane_of"]
