@@ -29,6 +29,7 @@ from lightning_mpi_env.tools.interop import (
     TORCH_VARIABLES,
     device_warnings,
     fabric_env,
+    node_rank_warnings,
     torch_layout_env,
     torchrun_args,
 )
@@ -354,7 +355,10 @@ def _exec(args: argparse.Namespace) -> int:
                 environ.pop(name, None)
     layout = from_env(environ)
     _print_warnings(layout)
-    for warning in device_warnings(layout, environ):  # LOCAL_RANK is not the device under per-task binding
+    # NODE_RANK assumed from a placement rule (said once per node, by its local rank 0); LOCAL_RANK is not the device
+    # under per-task binding (said by each rank).
+    assumed = node_rank_warnings(layout) if layout.local_rank == 0 else []
+    for warning in [*assumed, *device_warnings(layout, environ)]:
         _emit(f"{PROG}: warning: {warning.one_line()}", sys.stderr)
     exported = {**torch_layout_env(layout), **fabric_env(environ)}
     conflicts = {name: value for name, value in exported.items() if os.environ.get(name, value) != value}

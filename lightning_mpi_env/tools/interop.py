@@ -14,7 +14,7 @@ from typing import TypedDict
 
 from lightning_mpi_env.core.devices import DeviceBasis, own_device, unknown_device
 from lightning_mpi_env.core.devices import visible_devices as visible_devices
-from lightning_mpi_env.core.errors import DeviceIndexWarning, LayoutError
+from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, DeviceIndexWarning, LayoutError
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.network import socket_ifname_exports
 from lightning_mpi_env.core.settings import interface_name
@@ -88,12 +88,15 @@ def torch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
         SettingError: If ``LIGHTNING_MPI_ENV_IFNAME`` names no interface of this host, or contradicts
             ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
 
-    >>> torch_env({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
-    ...            "MASTER_ADDR": "nodea", "MASTER_PORT": "29500"})["GROUP_RANK"]
-    '1'
+    >>> with warnings.catch_warnings(record=True) as said:  # Hydra exports no node index: the block rule's guess
+    ...     warnings.simplefilter("always")
+    ...     env = torch_env({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
+    ...                      "MASTER_ADDR": "nodea", "MASTER_PORT": "29500"})
+    >>> env["GROUP_RANK"], [type(warning.message).__name__ for warning in said]
+    ('1', ['ApproximateNodeRankWarning'])
     """
     layout, environ = _layout(env)
-    for warning in device_warnings(layout, environ):
+    for warning in [*node_rank_warnings(layout), *device_warnings(layout, environ)]:
         warnings.warn(warning, stacklevel=2)
     return {**torch_layout_env(layout), **fabric_env(environ)}
 
@@ -105,6 +108,36 @@ def fabric_env(env: Mapping[str, str]) -> dict[str, str]:
     {'NCCL_SOCKET_IFNAME': 'lo'}
     """
     return socket_ifname_exports(interface_name(env), env)
+
+
+def node_rank_warnings(layout: RankLayout) -> list[ApproximateNodeRankWarning]:
+    """A warning when the exported ``NODE_RANK``/``GROUP_RANK`` is assumed from a placement rule, not proven.
+
+    A block or round-robin rule assumes every node runs as many ranks as this one, which one process cannot check
+    (``mpirun -n 6 --host a:4,b:4`` looks like 3 x 2 from node ``b``). The Lightning plugin's roll call makes the
+    node rank exact; ``exec`` and :func:`torch_env` have none, so they say so. Nothing when the layout already
+    warned about its node rank (an unknown placement).
+
+    >>> layout = from_env({"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "6", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    ...                    "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "nodea"})
+    >>> [warning.variable for warning in node_rank_warnings(layout)]
+    ['NODE_RANK']
+    """
+    if layout.node_rank_is_exact or any(isinstance(w, ApproximateNodeRankWarning) for w in layout.warnings):
+        return []
+    return [
+        ApproximateNodeRankWarning(
+            f"NODE_RANK={layout.node_rank} (and GROUP_RANK) is assumed from the {layout.placement.value} rule: "
+            f"{layout.launcher_name} exports no node index, and this process cannot check that every node runs "
+            f"{layout.local_size} ranks as its own does.",
+            "init_process_group needs only RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which are exact. Where "
+            "your program reads NODE_RANK, launch as many ranks on every node (Open MPI: `--map-by ppr:N:node`), or "
+            "use the Lightning plugin, whose roll call makes the node rank exact.",
+            variable="NODE_RANK",
+            value=str(layout.node_rank),
+            launcher=layout.launcher_name,
+        )
+    ]
 
 
 def device_warnings(layout: RankLayout, env: Mapping[str, str]) -> list[DeviceIndexWarning]:

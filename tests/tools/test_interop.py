@@ -1,12 +1,19 @@
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 import lightning_mpi_env
-from lightning_mpi_env.core.errors import DeviceIndexWarning, LayoutError, LayoutWarning, SettingError
+from lightning_mpi_env.core.errors import (
+    ApproximateNodeRankWarning,
+    DeviceIndexWarning,
+    LayoutError,
+    LayoutWarning,
+    SettingError,
+)
 from lightning_mpi_env.tools.interop import (
     TORCH_VARIABLES,
     jax_distributed_kwargs,
@@ -15,6 +22,10 @@ from lightning_mpi_env.tools.interop import (
     visible_devices,
 )
 from lightning_mpi_env.tools.simulate import HOST_FILE, LAUNCHER_KEYS, launch_environments, simulate
+
+# Most launchers here export no node index, so torch_env() says its NODE_RANK is assumed; the tests of that warning
+# are test_torch_env_says_an_assumed_node_rank_*, the others check the values.
+pytestmark = pytest.mark.filterwarnings("ignore::lightning_mpi_env.core.errors.ApproximateNodeRankWarning")
 
 OPEN_MPI_RANK_5 = {
     "OMPI_COMM_WORLD_RANK": "5",
@@ -261,3 +272,36 @@ def test_torch_env_refuses_a_fabric_interface_that_contradicts_nccl_s():
     env = {**OPEN_MPI_RANK_5, "LIGHTNING_MPI_ENV_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "ib0"}
     with pytest.raises(SettingError, match=r"LIGHTNING_MPI_ENV_IFNAME='lo'.*NCCL_SOCKET_IFNAME='ib0'"):
         torch_env(env)
+
+
+def test_torch_env_says_an_assumed_node_rank_with_the_value_and_the_fix():
+    # `mpirun -n 6 --host a:4,b:4`, rank 4 on node b (local rank 0 of 2): the block rule says node 2 of 3; it is
+    # node 1 of 2. Open MPI exports no node index (docs.open-mpi.org, mpirun(1), "Exported Environment Variables":
+    # OMPI_COMM_WORLD_LOCAL_RANK/LOCAL_SIZE, no node's).
+    env = {
+        "OMPI_COMM_WORLD_RANK": "4",
+        "OMPI_COMM_WORLD_SIZE": "6",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "MASTER_ADDR": "nodea",
+    }
+    with pytest.warns(ApproximateNodeRankWarning) as said:
+        assert torch_env(env)["NODE_RANK"] == "2"
+    [warning] = [record.message for record in said if isinstance(record.message, ApproximateNodeRankWarning)]
+    assert (warning.variable, warning.value, warning.launcher) == ("NODE_RANK", "2", "Open MPI")
+    assert "is assumed from the block placement rule" in str(warning)
+    assert "--map-by ppr:N:node" in warning.hint
+
+
+def test_torch_env_says_no_assumed_node_rank_where_it_is_proven():
+    # Every rank on this node (world size = local size), and no launcher: both exact, nothing said.
+    one_node = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ApproximateNodeRankWarning)
+        assert torch_env(one_node)["NODE_RANK"] == "0"
+        assert torch_env({})["NODE_RANK"] == "0"
