@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -27,9 +26,8 @@ from lightning_mpi_env.core.devices import (
     unknown_device,
     visible_devices,
 )
-from lightning_mpi_env.core.errors import LayoutError, SettingError
 from lightning_mpi_env.core.launchers import detect_launcher
-from lightning_mpi_env.core.layout import Placement, RankLayout
+from lightning_mpi_env.core.layout import RankLayout
 from lightning_mpi_env.core.network import socket_ifname_exports
 from lightning_mpi_env.core.report import install_excepthook
 from lightning_mpi_env.core.settings import Settings
@@ -48,9 +46,11 @@ from lightning_mpi_env.lightning.launch import (
     restore_environment,
     settings_mismatch,
     started_by_lightning_under_launcher,
+    uneven_layout,
     world_mismatch,
 )
-from lightning_mpi_env.lightning.requeue import Requeue
+from lightning_mpi_env.lightning.meeting import expected_node, meet
+from lightning_mpi_env.lightning.requeue import Requeue, requeue_due, requeue_now
 
 if TYPE_CHECKING:
     from lightning_mpi_env.rollcall.store import RendezvousResult
@@ -365,18 +365,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             self._mode = LaunchMode.PER_NODE
             self._ranks = replace(self._ranks, node_rank=layout.rank, local_rank=None, num_nodes=layout.world_size)
             return
-        trainer = f"{self.api}(devices={num_devices}, num_nodes={num_nodes})"
         if not layout.is_even:
-            raise LayoutError(
-                f"{layout.launcher.name} placed ranks unevenly: this node runs "
-                f"{layout.sources['local_size']}={layout.local_size} of {layout.world_size} ranks, which is not the "
-                f"same on every node. Lightning needs the same number of ranks on every node ({trainer}).",
-                f"Launch exactly {num_devices} ranks per node, e.g. `mpirun -np {num_devices * num_nodes} "
-                f"--map-by ppr:{num_devices}:node` (Open MPI) or `srun --ntasks-per-node={num_devices}`.",
-                variable=layout.sources["local_size"],
-                value=str(layout.local_size),
-                launcher=layout.launcher.name,
-            )
+            raise uneven_layout(layout, self.api, num_devices, num_nodes)
         if (num_devices, num_nodes) != (layout.local_size, layout.num_nodes):
             raise settings_mismatch(self._layout, self.api, num_devices, num_nodes, self._visible)
 
@@ -424,53 +414,36 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
                 self._meet()
 
     def _meet(self) -> None:
-        """Meet every rank in the roll call, and take the exact node ranks it finds."""
-        from lightning_mpi_env.rollcall import facts, store, verdicts, watchdog
-
-        claim = verdicts.Claim.here(
+        """Meet every rank in the roll call (:mod:`~lightning_mpi_env.lightning.meeting`); take what it finds."""
+        meeting = meet(
             rank=self.global_rank(),
             world_size=self.world_size(),
             local_rank=self.local_rank(),
             main_address=self._layout.main_address,
             main_port=self._port(),
             expected=self._expected,
-            **facts.local_facts(
-                self.process_group_backend,
-                accelerator=self.accelerator,
-                device_index=None if self._device is None else self._device.index,
-                environ=self._visible_env,
+            backend=self.process_group_backend,
+            accelerator=self.accelerator,
+            device=self._device,
+            visible_env=self._visible_env,
+            timeout=self.rendezvous_timeout,
+            expected_node=expected_node(
+                self._layout,
+                managed_by_lightning=self.managed_by_lightning,
+                world_size=self.world_size(),
+                num_nodes=self._ranks.num_nodes,
             ),
+            stall_timeout=self.settings.stall_timeout,
+            requeue=self.requeue,
         )
-        result = store.rendezvous(claim, timeout=self.rendezvous_timeout, expected_node=self._expected_node())
-        if result.device_index is not None and (self._device is None or self._device.index is None):
-            visible = claim.visible_set or ()
-            self._device = DeviceChoice(result.device_index, DeviceBasis.ROLL_CALL, visible, claim.visible_variable)
-        nodes = result.nodes
+        if meeting.device is not None:
+            self._device = meeting.device
+        nodes = meeting.result.nodes
         # The launcher's local rank stays (the device was chosen by it); the node index becomes exact.
         self._ranks = replace(self._ranks, node_rank=nodes.node_rank, num_nodes=nodes.num_nodes)
-        self._met = result
-        if self.settings.stall_timeout > 0 or self.requeue is not None:
-            requeue = self.requeue
-            signalled = None if requeue is None else (lambda: requeue.requested)
-            self._watchdog = watchdog.watch(result, self.settings.stall_timeout, signalled)
-        if claim.rank == 0 and result.summary:
-            # One line per job, on stderr with the other diagnostics: stdout stays the program's.
-            print(result.summary, file=sys.stderr, flush=True)
-            for note in result.notes:
-                print(f"lightning-mpi-env: roll call: note: {note}", file=sys.stderr, flush=True)
-
-    def _expected_node(self) -> Callable[[int], int] | None:
-        """Where the launcher put each rank, to say where missing ranks were expected; ``None`` when unknown."""
-        if self.managed_by_lightning:
-            per_node = max(1, self.world_size() // max(1, self._ranks.num_nodes or 1))
-            return lambda rank: rank // per_node
-        layout = self._layout
-        if layout.placement is Placement.BLOCK:
-            return lambda rank: rank // layout.local_size
-        if layout.placement is Placement.ROUND_ROBIN and layout.num_nodes:
-            num_nodes = layout.num_nodes
-            return lambda rank: rank % num_nodes
-        return None
+        self._met = meeting.result
+        if meeting.watchdog is not None:
+            self._watchdog = meeting.watchdog
 
     # --- requeue -------------------------------------------------------------------------------------------------
 
@@ -486,13 +459,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         Raises:
             StallError: A signal came, and not every rank answered the agreement in time.
         """
-        if self.requeue is None:
-            return False
-        agreement = self._watchdog.agreement if self._watchdog is not None else None
-        if agreement is None or self.requeue.signum == signal.SIGTERM:
-            return self.requeue.agree(reduce_boolean_decision)
-        assert self._watchdog is not None
-        return agreement.due(finished, wait=max(60.0, 10 * self._watchdog.interval))
+        return requeue_due(self.requeue, self._watchdog, finished, reduce_boolean_decision)
 
     def requeue_requested(self, fabric: object) -> bool:
         """For a Fabric loop: whether every rank checkpoints now (every rank calls it once after each step).
@@ -510,16 +477,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             SystemExit: With the scheduler's requeue exit status (on rank 0, 1 when the requeue command failed).
             SettingError: Outside a scheduler that can requeue, or with requeue turned off.
         """
-        if self.requeue is None:
-            raise SettingError(
-                "requeue_now() was called, but this job has no scheduler that can requeue it, or requeue is off.",
-                "Call it only when requeue_requested() said so.",
-            )
-        fabric.barrier("lightning_mpi_env.lightning.requeue.saved")  # type: ignore[attr-defined]  # every rank's save is done
-        # No collective after this: the scheduler ends every rank of a requeued job at once (see requeue.py).
-        if fabric.global_rank != 0 or self.requeue.run_command():  # type: ignore[attr-defined]
-            raise SystemExit(self.requeue.exit_code)
-        raise SystemExit(1)
+        requeue_now(self.requeue, fabric)
 
 
 __all__ = ["LaunchMode", "MPIClusterEnvironment", "Ranks", "Stage"]

@@ -150,6 +150,22 @@ def settings_mismatch(
     )
 
 
+def uneven_layout(layout: RankLayout, api: str, num_devices: int, num_nodes: int) -> LayoutError:
+    """A launch whose nodes run different numbers of ranks, which no ``devices``/``num_nodes`` of ``api`` fits."""
+    assert layout.launcher is not None
+    return LayoutError(
+        f"{layout.launcher.name} placed ranks unevenly: this node runs "
+        f"{layout.sources['local_size']}={layout.local_size} of {layout.world_size} ranks, which is not the "
+        f"same on every node. Lightning needs the same number of ranks on every node "
+        f"({api}(devices={num_devices}, num_nodes={num_nodes})).",
+        f"Launch exactly {num_devices} ranks per node, e.g. `mpirun -np {num_devices * num_nodes} "
+        f"--map-by ppr:{num_devices}:node` (Open MPI) or `srun --ntasks-per-node={num_devices}`.",
+        variable=layout.sources["local_size"],
+        value=str(layout.local_size),
+        launcher=layout.launcher.name,
+    )
+
+
 def world_mismatch(layout: RankLayout, size: int) -> LayoutError:
     """A strategy about to set up ``size`` processes where the launch has another number."""
     assert layout.launcher is not None
@@ -233,5 +249,6 @@ __all__ = [
     "restore_environment",
     "settings_mismatch",
     "started_by_lightning_under_launcher",
+    "uneven_layout",
     "world_mismatch",
 ]

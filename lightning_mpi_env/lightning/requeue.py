@@ -36,11 +36,15 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
+from lightning_mpi_env.core.errors import SettingError
 from lightning_mpi_env.core.schedulers import SCHEDULERS, Scheduler
 from lightning_mpi_env.core.settings import VARIABLE
 from lightning_mpi_env.lightning.compat import HPC_CHECKPOINT, hpc_checkpoint_name
+
+if TYPE_CHECKING:
+    from lightning_mpi_env.rollcall.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +241,46 @@ def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int) -> No
     raise SystemExit(1)
 
 
+def requeue_due(
+    plan: Requeue | None, stall_watchdog: Watchdog | None, finished: int, reduce_boolean_decision: Callable[..., bool]
+) -> bool:
+    """Whether every rank checkpoints and requeues now, after its ``finished``-th step.
+
+    Through the roll call's store when the watchdog has an agreement (two local reads until a signal comes), else
+    by the strategy's collective ``reduce_boolean_decision``, also for ``SIGTERM`` (see
+    ``MPIClusterEnvironment.requeue_due``).
+
+    Raises:
+        StallError: A signal came, and not every rank answered the agreement in time.
+    """
+    if plan is None:
+        return False
+    agreement = stall_watchdog.agreement if stall_watchdog is not None else None
+    if agreement is None or plan.signum == signal.SIGTERM:
+        return plan.agree(reduce_boolean_decision)
+    assert stall_watchdog is not None
+    return agreement.due(finished, wait=max(60.0, 10 * stall_watchdog.interval))
+
+
+def requeue_now(plan: Requeue | None, fabric: object) -> NoReturn:
+    """For a Fabric loop, after the checkpoint: rank 0 requeues the job, then every rank exits.
+
+    Raises:
+        SystemExit: With the scheduler's requeue exit status (on rank 0, 1 when the requeue command failed).
+        SettingError: Outside a scheduler that can requeue, or with requeue turned off.
+    """
+    if plan is None:
+        raise SettingError(
+            "requeue_now() was called, but this job has no scheduler that can requeue it, or requeue is off.",
+            "Call it only when requeue_requested() said so.",
+        )
+    fabric.barrier("lightning_mpi_env.lightning.requeue.saved")  # type: ignore[attr-defined]  # every rank's save is done
+    # No collective after this: the scheduler ends every rank of a requeued job at once (see the module docstring).
+    if fabric.global_rank != 0 or plan.run_command():  # type: ignore[attr-defined]
+        raise SystemExit(plan.exit_code)
+    raise SystemExit(1)
+
+
 __all__ = [
     "hpc_checkpoint",
     "Requeue",
@@ -245,4 +289,6 @@ __all__ = [
     "job_name",
     "newest_checkpoint",
     "next_checkpoint",
+    "requeue_due",
+    "requeue_now",
 ]
