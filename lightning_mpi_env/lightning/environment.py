@@ -331,9 +331,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         )
         if choice.basis is DeviceBasis.UNKNOWN:
             if self.settings.roll_call and self._stage is not Stage.MET and not self.managed_by_lightning:
-                self._stage = Stage.MET  # the roll call runs now, before the strategy sets up its device
-                settle_collectives_at_exit()
-                self._meet()
+                self._start_meeting()  # now, before the strategy sets up its device
             if self._device is None:
                 layout = self._layout
                 raise unknown_device(
@@ -405,13 +403,21 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     def _meet_when_due(self) -> None:
         """Run the roll call at the first read of the address after the strategy's last rank proposal."""
         if self._stage is Stage.SETTING_UP:
-            self._stage = Stage.MET
-            settle_collectives_at_exit()  # init_process_group comes next
-            self._replaced = export_fabric(self._fabric)
-            if self.settings.ifname and self.global_rank() == 0:
-                check_fabric(self.settings.ifname, self._layout.main_address)
-            if self.settings.roll_call:
-                self._meet()
+            self._start_meeting()
+
+    def _start_meeting(self) -> None:
+        """Once per process, right before ``init_process_group``: the fabric's exports, then the roll call.
+
+        At the first read of the address after the last rank proposal, or earlier where ``"ddp_mpi"`` asks for a
+        device that only the roll call can say (:meth:`device_for`): both ways prepare the same.
+        """
+        self._stage = Stage.MET
+        settle_collectives_at_exit()  # init_process_group comes next
+        self._replaced = export_fabric(self._fabric)
+        if self.settings.ifname and self.global_rank() == 0:
+            check_fabric(self.settings.ifname, self._layout.main_address)
+        if self.settings.roll_call:
+            self._meet()
 
     def _meet(self) -> None:
         """Meet every rank in the roll call (:mod:`~lightning_mpi_env.lightning.meeting`); take what it finds."""

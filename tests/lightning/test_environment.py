@@ -8,13 +8,17 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from lightning_mpi_env import LayoutError, MPIClusterEnvironment
+from lightning_mpi_env.core.devices import DeviceBasis, DeviceChoice
 from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, FabricWarning, LayoutWarning, SettingError
 from lightning_mpi_env.core.launchers import OPEN_MPI, SLURM
 from lightning_mpi_env.core.network import local_interfaces
+from lightning_mpi_env.lightning import environment as environment_module
+from lightning_mpi_env.lightning.meeting import Meeting
 from tests.layouts import launcher_env
 
 ADDRESS = {"MASTER_ADDR": "nodea", "MASTER_PORT": "29611"}
@@ -367,6 +371,30 @@ def test_the_fabric_interface_is_exported_right_before_init_and_put_back_at_tear
     environment.teardown()
     assert "GLOO_SOCKET_IFNAME" not in os.environ
     assert os.environ["NCCL_SOCKET_IFNAME"] == "lo"
+
+
+def test_a_roll_call_run_early_for_the_device_exports_the_fabric_interface_first(monkeypatch: pytest.MonkeyPatch):
+    # "ddp_mpi" asks for its device before Lightning's address read when only the roll call can say it (4 ranks
+    # here, each seeing 2 of the socket's GPUs: srun --gpu-bind=closest). That earlier roll call is the one before
+    # init_process_group, so the fabric's exports must be in place by then too. The meeting itself is recorded, not
+    # run: tests/rollcall/test_rendezvous.py meets real ranks for the device.
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    env = {**open_mpi(rank=1, world_size=4), "CUDA_VISIBLE_DEVICES": "0,1", "LIGHTNING_MPI_ENV_IFNAME": "lo"}
+    environment = MPIClusterEnvironment(env)
+    seen = {}
+
+    def meet(**claim):
+        seen["gloo"], seen["nccl"] = os.environ.get("GLOO_SOCKET_IFNAME"), os.environ.get("NCCL_SOCKET_IFNAME")
+        nodes = SimpleNamespace(node_rank=0, num_nodes=1)
+        device = DeviceChoice(1, DeviceBasis.ROLL_CALL, ("0", "1"), "CUDA_VISIBLE_DEVICES")
+        return Meeting(SimpleNamespace(nodes=nodes), device, None)
+
+    monkeypatch.setattr(environment_module, "meet", meet)
+    assert environment.device_for("cuda").index == 1
+    assert seen == {"gloo": "lo", "nccl": "lo"}
+    environment.teardown()
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
 
 
 def test_a_fabric_interface_that_contradicts_gloo_s_fails_when_the_environment_is_made():
