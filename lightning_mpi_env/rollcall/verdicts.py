@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lightning_mpi_env.core.devices import DeviceView, assign_devices, lost_peer_links
+from lightning_mpi_env.core.devices import BINDING_HINT, DeviceView, assign_devices, lost_peer_links
 from lightning_mpi_env.core.errors import RendezvousError
 from lightning_mpi_env.core.settings import VARIABLE
 
@@ -273,9 +273,7 @@ def device_collision(first: Claim, second: Claim) -> RendezvousError:
         f"Ranks {first.rank} and {second.rank} on host {first.host} would both drive {first.device} "
         f"(accelerator {first.device_id}): rank {first.rank} is {first.describe()}, rank {second.rank} is "
         f"{second.describe()}. Two processes on one GPU run out of memory or deadlock in NCCL.",
-        "Give each rank on a node its own GPU: launch one rank per GPU with the launcher's local ranks intact, and "
-        "make CUDA_VISIBLE_DEVICES either list all of the node's GPUs for every rank or exactly one per rank "
-        "(`srun --gpus-per-task=1`).",
+        f"{BINDING_HINT} Keep the launcher's local ranks as it set them.",
         value=first.device_id,
     )
 

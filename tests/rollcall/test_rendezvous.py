@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lightning_mpi_env import LayoutError
+from lightning_mpi_env.core.devices import BINDING_HINT
 from lightning_mpi_env.core.errors import RendezvousError
 from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT, Settings
 from lightning_mpi_env.rollcall.store import rendezvous
@@ -21,6 +22,7 @@ from lightning_mpi_env.rollcall.verdicts import (
     Claim,
     NodeAssignment,
     assign_nodes,
+    collisions,
     disagreement_message,
     duplicate_message,
     format_ranks,
@@ -28,6 +30,19 @@ from lightning_mpi_env.rollcall.verdicts import (
 )
 
 # --- pure helpers -------------------------------------------------------------------------------------------------
+
+
+def test_two_ranks_set_up_on_one_gpu_are_named_with_the_binding_fix():
+    # After Lightning set the devices up (2.2+), the claims carry each GPU's UUID: ranks 0 and 1 of host a drive the
+    # same GPU. The hint is the one the per-task binding rule gives (core/devices.py), not a second wording of it.
+    claims = [
+        Claim(rank, 4, "a", rank, 100 + rank, "main", 29500, device="cuda:0", device_id="GPU-1234") for rank in range(2)
+    ]
+    problem = collisions(claims)
+    assert problem is not None
+    assert "Ranks 0 and 1 on host a would both drive cuda:0 (accelerator GPU-1234)" in problem.problem
+    assert problem.hint.startswith(BINDING_HINT)
+    assert problem.value == "GPU-1234"
 
 
 @pytest.mark.parametrize(
