@@ -13,6 +13,7 @@ from lightning_mpi_env import from_env
 from lightning_mpi_env.core.layout import Placement
 from lightning_mpi_env.tools.simcluster import RSH_AGENT, SimulatedCluster
 from lightning_mpi_env.tools.simulate import simulate
+from tests.conftest import python_path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -126,7 +127,7 @@ def test_jax_example_sums_across_two_simulated_nodes(tmp_path, jax_python, map_b
         [str(jax_python), str(EXAMPLES / "jax_distributed.py")],
         timeout=MPI_TIMEOUT,
         map_by=map_by,
-        export={**cluster.job_environment(), "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
+        export={**cluster.job_environment(), "PYTHONPATH": python_path(ROOT), "JAX_PLATFORMS": "cpu"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = sorted(line for line in result.stdout.splitlines() if line.startswith("process "))

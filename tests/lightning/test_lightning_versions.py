@@ -62,7 +62,7 @@ def test_overlay_supplies_every_lightning_module(oldest):
 def test_mpirun_trains_on_oldest_lightning(oldest, tmp_path, namespace, map_by, strategy):
     cluster = SimulatedCluster(tmp_path)
     job = [str(TRAINER_JOB), "--strategy", strategy, "--namespace", namespace, "--samples", str(SAMPLES)]
-    export = {**cluster.job_environment(), "PYTHONPATH": oldest.environ({})["PYTHONPATH"]}
+    export = {**cluster.job_environment(), "PYTHONPATH": oldest.environ()["PYTHONPATH"]}
     result = cluster.run([sys.executable, "-c", REPORTING_VERSION, *job], timeout=300, map_by=map_by, export=export)
     assert result.returncode == 0, result.stderr[-3000:]
 

@@ -295,13 +295,15 @@ def test_debug_shows_the_traceback(cluster):
 
 @pytest.mark.mpi
 def test_wrong_trainer_devices_is_one_line_per_rank(cluster):
-    # 2 nodes x 2 ranks launched, Trainer(devices=4, num_nodes=1): every rank stops when fit() starts.
+    # 2 nodes x 2 ranks launched, Trainer(devices=4, num_nodes=1): every rank stops when fit() starts. (This job
+    # also carries what tests/tools/test_simcluster.py's test_trainer_settings_that_do_not_match_the_launch_fail_at_once
+    # checked with the same job: the launch, the Trainer's settings and the fix, naming both Trainer and Fabric.)
     job = _run(cluster, _command("trainer-plugin", "--devices", "4", "--num-nodes", "1"))
     _assert_cause_on_first_screen(
         job,
         "LayoutError",
         [
-            "Open MPI launched 4 ranks, 2 per node",
+            "Open MPI launched 4 ranks, 2 per node (2 node(s)",
             "but Trainer/Fabric(devices=4, num_nodes=1) expects 4 ranks, 4 per node.",
             "HINT: Use Trainer/Fabric(devices=2, num_nodes=2)",
         ],
