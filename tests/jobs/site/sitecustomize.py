@@ -18,6 +18,7 @@ A ``sitecustomize`` found later on ``sys.path`` (a distribution's own) still run
 
 import atexit
 import gc
+import importlib.machinery
 import importlib.util
 import os
 import sys
