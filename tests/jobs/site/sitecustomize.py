@@ -1,4 +1,4 @@
-"""The suite's Python processes collect cyclic garbage less often: each rank of a test job starts about a third faster.
+"""The suite's Python processes collect cyclic garbage less often: a rank of a test job takes about 30% less CPU.
 
 ``conftest.py`` puts this folder first on ``PYTHONPATH`` for the whole run, so every Python the tests start (a rank
 under ``mpirun``, ``mpiexec`` or ``srun``, an import-order scenario, a CLI call, an xdist worker) imports this module
