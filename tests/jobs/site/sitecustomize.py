@@ -4,7 +4,7 @@
 under ``mpirun``, ``mpiexec`` or ``srun``, an import-order scenario, a CLI call, an xdist worker) imports this module
 at startup (``site`` imports ``sitecustomize`` from ``sys.path``). A rank importing torch and Lightning spends about
 a third of its CPU in the cyclic garbage collector: full collections while the heap grows during the imports, and one
-more over the whole module graph at exit (``benchmarks/interpreter_startup.py``; figures in docs/benchmarks.md).
+more over the whole module graph at exit (``benchmarks/lean_interpreter.py``; figures in docs/benchmarks.md).
 On the suite's 2-core machine, with the real jobs' ranks side by side, that CPU is the suite's time.
 
 What changes, and only in the tests' processes: the first generation is collected every 100,000 allocations instead
