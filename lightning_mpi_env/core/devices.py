@@ -18,9 +18,10 @@ Two rules, one answer:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import overload
 
 from lightning_mpi_env.core.errors import LayoutError, RendezvousError
 
@@ -47,6 +48,50 @@ def visible_devices(env: Mapping[str, str]) -> tuple[str, list[str]] | None:
     return None
 
 
+class PhysicalDevices(Sequence[str]):
+    """The physical device indices ``"0"`` ... ``"count - 1"`` a process sees when no variable lists them.
+
+    A sequence, not a list: where the count comes from a launcher's local size, nothing is made in proportion to a
+    number someone typed (``OMPI_COMM_WORLD_LOCAL_SIZE=10**17``).
+
+    >>> devices = PhysicalDevices(10**17)
+    >>> len(devices), devices[-1], devices[:2]
+    (100000000000000000, '99999999999999999', ('0', '1'))
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[str, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> str | tuple[str, ...]:
+        if isinstance(index, slice):
+            return tuple(str(number) for number in range(self.size)[index])
+        return str(range(self.size)[index])
+
+    def __iter__(self) -> Iterator[str]:
+        return (str(number) for number in range(self.size))
+
+    def __contains__(self, device: object) -> bool:
+        return isinstance(device, str) and device.isascii() and device.isdigit() and int(device) < self.size
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PhysicalDevices) and other.size == self.size
+
+    def __hash__(self) -> int:
+        return hash((PhysicalDevices, self.size))
+
+    def __repr__(self) -> str:
+        return f"PhysicalDevices({self.size})"
+
+
 class DeviceBasis(str, Enum):
     """Why a rank drives the device it drives."""
 
@@ -69,8 +114,9 @@ class DeviceChoice:
     """Index into :attr:`visible`; ``None`` when not known (:attr:`basis` says why)."""
     basis: DeviceBasis
     """Why this index."""
-    visible: tuple[str, ...]
-    """The identifiers this process sees (``("2", "3")``, GPU UUIDs); physical indices when no variable is set."""
+    visible: Sequence[str]
+    """The identifiers this process sees (``("2", "3")``, GPU UUIDs); :class:`PhysicalDevices` when no variable is
+    set."""
     variable: str = ""
     """The variable that lists :attr:`visible`; empty when none is set."""
 
@@ -113,9 +159,10 @@ def own_device(
     >>> own_device(("CUDA_VISIBLE_DEVICES", ["2", "3"]), local_rank=3, local_size=4).basis.name
     'UNKNOWN'
     """
+    visible: Sequence[str]
     if found is None:
         count = node_devices if node_devices is not None else max(local_size, local_rank + 1)
-        visible, variable = tuple(str(index) for index in range(count)), ""
+        visible, variable = PhysicalDevices(count), ""
     else:
         variable, visible = found[0], tuple(found[1])
     if not visible:
@@ -282,6 +329,7 @@ __all__ = [
     "DeviceBasis",
     "DeviceChoice",
     "DeviceView",
+    "PhysicalDevices",
     "assign_devices",
     "lost_peer_links",
     "own_device",

@@ -116,7 +116,15 @@ class MixedImportWarning(Explained, UserWarning):
     """Both Lightning namespaces are imported in one process (the problem names the importer of each)."""
 
 
+class AddressError(LayoutError):
+    """A main address (``MASTER_ADDR``, or a host list's first host) that is not a host name or an IP address.
+
+    Blank, with a space or a newline, a leading ``-``, an empty or over-long label, or not ASCII.
+    """
+
+
 __all__ = [
+    "AddressError",
     "ApproximateNodeRankWarning",
     "DeviceIndexWarning",
     "Explained",

@@ -6,7 +6,7 @@ Which scheduler uses which format, and under which variable, is in :mod:`lightni
 from __future__ import annotations
 
 import itertools
-import math
+from collections.abc import Iterator
 from enum import Enum
 from functools import cache
 from typing import TYPE_CHECKING, NamedTuple
@@ -57,7 +57,9 @@ def _pattern(name: str) -> re.Pattern[str]:
 def expand_nodelist(nodelist: str, *, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
     """Expand a Slurm node list such as ``gpu[07-08,10],login1`` into host names, in order.
 
-    Ranges keep their zero padding, and several bracket groups in one name expand as a product.
+    Ranges keep their zero padding, and several bracket groups in one name expand as a product. The whole list is
+    checked, and counted without expanding it, before any name is made: more than :data:`MAX_HOSTS` hosts in all
+    is refused, however they are split into items.
 
     Args:
         nodelist: The compressed list.
@@ -67,17 +69,53 @@ def expand_nodelist(nodelist: str, *, variable: str = "SLURM_JOB_NODELIST") -> l
         The host names.
 
     Raises:
-        LayoutError: If the list is malformed.
+        LayoutError: If the list is malformed, or names more than :data:`MAX_HOSTS` hosts.
 
     >>> expand_nodelist("gpu[07-08,10],cpu1")
     ['gpu07', 'gpu08', 'gpu10', 'cpu1']
     >>> expand_nodelist("r[1-2]n[01-02]")
     ['r1n01', 'r1n02', 'r2n01', 'r2n02']
     """
-    hosts = [host for item in _split_top_level(nodelist, variable) for host in _expand_one(item, nodelist, variable)]
-    if not hosts:
+    return [host for item in _parse_nodelist(nodelist, variable) for host in _expand_item(item)]
+
+
+def first_nodelist_host(nodelist: str, *, variable: str = "SLURM_JOB_NODELIST") -> str:
+    """The first host of a Slurm node list (where rank 0 runs), without expanding the rest.
+
+    The whole list is checked as :func:`expand_nodelist` checks it, in time linear in its length.
+
+    Raises:
+        LayoutError: If the list is malformed, or names more than :data:`MAX_HOSTS` hosts.
+
+    >>> first_nodelist_host("gpu[007-999999],cpu1")
+    'gpu007'
+    """
+    first = _parse_nodelist(nodelist, variable)[0]
+    return "".join(part if isinstance(part, str) else _number(*part[0]) for part in first)
+
+
+_Range = tuple[int, int, int]
+"""``(low, high, width)``: the host numbers ``low`` to ``high``, zero padded to ``width`` digits."""
+_Part = str | tuple[_Range, ...]
+"""A piece of one item: literal text, or a bracket group's ranges."""
+
+
+def _parse_nodelist(nodelist: str, variable: str) -> list[list[_Part]]:
+    """Every item's parts, after checking the syntax and that all items together name at most MAX_HOSTS hosts."""
+    items = [_parse_item(item, nodelist, variable) for item in _split_top_level(nodelist, variable)]
+    if not items:
         raise _nodelist_error(nodelist, variable, "it names no host")
-    return hosts
+    total = 0
+    for parts in items:
+        count = 1
+        for part in parts:
+            count *= 1 if isinstance(part, str) else sum(high - low + 1 for low, high, _ in part)
+            if count > MAX_HOSTS:  # before the product grows: it stays below MAX_HOSTS**2
+                break
+        total += count
+        if total > MAX_HOSTS:
+            raise _nodelist_error(nodelist, variable, f"it lists more than {MAX_HOSTS} hosts")
+    return items
 
 
 def _split_top_level(nodelist: str, variable: str) -> list[str]:
@@ -100,21 +138,19 @@ def _split_top_level(nodelist: str, variable: str) -> list[str]:
     return [item.strip() for item in items if item.strip()]
 
 
-def _expand_one(item: str, nodelist: str, variable: str) -> list[str]:
-    # "r[1-2]n[01-02]" -> ["r", ["1", "2"], "n", ["01", "02"], ""] -> product
-    parts: list[list[str]] = []
+def _parse_item(item: str, nodelist: str, variable: str) -> list[_Part]:
+    # "r[1-2]n[01-02]" -> ["r", ((1, 2, 1),), "n", ((1, 2, 2),)]
+    parts: list[_Part] = []
     for text, brackets in _pattern("bracket_group").findall(item):
         if text:
-            parts.append([text])
+            parts.append(text)
         if brackets:
-            parts.append(_expand_brackets(brackets, nodelist, variable))
-    if math.prod(len(part) for part in parts) > MAX_HOSTS:
-        raise _nodelist_error(nodelist, variable, f"it lists more than {MAX_HOSTS} hosts")
-    return ["".join(combination) for combination in itertools.product(*parts)]
+            parts.append(_parse_brackets(brackets, nodelist, variable))
+    return parts
 
 
-def _expand_brackets(brackets: str, nodelist: str, variable: str) -> list[str]:
-    names: list[str] = []
+def _parse_brackets(brackets: str, nodelist: str, variable: str) -> tuple[_Range, ...]:
+    ranges: list[_Range] = []
     for piece in brackets.split(","):
         match = _pattern("range").match(piece.strip())
         if match is None:
@@ -125,10 +161,22 @@ def _expand_brackets(brackets: str, nodelist: str, variable: str) -> list[str]:
             raise _nodelist_error(nodelist, variable, f"a host number has more than {MAX_DIGITS} digits")
         if high < low:
             raise _nodelist_error(nodelist, variable, f"the range '{piece}' runs backwards")
-        if len(names) + high - low + 1 > MAX_HOSTS:
-            raise _nodelist_error(nodelist, variable, f"it lists more than {MAX_HOSTS} hosts")
-        names.extend(str(number).zfill(len(first)) for number in range(low, high + 1))
-    return names
+        ranges.append((low, high, len(first)))
+    return tuple(ranges)
+
+
+def _number(low: int, _high: int, width: int) -> str:
+    return str(low).zfill(width)
+
+
+def _expand_item(parts: list[_Part]) -> Iterator[str]:
+    pools = [
+        [part]
+        if isinstance(part, str)
+        else [str(n).zfill(width) for low, high, width in part for n in range(low, high + 1)]
+        for part in parts
+    ]
+    return ("".join(combination) for combination in itertools.product(*pools))
 
 
 def _nodelist_error(nodelist: str, variable: str, reason: str) -> LayoutError:
@@ -243,6 +291,7 @@ __all__ = [
     "HostListForm",
     "expand_nodelist",
     "expand_tasks_per_node",
+    "first_nodelist_host",
     "first_word_host",
     "lsf_pairs_host",
     "pe_hostfile_host",

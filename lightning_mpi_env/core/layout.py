@@ -17,6 +17,7 @@ from lightning_mpi_env.core.placement import DEALING, Placement, every_rank_here
 from lightning_mpi_env.core.ports import (
     DEFAULT_MAIN_PORT,
     DERIVED_PORT_RANGE,
+    check_host,
     derive_port,
     given_main_address,
     main_port,
@@ -24,7 +25,14 @@ from lightning_mpi_env.core.ports import (
 from lightning_mpi_env.core.rank_layout import RankLayout
 from lightning_mpi_env.core.schedulers import SCHEDULERS, first_host, read_host_file
 from lightning_mpi_env.core.settings import VARIABLE, host_template
-from lightning_mpi_env.core.values import SHOWN_CHARACTERS, as_count, parse_count, shown
+from lightning_mpi_env.core.values import (
+    MAX_LOCAL_SIZE,
+    MAX_WORLD_SIZE,
+    SHOWN_CHARACTERS,
+    as_count,
+    parse_count,
+    shown,
+)
 
 STALE_TORCH_VARIABLES: tuple[tuple[str, str], ...] = (
     ("RANK", "rank"),
@@ -153,7 +161,7 @@ class _LayoutParser:
         row = self.launcher
         self._require_complete_row()
         rank = self._integer(row.rank, "rank")
-        world_size = self._integer(row.world_size, "world_size", minimum=1)
+        world_size = self._integer(row.world_size, "world_size", minimum=1, maximum=MAX_WORLD_SIZE)
         local_rank = self._integer(row.local_rank, "local_rank")
         local_size = self._local_size(world_size)
         self._check_bounds(row.rank, rank, row.world_size, world_size)
@@ -204,17 +212,28 @@ class _LayoutParser:
                 launcher=row.name,
             )
 
-    def _integer(self, variable: str, field_name: str, *, minimum: int = 0) -> int:
+    def _integer(self, variable: str, field_name: str, *, minimum: int = 0, maximum: int | None = None) -> int:
         self.sources[field_name] = variable
         row = self.launcher
-        return parse_count(
+        number = parse_count(
             self.env[variable], variable=variable, launcher=row.name, minimum=minimum, hint=row.launch_hint
         )
+        if maximum is not None and number > maximum:
+            # A sane maximum, so that nothing sized by this number (a device list, a roll call) can blow up.
+            raise LayoutError(
+                f"{variable}={shown(self.env[variable])} ({row.name}) is more than the {maximum} "
+                f"{'ranks of one job' if field_name == 'world_size' else 'ranks on one node'} this package accepts.",
+                f"Check what set {variable}: no launcher starts that many. {row.launch_hint}",
+                variable=variable,
+                value=self.env[variable][:SHOWN_CHARACTERS],
+                launcher=row.name,
+            )
+        return number
 
     def _local_size(self, world_size: int) -> int:
         row = self.launcher
         if row.local_size is not None:
-            return self._integer(row.local_size, "local_size", minimum=1)
+            return self._integer(row.local_size, "local_size", minimum=1, maximum=MAX_LOCAL_SIZE)
         if row.tasks_per_node is not None and row.node_rank is not None:
             return self._local_size_from_task_counts(world_size)
         # The launcher exports the node count but not the ranks per node: derive them for an even layout.
@@ -251,6 +270,13 @@ class _LayoutParser:
             raise self._conflict(
                 f"{row.tasks_per_node}={shown(self.env[row.tasks_per_node])} adds up to {sum(counts)} tasks but "
                 f"{row.world_size}={world_size}.",
+                row.tasks_per_node,
+                self.env[row.tasks_per_node],
+            )
+        if counts[node] > MAX_LOCAL_SIZE:
+            raise self._conflict(
+                f"{row.tasks_per_node}={shown(self.env[row.tasks_per_node])} gives node {node} {counts[node]} "
+                f"tasks, more than the {MAX_LOCAL_SIZE} ranks on one node this package accepts.",
                 row.tasks_per_node,
                 self.env[row.tasks_per_node],
             )
@@ -295,9 +321,10 @@ class _LayoutParser:
         assert row.node_rank is not None
         node = self._integer(row.node_rank, "node_rank")
         if row.tasks_per_node is not None:
-            num_nodes: int | None = len(
+            counts = self.ranks_per_node or tuple(
                 expand_tasks_per_node(self.env[row.tasks_per_node], variable=row.tasks_per_node)
-            )
+            )  # read already where the local size came from the same counts
+            num_nodes: int | None = len(counts)
             self.sources["num_nodes"] = f"len({row.tasks_per_node})"
             if num_nodes is not None and node >= num_nodes:
                 raise self._conflict(
@@ -359,7 +386,10 @@ class _LayoutParser:
             self.sources["main_address"] = f"{variable} (first host)" + (
                 f" as {VARIABLE['main_host']}={template}" if template else ""
             )
-            return apply_host_template(template, host)
+            # A host file's line is as untrusted as MASTER_ADDR: the same syntax check.
+            return check_host(
+                apply_host_template(template, host), variable=variable, launcher=self.launcher.name, source="first host"
+            )
         sources = [*self.launcher.host_lists, *(source for scheduler in SCHEDULERS for source in scheduler.host_lists)]
         lists = ", ".join(source.variable for source in sources)
         nodes = f"{num_nodes} nodes" if num_nodes is not None else "more than one node"

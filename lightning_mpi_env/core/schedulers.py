@@ -12,11 +12,12 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
+from lightning_mpi_env.core import hostfile
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.hostlist import (
     HostList,
     HostListForm,
-    expand_nodelist,
+    first_nodelist_host,
     first_word_host,
     lsf_pairs_host,
     pe_hostfile_host,
@@ -165,9 +166,13 @@ def scheduler_by_key(key: str) -> Scheduler:
 
 
 def read_host_file(path: str) -> str:
-    """A host file's text (UTF-8; a file that is not text raises ``UnicodeDecodeError``)."""
-    with open(path, encoding="utf-8") as file:
-        return file.read()
+    """The head of a host file: its lines up to the hosts any host list needs, read bounded (UTF-8).
+
+    Raises:
+        OSError: The file cannot be read, is not a regular file (a FIFO, ``/dev/zero``), or is not text
+            (:class:`~lightning_mpi_env.core.hostfile.HostFileError`).
+    """
+    return hostfile.read_host_file(path)
 
 
 def first_host(
@@ -200,7 +205,7 @@ def first_host(
 
 def _first_host(value: str, source: HostList, owner: str, read_text: Callable[[str], str]) -> str:
     if source.form is HostListForm.NODELIST:
-        return expand_nodelist(value, variable=source.variable)[0]
+        return first_nodelist_host(value, variable=source.variable)
     if source.form is HostListForm.LSF_PAIRS:
         return lsf_pairs_host(value, variable=source.variable, scheduler=owner)
     host = _host_from_file(value, source, owner, read_text)
@@ -234,7 +239,7 @@ def _host_from_file(path: str, source: HostList, owner: str, read_text: Callable
 
 
 def _host_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.split() and not line.split()[0].startswith("#")]
+    return [line for line in text.splitlines() if hostfile.names_a_host(line)]
 
 
 def job_identity(env: Mapping[str, str]) -> tuple[str, tuple[str, ...]] | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 from lightning_mpi_env.core.errors import SettingError
-from lightning_mpi_env.core.values import SHOWN_CHARACTERS, resolve_switch, shown
+from lightning_mpi_env.core.values import SHOWN_CHARACTERS, as_count, parse_seconds, parse_switch, shown, switch_word
 
 
 class MixedImportMode(enum.Enum):
@@ -154,57 +154,52 @@ def switch(env: Mapping[str, str], variable: str, *, default: bool) -> bool:
     >>> switch({"LIGHTNING_MPI_ENV_DEBUG": "yes"}, "LIGHTNING_MPI_ENV_DEBUG", default=False)
     True
     """
-    if not env.get(variable, "").strip():
-        return default
-    return resolve_switch(None, env, variable, hint=f"Unset {variable}, or set it to 1 or 0.")
+    return parse_switch(
+        env.get(variable, ""), variable=variable, default=default, hint=f"Unset {variable}, or set it to 1 or 0."
+    )
 
 
 def seconds(value: float | None, env: Mapping[str, str], variable: str, default: float) -> float:
-    """A positive, finite number of seconds: ``value`` if given, else ``variable`` of ``env``, else ``default``.
+    """A timeout: ``value`` if given, else ``variable`` of ``env``, else ``default``.
+
+    Parsed by :func:`~lightning_mpi_env.core.values.parse_seconds`, the one parser of seconds.
 
     Raises:
-        SettingError: If the value is not a positive, finite number of seconds.
+        SettingError: If the value is not a positive number of seconds in plain digits, up to a week.
 
     >>> seconds(None, {"T": "2.5"}, "T", 120.0), seconds(None, {}, "T", 120.0)
     (2.5, 120.0)
     """
-    if value is not None:
-        raw = str(value)
-    elif variable in env:
-        raw = env[variable]
-    else:
+    if value is None and variable not in env:
         return default
-    try:
-        parsed = float(raw)
-    except ValueError:
-        parsed = float("nan")
-    if not parsed > 0 or parsed == float("inf"):
-        raise SettingError(
-            f"{variable}={shown(raw)} is not a positive, finite number of seconds.",
-            f"Set {variable} to a number of seconds, e.g. {default or DEFAULT_RENDEZVOUS_TIMEOUT:g}.",
-            variable=variable,
-            value=raw[:SHOWN_CHARACTERS],
-        )
-    return parsed
+    raw = value if value is not None else env[variable]
+    hint = f"Set {variable} to a number of seconds, e.g. {default or DEFAULT_RENDEZVOUS_TIMEOUT:g}."
+    return parse_seconds(raw, variable=variable, hint=hint)
 
 
 def seconds_or_off(value: float | None, env: Mapping[str, str], variable: str, default: float) -> float:
-    """:func:`seconds`, where ``0`` (or ``off``) turns the feature off and reads as ``0.0``.
+    """:func:`seconds`, where ``0`` (or ``off``, any switch's off word) turns the feature off and reads as ``0.0``.
 
     >>> seconds_or_off(None, {"T": "off"}, "T", 300.0), seconds_or_off(None, {"T": "20"}, "T", 300.0)
     (0.0, 20.0)
     """
-    raw = str(value) if value is not None else env.get(variable)
-    if raw is not None and raw.strip().lower() in ("0", "0.0", "off"):
+    raw = value if value is not None else env.get(variable)
+    if isinstance(raw, str) and (switch_word(raw) is False or raw.strip() in ("0.0", "0.")):
+        return 0.0
+    if raw is not None and not isinstance(raw, str) and raw == 0:
         return 0.0
     return seconds(value, env, variable, default)
 
 
+MAX_REQUEUES = 1_000_000
+"""The largest ``LIGHTNING_MPI_ENV_MAX_REQUEUES`` taken."""
+
+
 def count_or_off(env: Mapping[str, str], variable: str, default: int) -> int:
-    """A count of zero or more (``0``: no limit): ``variable`` of ``env``, else ``default``.
+    """A count of zero or more (``0``: no limit), up to :data:`MAX_REQUEUES`: ``variable`` of ``env``, else ``default``.
 
     Raises:
-        SettingError: If the value is not a whole number of zero or more.
+        SettingError: If the value is not a whole number of zero or more in plain digits, or is too large.
 
     >>> count_or_off({"N": "5"}, "N", 20), count_or_off({}, "N", 20)
     (5, 20)
@@ -212,14 +207,15 @@ def count_or_off(env: Mapping[str, str], variable: str, default: int) -> int:
     raw = env.get(variable, "").strip()
     if not raw:
         return default
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+    count = as_count(raw)
+    if count is None or count > MAX_REQUEUES:
         raise SettingError(
-            f"{variable}={raw[:40]!r} is not a whole number of zero or more.",
+            f"{variable}={shown(raw)} is not a whole number from 0 to {MAX_REQUEUES} in plain digits.",
             f"Set {variable} to a number, e.g. {default} (0: no limit), or unset it.",
             variable=variable,
-            value=raw[:40],
+            value=raw[:SHOWN_CHARACTERS],
         )
-    return int(raw)
+    return count
 
 
 def mixed_import_mode(env: Mapping[str, str]) -> MixedImportMode:
@@ -309,6 +305,7 @@ __all__ = [
     "DEFAULT_MAX_REQUEUES",
     "DEFAULT_RENDEZVOUS_TIMEOUT",
     "DEFAULT_STALL_TIMEOUT",
+    "MAX_REQUEUES",
     "SETTINGS",
     "VARIABLE",
     "MixedImportMode",

@@ -1,6 +1,7 @@
-"""The one strict parser for every number this package reads, and for its own on/off switches.
+"""The one strict parser for every number this package reads, for its own on/off switches and its seconds.
 
-Numbers are ranks, sizes, counts, ports and node indices.
+Numbers are ranks, sizes, counts, ports and node indices; each kind has a sane maximum, so that nothing sized by a
+number someone typed grows past it.
 
 Only plain ASCII digits are numbers: ``str.isdigit()`` also accepts ``'²'`` and ``int()`` accepts ``'٣'``, ``' 3'``
 and ``'+3'``, none of which a launcher ever exports. A value that is not a number gets a :class:`LayoutError`
@@ -10,8 +11,6 @@ gets a :class:`SettingError`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from lightning_mpi_env.core.errors import LayoutError, SettingError
 
 PORT_RANGE = range(1, 65536)
@@ -20,6 +19,21 @@ PORT_RANGE = range(1, 65536)
 MAX_DIGITS = 18
 """The most digits a count may have: no launcher sets a rank, size or count of 10**18 or more. Longer numbers are
 refused before ``int()`` sees them (which refuses more than 4300 digits with a bare ``ValueError``)."""
+
+MAX_WORLD_SIZE = 1 << 24
+"""The most ranks in one job: 16,777,216, twice Fugaku's 7.6 million cores (the largest MPI jobs yet run)."""
+
+MAX_LOCAL_SIZE = 1 << 14
+"""The most ranks on one node: 16,384, several times the hardware threads of the largest single machines."""
+
+MIN_SECONDS = 0.001
+"""The shortest timeout this package takes, in seconds."""
+
+MAX_SECONDS = 7 * 24 * 3600.0
+"""The longest timeout this package takes: a week (``0`` turns the stall watchdog off instead)."""
+
+SWITCH_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+"""The values of an on/off setting (any case, blanks around ignored): the one table both parsers of switches use."""
 
 SHOWN_CHARACTERS = 40
 """How much of a hostile value a message repeats (:func:`shown`)."""
@@ -133,45 +147,89 @@ def parse_port(value: str, *, variable: str, launcher: str | None = None, hint: 
     return port
 
 
-def resolve_switch(value: bool | None, env: Mapping[str, str], variable: str, *, hint: str) -> bool:
-    """An on/off setting of this package: the argument if given, else ``variable`` (on when unset).
+def switch_word(raw: str) -> bool | None:
+    """What an on/off value means by :data:`SWITCH_WORDS`, or ``None`` when it is not one.
 
-    Args:
-        value: The constructor argument; ``None`` defers to the environment.
-        env: The environment to read ``variable`` from.
-        variable: The environment variable (``LIGHTNING_MPI_ENV_ROLL_CALL``, ...).
-        hint: The fix, should the variable hold anything but a switch.
+    >>> switch_word(" Off "), switch_word("maybe")
+    (False, None)
+    """
+    return SWITCH_WORDS.get(raw.strip().lower())
+
+
+def parse_switch(raw: str, *, variable: str, default: bool, hint: str) -> bool:
+    """An on/off setting of this package: ``default`` when empty, else one of :data:`SWITCH_WORDS`.
 
     Raises:
         SettingError: Naming the variable and its value.
 
-    >>> resolve_switch(None, {"X": "off"}, "X", hint="Unset X.")
+    >>> parse_switch("off", variable="X", default=True, hint="Unset X.")
     False
     """
-    if value is not None:
-        return value
-    raw = env.get(variable, "")
-    text = raw.strip().lower()
-    if text in ("", "1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise SettingError(
-        f"{variable}={shown(raw)} is not one of 1, 0 (also true/false, yes/no, on/off).",
-        hint,
-        variable=variable,
-        value=raw[:SHOWN_CHARACTERS],
-    )
+    if not raw.strip():
+        return default
+    value = switch_word(raw)
+    if value is None:
+        raise SettingError(
+            f"{variable}={shown(raw)} is not one of 1, 0 (also true/false, yes/no, on/off).",
+            hint,
+            variable=variable,
+            value=raw[:SHOWN_CHARACTERS],
+        )
+    return value
+
+
+def parse_seconds(raw: str | float, *, variable: str, hint: str) -> float:
+    """A timeout: a number of seconds from :data:`MIN_SECONDS` to :data:`MAX_SECONDS`, in plain decimal digits.
+
+    Text takes ASCII digits with at most one decimal point: ``float()`` would also take ``1e18`` (which overflows a
+    ``timedelta`` later), ``1e-300``, ``1_0``, Arabic-Indic ``٣``, ``inf`` and ``nan``. A number (a constructor
+    argument) must be finite and in the range.
+
+    Raises:
+        SettingError: Naming the variable, its value and the range.
+
+    >>> parse_seconds("2.5", variable="T", hint="Set T."), parse_seconds(30, variable="T", hint="Set T.")
+    (2.5, 30.0)
+    >>> parse_seconds("1e18", variable="T", hint="Set T.")
+    Traceback (most recent call last):
+    ...
+    lightning_mpi_env.core.errors.SettingError: T='1e18' is not a positive, finite number of seconds in plain digits, from 0.001 to 604800.
+    HINT: Set T.
+    """  # noqa: E501
+    if isinstance(raw, str):
+        whole, _, fraction = raw.strip().partition(".")
+        plain = (
+            len(raw) <= 2 * MAX_DIGITS and (whole or fraction) and all(map(is_count, filter(None, (whole, fraction))))
+        )
+        seconds = float(raw) if plain else -1.0
+    else:
+        seconds = float(raw)
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:  # also false for nan
+        raise SettingError(
+            f"{variable}={shown(str(raw))} is not a positive, finite number of seconds in plain digits, from "
+            f"{MIN_SECONDS:g} to {MAX_SECONDS:.0f}.",
+            hint,
+            variable=variable,
+            value=str(raw)[:SHOWN_CHARACTERS],
+        )
+    return seconds
 
 
 __all__ = [
     "MAX_DIGITS",
+    "MAX_LOCAL_SIZE",
+    "MAX_SECONDS",
+    "MAX_WORLD_SIZE",
+    "MIN_SECONDS",
     "PORT_RANGE",
     "SHOWN_CHARACTERS",
+    "SWITCH_WORDS",
     "as_count",
     "is_count",
     "parse_count",
     "parse_port",
-    "resolve_switch",
+    "parse_seconds",
+    "parse_switch",
     "shown",
+    "switch_word",
 ]

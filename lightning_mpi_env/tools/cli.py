@@ -24,6 +24,7 @@ from lightning_mpi_env import __version__
 from lightning_mpi_env.core.errors import LayoutError, MpiEnvError
 from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.layout import RankLayout, from_env
+from lightning_mpi_env.core.values import as_count, shown
 from lightning_mpi_env.tools.doctor import Level, diagnose
 from lightning_mpi_env.tools.interop import (
     TORCH_VARIABLES,
@@ -56,9 +57,10 @@ class CommandError(MpiEnvError):
 
 
 def _positive(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return int(text)
+    number = as_count(text)
+    if number is None or number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {shown(text)}")  # of at most 18 digits
+    return number
 
 
 def _nproc(text: str) -> int | str:
@@ -114,7 +116,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "print the rank table and exit 1 on problems (duplicate ranks, wrong node ranks, uneven nodes).",
     )
     sim.add_argument("--nodes", type=_positive, required=True, help="number of nodes")
-    sim.add_argument("--ppn", type=_positive, required=True, help="slots (processes) per node")
+    sim.add_argument(
+        "--ppn", "--per-node", dest="ppn", type=_positive, required=True, help="slots (processes) per node"
+    )
     sim.add_argument("--np", type=_positive, help="number of ranks (default: nodes x ppn)")
     sim.add_argument("--map-by", choices=[m.value for m in MapBy], default="slot", help="block or round-robin")
     sim.add_argument("--launcher", choices=LAUNCHER_KEYS, default="openmpi", help="default: openmpi")
@@ -236,7 +240,12 @@ def _emit(line: str, stream: TextIO | None = None) -> None:
     Under ``mpirun`` every rank shares the output, and ``print()`` writes the newline separately when Python runs
     unbuffered (``PYTHONUNBUFFERED=1``), so the lines of two ranks could merge.
     """
-    print(line + "\n", end="", file=stream or sys.stdout, flush=True)
+    stream = stream or sys.stdout
+    # A value that is not text in the stream's encoding (bytes that are not UTF-8 in a variable) is escaped, never
+    # a UnicodeEncodeError.
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    text = (line + "\n").encode(encoding, "backslashreplace").decode(encoding)
+    print(text, end="", file=stream, flush=True)
 
 
 def _error(error: MpiEnvError) -> None:
@@ -407,7 +416,8 @@ def _doctor(args: argparse.Namespace) -> int:
     launcher = detect_launcher(os.environ)
     prefix = ""
     if launcher is not None:  # under mpirun every rank prints: say whose line it is
-        prefix = f"rank {os.environ.get(launcher.rank, '?')} on {socket.gethostname()}: "
+        rank = os.environ.get(launcher.rank, "?")
+        prefix = f"rank {rank if as_count(rank) is not None else shown(rank)} on {socket.gethostname()}: "
     for finding in findings:
         _emit(f"{prefix}{finding}")
     return EXIT_PROBLEM if any(finding.level is Level.ERROR for finding in findings) else EXIT_OK

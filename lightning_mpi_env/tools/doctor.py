@@ -21,6 +21,7 @@ from lightning_mpi_env.core.launchers import LAUNCHERS, detect_launcher, inherit
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.namespaces import NAMESPACES
 from lightning_mpi_env.core.schedulers import first_host
+from lightning_mpi_env.core.values import shown
 
 
 class Level(str, Enum):
@@ -116,14 +117,16 @@ def _launcher_findings(env: Mapping[str, str]) -> list[Finding]:
             else "Run under `mpirun`/`mpiexec`/`srun`/`flux run` to see the job's layout; alone this is one process."
         )
         return [Finding(Level.INFO, "launcher", "no launcher detected: this is a single process.", hint)]
-    findings = [Finding(Level.OK, "launcher", f"{launcher.name} (found {launcher.marker}={env[launcher.marker]!r}).")]
+    findings = [
+        Finding(Level.OK, "launcher", f"{launcher.name} (found {launcher.marker}={shown(env[launcher.marker])}).")
+    ]
     others = [row for row in LAUNCHERS if row is not launcher and row.marker in env]
     for row in others:
         findings.append(
             Finding(
                 Level.INFO,
                 "launcher",
-                f"{row.name} variables ({row.marker}={env[row.marker]!r}) are present too and ignored: "
+                f"{row.name} variables ({row.marker}={shown(env[row.marker])}) are present too and ignored: "
                 f"{launcher.name} takes precedence.",
                 "Nothing to do when they are inherited from the batch job (e.g. mpirun inside sbatch).",
             )
@@ -140,18 +143,21 @@ def _torchrun_findings(env: Mapping[str, str], layout: RankLayout) -> list[Findi
                 Finding(
                     Level.WARN,
                     "stale variable",
-                    f"{variable}={value!r} disagrees with the resolved node rank {layout.node_rank} "
+                    f"{variable}={shown(value)} disagrees with the resolved node rank {layout.node_rank} "
                     f"({layout.sources.get('node_rank')}).",
                     f"unset {variable} in the job script, or use `lightning-mpi-env exec --overwrite`.",
                 )
             )
     address = env.get("MASTER_ADDR")
+    if not address:
+        return findings
     try:
         launch = (layout.launcher.host_lists, layout.launcher.name) if layout.launcher is not None else None
-        listed = first_host(env, launch=launch)
+        # Host lists in variables only: while MASTER_ADDR is set, no host file is opened (it may be anything).
+        listed = first_host(env, _no_host_files, launch=launch)
     except LayoutError:
         listed = None  # an unreadable host list does not matter while MASTER_ADDR is set
-    if address and listed is not None and listed[0] != address:
+    if listed is not None and listed[0] != address:
         findings.append(
             Finding(
                 Level.WARN,
@@ -161,6 +167,10 @@ def _torchrun_findings(env: Mapping[str, str], layout: RankLayout) -> list[Findi
             )
         )
     return findings
+
+
+def _no_host_files(path: str) -> str:
+    raise OSError(f"{path} is not read while MASTER_ADDR is set")
 
 
 def _package_findings(module_available: Callable[[str], bool], loaded: Collection[str]) -> list[Finding]:
@@ -259,7 +269,7 @@ def _network_findings(
 ) -> list[Finding]:
     try:
         address = resolve(layout.main_address)
-    except OSError as error:
+    except (OSError, UnicodeError, ValueError) as error:  # the resolver's IDNA codec raises UnicodeError
         return [
             Finding(
                 Level.ERROR,
@@ -273,6 +283,8 @@ def _network_findings(
         return findings
     try:
         bind(address, layout.main_port)
+    except (UnicodeError, ValueError) as error:
+        findings.append(Finding(Level.WARN, "main port", f"could not test port {layout.main_port}: {error}."))
     except OSError as error:
         if error.errno == errno.EADDRINUSE:
             findings.append(

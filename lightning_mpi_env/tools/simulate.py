@@ -14,11 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
+from typing import NamedTuple
 
-from lightning_mpi_env.core.errors import LayoutError
+from lightning_mpi_env.core.errors import LayoutError, SettingError
+from lightning_mpi_env.core.hostfile import host_file_head
 from lightning_mpi_env.core.launchers import FLAVOURS
 from lightning_mpi_env.core.layout import DEALING, LOOPBACK_ADDRESS, Placement, RankLayout, from_env
 from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY
+from lightning_mpi_env.core.values import SHOWN_CHARACTERS
 
 JOB_ID = "12345"
 """The job id every simulated scheduler hands out."""
@@ -134,19 +137,53 @@ def compress_tasks_per_node(counts: Sequence[int]) -> str:
     return ",".join(pieces)
 
 
+MAX_SIMULATED_RANKS = 1 << 16
+"""The most slots (nodes x slots per node) :func:`simulate` lays out: every rank's environment is built and
+resolved, in time and memory linear in the slots (``benchmarks/hostile_inputs.py`` measures them)."""
+
+
+def check_size(nodes: int, ppn: int, np: int) -> None:
+    """Refuse sizes :func:`simulate` cannot lay out: not positive, more ranks than slots, or past the maximum.
+
+    Raises:
+        SettingError: Naming the argument, its value and the limit.
+
+    >>> check_size(10**18, 10**18, 1)
+    Traceback (most recent call last):
+    ...
+    lightning_mpi_env.core.errors.SettingError: --nodes 1000000000000000000 x --ppn 1000000000000000000 is more than the 65536 slots a simulation lays out.
+    HINT: Simulate a smaller launch: the rules it checks are the same at any size.
+    """  # noqa: E501
+    for name, value in (("--nodes", nodes), ("--ppn", ppn), ("--np", np)):
+        if value < 1:
+            raise SettingError(f"{name} {value} must be at least 1.", f"Give {name} a positive count.", variable=name)
+    if nodes * ppn > MAX_SIMULATED_RANKS:
+        raise SettingError(
+            f"--nodes {nodes} x --ppn {ppn} is more than the {MAX_SIMULATED_RANKS} slots a simulation lays out.",
+            "Simulate a smaller launch: the rules it checks are the same at any size.",
+            variable="--nodes",
+            value=str(nodes)[:SHOWN_CHARACTERS],
+        )
+    if np > nodes * ppn:
+        raise SettingError(
+            f"--np {np} is more than the {nodes * ppn} slots of --nodes {nodes} x --ppn {ppn}.",
+            "Give at most as many ranks as there are slots.",
+            variable="--np",
+            value=str(np)[:SHOWN_CHARACTERS],
+        )
+
+
 def place(nodes: int, ppn: int, np: int, map_by: MapBy) -> list[Slot]:
     """Deal ``np`` ranks to ``nodes`` nodes of ``ppn`` slots as the launcher would; nodes may end up empty.
 
     Raises:
-        ValueError: If the arguments are not positive or ``np`` exceeds the slots.
+        SettingError: If the arguments are not positive, exceed the slots or :data:`MAX_SIMULATED_RANKS` (a
+            ``ValueError``).
 
     >>> [(slot.node, slot.local_rank) for slot in place(2, 2, 3, MapBy.NODE)]
     [(0, 0), (1, 0), (0, 1)]
     """
-    if nodes < 1 or ppn < 1 or np < 1:
-        raise ValueError(f"nodes={nodes}, ppn={ppn} and np={np} must all be at least 1.")
-    if np > nodes * ppn:
-        raise ValueError(f"np={np} is more than the {nodes * ppn} slots of {nodes} node(s) x {ppn} per node.")
+    check_size(nodes, ppn, np)
     assignments: list[tuple[int, int]] = []  # (node, local rank) per rank
     filled = [0] * nodes
     for rank in range(np):
@@ -197,30 +234,37 @@ def launch_environments(
     slots = place(nodes, ppn, nodes * ppn if np is None else np, map_by)
     hosts = host_names(nodes)
     job, files = _scheduler_environment(scheduler, hosts, ppn)
-    step = _Step(slots, hosts, map_by)
-    environments = []
-    for slot in slots:
-        env = dict(job)
-        env.update(_launcher_variables(launcher, slot, step, files))
-        environments.append(env)
-    return slots, hosts, environments, files
+    step = _Step.of(slots, hosts, map_by)
+    shared = _step_variables(step, files)
+    return slots, hosts, [{**job, **_launcher_variables(launcher, slot, step, shared)} for slot in slots], files
 
 
 @dataclass(frozen=True)
 class _Step:
-    """One simulated launch: where every rank went."""
+    """One simulated launch: where every rank went, and what follows from it for every rank alike (made once)."""
 
     slots: Sequence[Slot]
     hosts: Sequence[str]
     map_by: MapBy
+    used_nodes: list[int]
+    """The nodes that run a rank, in order."""
+    node_index: Mapping[int, int]
+    """Each used node's index among :attr:`used_nodes` (launchers number only the nodes the step uses)."""
+    counts: list[int]
+    """Ranks on each used node."""
 
-    @property
-    def used_nodes(self) -> list[int]:
-        return sorted({slot.node for slot in self.slots})
-
-    @property
-    def counts(self) -> list[int]:
-        return [sum(1 for slot in self.slots if slot.node == node) for node in self.used_nodes]
+    @classmethod
+    def of(cls, slots: Sequence[Slot], hosts: Sequence[str], map_by: MapBy) -> _Step:
+        per_node = Counter(slot.node for slot in slots)
+        used_nodes = sorted(per_node)
+        return cls(
+            slots,
+            hosts,
+            map_by,
+            used_nodes,
+            {node: i for i, node in enumerate(used_nodes)},
+            [per_node[n] for n in used_nodes],
+        )
 
 
 def _file(files: dict[str, str], variable: str, text: str) -> str:
@@ -279,39 +323,61 @@ def compress_nodelist(hosts: Sequence[str]) -> str:
     return f"node[{hosts[0][4:]}-{hosts[-1][4:]}]"
 
 
-def _launcher_variables(key: str, slot: Slot, step: _Step, files: dict[str, str]) -> dict[str, str]:
+class _Shared(NamedTuple):
+    """What every rank of one step shares: the row's sizes, and the flavour's fields and host files."""
+
+    world_size: int
+    num_nodes: int
+    tasks_per_node: str
+    fields: dict[str, object]
+    files: dict[str, str]
+    contents: dict[str, str]
+
+
+def _step_variables(step: _Step, files: dict[str, str]) -> _Shared:
+    """What every rank of the step shares, made once: building it per rank made ``simulate`` quadratic."""
+    world_size = len(step.slots)
+    step_hosts = [step.hosts[node] for node in step.used_nodes]
+    return _Shared(
+        world_size=world_size,
+        num_nodes=len(step.used_nodes),
+        tasks_per_node=compress_tasks_per_node(step.counts),
+        fields={
+            "world_size": world_size,
+            "job": JOB_ID,
+            "uuid": f"{int(JOB_ID):08x}-0000-0000-0000-000000000001",
+            "first_host": step.hosts[0],
+            "step_nodelist": compress_nodelist(step_hosts),  # a prefix of the hosts: one range
+            "step_num_nodes": len(step_hosts),
+            "distribution": DEALING[PLACEMENT_OF[step.map_by.value]][1],
+        },
+        files=files,
+        contents=_host_files(step_hosts, max(step.counts)),
+    )
+
+
+def _launcher_variables(key: str, slot: Slot, step: _Step, shared: _Shared) -> dict[str, str]:
     """The variables one launcher's row names, plus what that flavour of the launcher also exports."""
     row = FLAVOURS[key]
-    used_nodes = step.used_nodes
-    # Launchers number only the nodes the step uses.
-    node_index = used_nodes.index(slot.node) if len(used_nodes) < len(step.hosts) else slot.node
-    world_size = len(step.slots)
+    node_index = step.node_index[slot.node] if len(step.used_nodes) < len(step.hosts) else slot.node
     values: dict[str | None, object] = {
         row.rank: slot.rank,
-        row.world_size: world_size,
+        row.world_size: shared.world_size,
         row.local_rank: slot.local_rank,
         row.local_size: slot.local_size,
         row.node_rank: node_index,
-        row.num_nodes: len(used_nodes),
-        row.tasks_per_node: compress_tasks_per_node(step.counts),
+        row.num_nodes: shared.num_nodes,
+        row.tasks_per_node: shared.tasks_per_node,
     }
     env = {name: str(value) for name, value in values.items() if name is not None}
-    step_hosts = [step.hosts[node] for node in used_nodes]
     fields = {
+        **shared.fields,
         "rank": slot.rank,
         "local_rank": slot.local_rank,
-        "world_size": world_size,
         "node": node_index,
         "host": step.hosts[slot.node],
-        "job": JOB_ID,
-        "uuid": f"{int(JOB_ID):08x}-0000-0000-0000-000000000001",
-        "first_host": step.hosts[0],
-        "step_nodelist": compress_nodelist(step_hosts),  # a prefix of the hosts: one range
-        "step_num_nodes": len(step_hosts),
-        "distribution": DEALING[PLACEMENT_OF[step.map_by.value]][1],
     }
-    ppn = max(step.counts)
-    env.update(_fill(row.flavours[key], fields, files, _host_files(step_hosts, ppn)))
+    env.update(_fill(row.flavours[key], fields, shared.files, shared.contents))
     return env
 
 
@@ -355,10 +421,13 @@ def simulate(
         launcher, nodes, ppn, np=np, map_by=map_by, scheduler=scheduler
     )
 
+    # Read as a host file on disk is read (its head only), and once, not once per rank.
+    heads = {path: host_file_head(text.splitlines(keepends=True)) for path, text in files.items()}
+
     def read_text(path: str) -> str:
-        if path not in files:
+        if path not in heads:
             raise OSError(f"[Errno 2] No such file or directory: '{path}'")
-        return files[path]
+        return heads[path]
 
     ranks: list[SimulatedRank] = []
     for slot, env in zip(slots, environments, strict=True):

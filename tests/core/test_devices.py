@@ -25,6 +25,7 @@ from lightning_mpi_env.core.devices import (
     DeviceBasis,
     DeviceChoice,
     DeviceView,
+    PhysicalDevices,
     assign_devices,
     lost_peer_links,
     own_device,
@@ -254,3 +255,24 @@ def test_an_index_called_exact_is_the_roll_calls(binding):
     for rank, choice in enumerate(own):
         if choice.exact:
             assert choice.index == found[rank]
+
+
+# --- issue 23: no list in proportion to a number someone typed -----------------------------------------------------
+
+
+def test_a_huge_local_size_makes_no_device_list():
+    # Before, 10**17 physical indices were listed (a MemoryError after 8 s and 2 GB).
+    choice = own_device(None, local_rank=5, local_size=10**17)
+    assert (choice.index, choice.basis, choice.device_id) == (5, DeviceBasis.WHOLE_NODE, "5")
+    assert isinstance(choice.visible, PhysicalDevices)
+    assert len(choice.visible) == 10**17
+    assert choice.seen() == "100000000000000000 device(s), no CUDA_VISIBLE_DEVICES"
+
+
+def test_physical_devices_read_like_the_list_they_stand_for():
+    assert list(PhysicalDevices(3)) == ["0", "1", "2"] == list(PhysicalDevices(3)[:])
+    assert "2" in PhysicalDevices(3)
+    assert "3" not in PhysicalDevices(3)
+    assert PhysicalDevices(3)[-1] == "2"
+    with pytest.raises(IndexError):
+        PhysicalDevices(3)[3]

@@ -3,9 +3,17 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lightning_mpi_env.core.errors import LayoutError
-from lightning_mpi_env.core.hostlist import expand_nodelist, expand_tasks_per_node, pe_hostfile_host
+from lightning_mpi_env.core.hostlist import (
+    MAX_HOSTS,
+    expand_nodelist,
+    expand_tasks_per_node,
+    first_nodelist_host,
+    pe_hostfile_host,
+)
 
 
 @pytest.mark.parametrize(
@@ -100,3 +108,44 @@ def test_hostile_nodelists_are_one_clear_error(nodelist, match):
 def test_hostile_task_counts_are_one_clear_error(counts):
     with pytest.raises(LayoutError, match=r"SLURM_STEP_TASKS_PER_NODE=.* \(Slurm srun\) is not a list of task counts"):
         expand_tasks_per_node(counts)
+
+
+# --- issue 23: the cap is on the whole list, and the first host needs no expansion --------------------------------
+
+
+def test_the_host_cap_is_on_the_whole_list_not_each_item():
+    # 40 items of 999,999 hosts each: each under the cap, 40 million together (24 s and 2.9 GB before).
+    nodelist = ",".join(f"n{item}x[1-999999]" for item in range(40))
+    with pytest.raises(LayoutError, match=r"it lists more than 1000000 hosts"):
+        expand_nodelist(nodelist)
+    with pytest.raises(LayoutError, match=r"it lists more than 1000000 hosts"):
+        first_nodelist_host(nodelist)
+    assert len(expand_nodelist("a[1-500000],b[1-500000]")) == MAX_HOSTS
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "first"),
+    [
+        ("gpu[07-08,10],cpu1", "gpu07"),
+        ("r[1-2]n[01-02]", "r1n01"),
+        ("login1,gpu[1-999999]", "login1"),
+        ("n[000001-999999]", "n000001"),
+        ("node-[3,1]-ib", "node-3-ib"),  # the order Slurm wrote, not sorted
+    ],
+)
+def test_first_nodelist_host_is_the_first_of_the_expansion(nodelist, first):
+    assert first_nodelist_host(nodelist) == first
+    assert first == next(iter(expand_nodelist(nodelist)))
+
+
+@pytest.mark.parametrize("nodelist", ["gpu[07-", "gpu[5-3],a", "a,gpu[x]", "", "a,b[1-" + "9" * 19 + "]"])
+def test_first_nodelist_host_checks_the_whole_list(nodelist):
+    # The first host alone would be fine; the rest of the list is malformed, so it is not Slurm's.
+    with pytest.raises(LayoutError, match=r"is not a valid Slurm node list"):
+        first_nodelist_host(nodelist)
+
+
+@given(st.lists(st.tuples(st.text("ab-", max_size=3), st.integers(0, 30), st.integers(0, 5)), min_size=1, max_size=5))
+def test_first_nodelist_host_agrees_with_the_expansion(items):
+    nodelist = ",".join(f"{prefix}x[{low}-{low + span}]" for prefix, low, span in items)
+    assert first_nodelist_host(nodelist) == expand_nodelist(nodelist)[0]

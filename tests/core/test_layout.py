@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, LayoutError
 from lightning_mpi_env.core.launchers import FLUX, HYDRA, LAUNCHERS, OPEN_MPI, PMIX, SLURM, TORCHRUN, Launcher
 from lightning_mpi_env.core.layout import DEFAULT_MAIN_PORT, DERIVED_PORT_RANGE, Placement, derive_port, from_env
+from lightning_mpi_env.core.values import MAX_LOCAL_SIZE, MAX_WORLD_SIZE
 from tests.layouts import launcher_env, placed
 
 ADDRESS = {"MASTER_ADDR": "nodea", "MASTER_PORT": "29611"}
@@ -668,3 +669,34 @@ def test_an_ensemble_member_on_one_node_meets_on_its_own_node(tmp_path: Path):
 def test_a_port_with_thousands_of_digits_is_one_clear_error():
     with pytest.raises(LayoutError, match=r"^MASTER_PORT='9{40}'\.\.\. \(5000 characters\) is not a port number"):
         from_env(open_mpi(MASTER_PORT="9" * 5000))
+
+
+# --- issue 23: sizes have sane maxima --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "match"),
+    [
+        ("OMPI_COMM_WORLD_SIZE", str(10**17), r"more than the 16777216 ranks of one job"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", str(10**17), r"more than the 16384 ranks on one node"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", str(MAX_LOCAL_SIZE + 1), r"more than the 16384 ranks on one node"),
+    ],
+)
+def test_sizes_past_the_maxima_are_one_layout_error(variable, value, match):
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": str(MAX_WORLD_SIZE), "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+    env |= {"OMPI_COMM_WORLD_LOCAL_SIZE": str(MAX_LOCAL_SIZE), "MASTER_ADDR": "nodea", variable: value}
+    with pytest.raises(LayoutError, match=rf"{variable}='{value}' \(Open MPI\) is {match}"):
+        from_env(env)
+
+
+def test_the_maxima_themselves_resolve():
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": str(MAX_WORLD_SIZE), "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+    env |= {"OMPI_COMM_WORLD_LOCAL_SIZE": str(MAX_LOCAL_SIZE), "MASTER_ADDR": "nodea"}
+    assert (from_env(env).world_size, from_env(env).local_size) == (MAX_WORLD_SIZE, MAX_LOCAL_SIZE)
+
+
+def test_slurm_task_counts_past_the_node_maximum():
+    env = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "20000", "SLURM_LOCALID": "0"}
+    env |= {"SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "20000", "SLURM_STEP_NODELIST": "a"}
+    with pytest.raises(LayoutError, match=r"gives node 0 20000 tasks, more than the 16384 ranks on one node"):
+        from_env(env)

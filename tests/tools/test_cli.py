@@ -69,8 +69,11 @@ def test_help_on_every_command(command, capsys):
         (["simulate", "--ppn", "2"], "the following arguments are required: --nodes"),
         (["simulate", "--nodes", "0", "--ppn", "2"], "argument --nodes: must be a positive integer, got '0'"),
         (["simulate", "--nodes", "two", "--ppn", "2"], "argument --nodes: must be a positive integer, got 'two'"),
-        (["simulate", "--nodes", "2", "--ppn", "-1"], "argument --ppn: must be a positive integer, got '-1'"),
-        (["simulate", "--nodes", "2", "--ppn", "２"], "argument --ppn: must be a positive integer"),
+        (
+            ["simulate", "--nodes", "2", "--ppn", "-1"],
+            "argument --ppn/--per-node: must be a positive integer, got '-1'",
+        ),
+        (["simulate", "--nodes", "2", "--ppn", "２"], "argument --ppn/--per-node: must be a positive integer"),
         (["simulate", "--nodes", "2", "--ppn", "2", "--launcher", "lam"], "argument --launcher: invalid choice: 'lam'"),
         (["simulate", "--nodes", "2", "--ppn", "2", "--map-by", "core"], "argument --map-by: invalid choice: 'core'"),
         (["simulate", "--nodes", "2", "--ppn", "2", "--np", "5"], "--np 5 is more than --nodes 2 x --ppn 2 = 4"),

@@ -1,4 +1,6 @@
 import errno
+import os
+from unittest import mock
 
 import pytest
 
@@ -153,3 +155,52 @@ def test_port_is_checked_only_on_rank_zero():
 
 def test_finding_str():
     assert str(Finding(Level.WARN, "t", "m", "f")) == "[warn] t: m HINT: f"
+
+
+# --- issue 23: the doctor never crashes on what it exists to diagnose -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "problem"),
+    [
+        ("a..b", "it has an empty label"),
+        ("a" * 64, "a label is longer than 63 characters"),
+        ("node\udcff", "not printable ASCII"),  # bytes that are not UTF-8, as os.environ holds them
+        (" ", "it is blank"),
+        ("-oX=y", "a label starts or ends with '-'"),
+    ],
+)
+def test_a_main_address_that_is_no_host_is_a_finding(address, problem):
+    # Before: a raw UnicodeError from the resolver's IDNA codec (a..b, 64 characters, non-UTF-8 bytes).
+    findings = diagnose({**OPEN_MPI_RANK_0, "MASTER_ADDR": address}, module_available=lambda name: False)
+    (finding,) = [finding for finding in _by_topic(findings, "layout") if finding.level is Level.ERROR]
+    assert "is not a host name or an IP address" in finding.message
+    assert problem in finding.message
+
+
+@pytest.mark.parametrize("error", [UnicodeError("label empty or too long"), ValueError("embedded null")])
+def test_a_resolver_that_raises_anything_it_may_is_a_finding(error):
+    def resolve(host):
+        raise error
+
+    (finding,) = _by_topic(_diagnose(OPEN_MPI_RANK_0, resolve=resolve), "main address")
+    assert finding.level is Level.ERROR
+    assert "does not resolve" in finding.message
+
+
+def test_no_host_file_is_opened_while_master_addr_is_set(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer: a hang, were it opened
+    opened = []
+    real_open = os.open
+
+    def watching_open(path, *args, **kwargs):
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    with mock.patch("os.open", watching_open):
+        findings = _diagnose({**OPEN_MPI_RANK_0, "PBS_NODEFILE": str(fifo), "SLURM_JOB_NODELIST": "gpu[01-02]"})
+    assert str(fifo) not in opened
+    assert not _by_topic(findings, "stale variable")  # the host list that comes first is a file: not compared
+    findings = _diagnose({**OPEN_MPI_RANK_0, "SLURM_JOB_NODELIST": "gpu[01-02]"})
+    assert "overrides the scheduler's first host 'gpu01'" in _by_topic(findings, "stale variable")[0].message

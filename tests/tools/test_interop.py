@@ -8,6 +8,7 @@ import pytest
 
 import lightning_mpi_env
 from lightning_mpi_env.core.errors import (
+    AddressError,
     ApproximateNodeRankWarning,
     DeviceIndexWarning,
     LayoutError,
@@ -139,7 +140,8 @@ def test_torchrun_args_refuses_several_processes_per_node():
 
 
 def test_torchrun_args_refuses_address_that_would_split():
-    with pytest.raises(LayoutError, match=r"main address 'node a; rm' .* not a plain host name"):
+    # Refused where MASTER_ADDR is read (a host name has no blank), before any command line could split it.
+    with pytest.raises(AddressError, match=r"MASTER_ADDR='node a; rm' .* is not a host name or an IP address"):
         torchrun_args({**ONE_PER_NODE, "MASTER_ADDR": "node a; rm"})
 
 

@@ -229,8 +229,9 @@ def test_as_dict_has_the_documented_keys():
     [
         ({"launcher": "lam", "nodes": 1, "ppn": 1}, "launcher='lam' is not one of"),
         ({"launcher": "slurm", "nodes": 1, "ppn": 1, "scheduler": "moab"}, "scheduler='moab' is not one of"),
-        ({"launcher": "slurm", "nodes": 0, "ppn": 1}, "must all be at least 1"),
-        ({"launcher": "slurm", "nodes": 1, "ppn": 2, "np": 3}, "np=3 is more than the 2 slots"),
+        ({"launcher": "slurm", "nodes": 0, "ppn": 1}, "--nodes 0 must be at least 1"),
+        ({"launcher": "slurm", "nodes": 10**18, "ppn": 10**18, "np": 1}, "more than the 65536 slots"),
+        ({"launcher": "slurm", "nodes": 1, "ppn": 2, "np": 3}, "--np 3 is more than the 2 slots"),
     ],
 )
 def test_launch_environments_rejects_bad_arguments(kwargs, match):

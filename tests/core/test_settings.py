@@ -1,0 +1,67 @@
+"""``LIGHTNING_MPI_ENV_*`` settings: finite, in a range, plain ASCII digits; one on/off parser (issue 23)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_mpi_env.core.errors import SettingError
+from lightning_mpi_env.core.settings import MAX_REQUEUES, VARIABLE, Settings
+from lightning_mpi_env.core.values import MAX_SECONDS, SWITCH_WORDS
+
+TIMEOUTS = [VARIABLE["rendezvous_timeout"], VARIABLE["stall_timeout"]]
+
+
+@pytest.mark.parametrize("variable", TIMEOUTS)
+@pytest.mark.parametrize(
+    "value",
+    [
+        "1e18",  # accepted by float(), then an OverflowError in the roll call's timedelta
+        "1e-300",
+        "\u0663",  # Arabic-Indic three: float() takes it
+        "1_0",  # float() takes it as 10
+        "inf",
+        "nan",
+        "-3",
+        "0x10",
+        "1.5.2",
+        ".",
+        "9" * 40,
+        str(MAX_SECONDS + 1),
+        "0.0001",
+    ],
+)
+def test_hostile_timeouts_are_one_setting_error(variable, value):
+    with pytest.raises(SettingError, match=rf"{variable}=.* is not a positive, finite number of seconds in plain"):
+        Settings.from_env({variable: value})
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("20", 20.0), ("2.5", 2.5), (" 30 ", 30.0), (".5", 0.5), ("7.", 7.0)])
+def test_plain_decimal_timeouts(value, seconds):
+    assert Settings.from_env({VARIABLE["rendezvous_timeout"]: value}).rendezvous_timeout == seconds
+
+
+@pytest.mark.parametrize("value", [1e18, float("inf"), float("nan"), -1.0, 1e-300])
+def test_timeout_arguments_are_bounded_too(value):
+    with pytest.raises(SettingError, match=r"rendezvous_timeout=.* is not a positive, finite number of seconds"):
+        Settings().with_arguments(rendezvous_timeout=value)
+
+
+@pytest.mark.parametrize("value", ["0", "off", "OFF", "no", "false", "0.0"])
+def test_stall_watchdog_off_words_are_the_switch_s(value):
+    assert Settings.from_env({VARIABLE["stall_timeout"]: value}).stall_timeout == 0.0
+
+
+@pytest.mark.parametrize("field", ["roll_call", "requeue", "debug"])
+def test_every_switch_reads_the_one_table(field):
+    for word, meaning in SWITCH_WORDS.items():
+        for spelled in (word, word.upper(), f" {word} "):
+            assert getattr(Settings.from_env({VARIABLE[field]: spelled}), field) is meaning
+    with pytest.raises(SettingError, match=rf"{VARIABLE[field]}='maybe' is not one of 1, 0"):
+        Settings.from_env({VARIABLE[field]: "maybe"})
+
+
+@pytest.mark.parametrize("value", ["\u0663", "1_0", "1e3", "-1", str(MAX_REQUEUES + 1), "9" * 30])
+def test_max_requeues_is_plain_digits_in_a_range(value):
+    with pytest.raises(SettingError, match=r"LIGHTNING_MPI_ENV_MAX_REQUEUES=.* is not a whole number from 0 to"):
+        Settings.from_env({VARIABLE["max_requeues"]: value})
+    assert Settings.from_env({VARIABLE["max_requeues"]: str(MAX_REQUEUES)}).max_requeues == MAX_REQUEUES
