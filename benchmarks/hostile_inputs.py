@@ -2,9 +2,9 @@
 
 Each case runs in a fresh interpreter under an address-space cap (``--cap-mb``, 3072 by default, so a blow-up ends
 in ``MemoryError`` instead of taking the machine) and a wall-clock bound (``--bound``, 60 s by default, so a hang is
-reported as one). The table gives the wall time, the peak resident memory of the child (``ru_maxrss``) and how the
-case ended: its exit status and the last line it printed. The tests (``tests/test_hostile_inputs.py``) check the
-same inputs against generous bounds; this script gives the figures.
+reported as one). The table gives the wall time, the CPU time and the peak resident memory of the child
+(``rusage``), and how the case ended: its exit status and the last line it printed. The tests
+(``tests/test_hostile_inputs.py``) check the same inputs against generous bounds; this script gives the figures.
 
 Usage: ``.venv/bin/python benchmarks/hostile_inputs.py [--cap-mb 3072] [--bound 60] [--only NAME]``
 """
@@ -45,6 +45,7 @@ def cases(workdir: Path) -> list[tuple[str, list[str], dict[str, str]]]:
         file.write(b"node001\n")
         file.truncate(10**9)
     return [
+        ("floor: `--version` (interpreter start and import)", [*CLI, "--version"], {}),
         ("exec, *_LOCAL_SIZE=10^17", [*CLI, "exec", "--", "true"], HUGE_LOCAL),
         ("torch_env(), *_LOCAL_SIZE=10^17", api("m.torch_env()"), HUGE_LOCAL),
         ("jax_distributed_kwargs(), *_LOCAL_SIZE=10^17", api("m.jax_distributed_kwargs()"), HUGE_LOCAL),
@@ -55,25 +56,39 @@ def cases(workdir: Path) -> list[tuple[str, list[str], dict[str, str]]]:
         ("doctor, MASTER_ADDR=a..b", [*CLI, "doctor"], {**OPEN_MPI, "MASTER_ADDR": "a..b"}),
         ("doctor, MASTER_ADDR=64-char label", [*CLI, "doctor"], {**OPEN_MPI, "MASTER_ADDR": "a" * 64}),
         ("doctor, MASTER_ADDR=non-UTF-8", [*CLI, "doctor"], {**OPEN_MPI, "MASTER_ADDR": "node\udcff"}),
-        ("doctor, MASTER_ADDR + FIFO host file", [*CLI, "doctor"], {**OPEN_MPI, "MASTER_ADDR": "localhost",
-                                                                     "PBS_NODEFILE": str(fifo)}),
+        (
+            "doctor, MASTER_ADDR + FIFO host file",
+            [*CLI, "doctor"],
+            {**OPEN_MPI, "MASTER_ADDR": "localhost", "PBS_NODEFILE": str(fifo)},
+        ),
         *[
-            (f"timeout {value!r}", api("print(s.Settings.from_env(__import__('os').environ))"),
-             {"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": value})
+            (
+                f"timeout {value!r}",
+                api("print(s.Settings.from_env(__import__('os').environ))"),
+                {"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": value},
+            )
             for value in ("1e18", "1e-300", "\u0663", "1_0")
         ],
-        *[(f"show, MASTER_ADDR={value!r}", [*CLI, "show"], {**OPEN_MPI, "MASTER_ADDR": value})
-          for value in (" ", "a\nb", "-oX=y")],
+        *[
+            (f"show, MASTER_ADDR={value!r}", [*CLI, "show"], {**OPEN_MPI, "MASTER_ADDR": value})
+            for value in (" ", "a\nb", "-oX=y")
+        ],
         ("simulate --nodes 30 --per-node 30", [*CLI, "simulate", "--nodes", "30", "--ppn", "30"], {}),
         ("simulate --nodes 100 --per-node 100", [*CLI, "simulate", "--nodes", "100", "--ppn", "100"], {}),
-        ("simulate --nodes 10^18 --per-node 10^18",
-         [*CLI, "simulate", "--nodes", str(10**18), "--ppn", str(10**18), "--np", "1"], {}),
-        ("simulate --nodes 10^8 --per-node 1 --np 1", [*CLI, "simulate", "--nodes", str(10**8), "--ppn", "1",
-                                                        "--np", "1"], {}),
+        (
+            "simulate --nodes 10^18 --per-node 10^18",
+            [*CLI, "simulate", "--nodes", str(10**18), "--ppn", str(10**18), "--np", "1"],
+            {},
+        ),
+        (
+            "simulate --nodes 10^8 --per-node 1 --np 1",
+            [*CLI, "simulate", "--nodes", str(10**8), "--ppn", "1", "--np", "1"],
+            {},
+        ),
     ]
 
 
-def run(argv: list[str], env: dict[str, str], cap_mb: int, bound: float) -> tuple[float, float, str]:
+def run(argv: list[str], env: dict[str, str], cap_mb: int, bound: float) -> tuple[float, float, float, str]:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap_mb << 20, cap_mb << 20))
 
@@ -98,7 +113,8 @@ def run(argv: list[str], env: dict[str, str], cap_mb: int, bound: float) -> tupl
     wall = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     lines = output.decode(errors="replace").strip().splitlines()
-    return wall, usage.ru_maxrss / 1024, f"{ended}: {lines[-1][:150] if lines else ''}"
+    cpu = usage.ru_utime + usage.ru_stime
+    return wall, cpu, usage.ru_maxrss / 1024, f"{ended}: {lines[-1][:150] if lines else ''}"
 
 
 def main() -> None:
@@ -108,7 +124,8 @@ def main() -> None:
     parser.add_argument("--only", default="")
     args = parser.parse_args()
     print(f"# {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, cap {args.cap_mb} MB")
-    print("| case | wall s | peak MB | outcome |\n|---|---|---|---|")
+    print(f"# load average {os.getloadavg()[0]:.1f}: wall times vary with it, CPU times (user + sys) less")
+    print("| case | wall s | CPU s | peak MB | outcome |\n|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as workdir:
         for name, argv, env in cases(Path(workdir)):
             if args.only and args.only not in name:
@@ -127,8 +144,8 @@ def one(spec: str) -> None:
     import ast
 
     argv, env, cap_mb, bound = ast.literal_eval(spec)
-    wall, peak, outcome = run(argv, env, cap_mb, bound)
-    print(f"{wall:.2f} | {peak:.0f} | {outcome.replace('|', '/')}")
+    wall, cpu, peak, outcome = run(argv, env, cap_mb, bound)
+    print(f"{wall:.2f} | {cpu:.2f} | {peak:.0f} | {outcome.replace('|', '/')}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from tests.docs_tables import TABLES, block
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 ERRORS = {
+    "AddressError",
     "LayoutError",
     "RendezvousError",
     "SettingError",

@@ -32,6 +32,10 @@ class HostFileError(OSError):
     """A host file that this package will not read: not a regular file, too long before its hosts, or not text."""
 
 
+class _PastTheCap(HostFileError):
+    """The byte cap came before the host lines wanted: an error only when no host was found before it."""
+
+
 def names_a_host(line: str) -> bool:
     """Whether a host file's line names a host: not blank and not a ``#`` comment.
 
@@ -52,11 +56,15 @@ def host_file_head(lines: Iterable[str], *, host_lines: int = HOST_LINES_NEEDED)
     """
     head: list[str] = []
     found = 0
-    for line in lines:
-        head.append(line)
-        found += names_a_host(line)
-        if found >= host_lines:
-            break
+    try:
+        for line in lines:
+            head.append(line)
+            found += names_a_host(line)
+            if found >= host_lines:
+                break
+    except _PastTheCap:
+        if not found:
+            raise
     return "".join(head)
 
 
@@ -69,10 +77,11 @@ def read_host_file(path: str, *, host_lines: int = HOST_LINES_NEEDED, max_bytes:
         max_bytes: The most bytes to read before they are found.
 
     Returns:
-        Those lines, as UTF-8 text; fewer when the file ends first.
+        Those lines, as UTF-8 text; fewer when the file ends first, or when ``max_bytes`` comes after the first
+        host line and before the others (the lines whole before it).
 
     Raises:
-        HostFileError: The path is not a regular file, it has no such lines in its first ``max_bytes`` bytes, or a
+        HostFileError: The path is not a regular file, it names no host in its first ``max_bytes`` bytes, or a
             line is not UTF-8 (an ``OSError``, as from any file that cannot be read).
         OSError: The file cannot be opened or read.
     """
@@ -98,7 +107,7 @@ def _lines(path: str, max_bytes: int) -> Generator[str, None, None]:
                 return
             left -= len(line)
             if left < 0:
-                raise HostFileError(f"{path} names no host in its first {max_bytes} bytes")
+                raise _PastTheCap(f"{path} names no host in its first {max_bytes} bytes")
             try:
                 yield line.decode("utf-8")
             except UnicodeDecodeError as error:

@@ -77,6 +77,15 @@ def test_a_huge_file_gives_its_first_lines_only(tmp_path: Path):
     assert read_host_file(str(nodefile)) == "node001\nnode002\n"
 
 
+def test_the_cap_after_the_first_host_ends_the_head(tmp_path: Path):
+    # A first host, then one endless line: the first host is all there is to read.
+    nodefile = tmp_path / "nodefile"
+    with nodefile.open("wb") as file:
+        file.write(b"node001\n")
+        file.truncate(10**9)
+    assert read_host_file(str(nodefile)) == "node001\n"
+
+
 def test_a_file_without_hosts_in_its_first_bytes_is_refused(tmp_path: Path):
     zeros = tmp_path / "zeros"  # one endless line: what /dev/zero would be as a regular file
     with zeros.open("wb") as file:

@@ -15,6 +15,7 @@ from lightning_mpi_env.core.errors import (
     LayoutWarning,
     SettingError,
 )
+from lightning_mpi_env.core.values import MAX_LOCAL_SIZE
 from lightning_mpi_env.tools.interop import (
     TORCH_VARIABLES,
     jax_distributed_kwargs,
@@ -307,3 +308,16 @@ def test_torch_env_says_no_assumed_node_rank_where_it_is_proven():
         warnings.simplefilter("error", ApproximateNodeRankWarning)
         assert torch_env(one_node)["NODE_RANK"] == "0"
         assert torch_env({})["NODE_RANK"] == "0"
+
+
+# --- issue 23: no device list in proportion to the local size --------------------------------------------------------
+
+
+def test_the_largest_local_size_needs_no_device_list():
+    last = MAX_LOCAL_SIZE - 1
+    env = {"OMPI_COMM_WORLD_RANK": str(last), "OMPI_COMM_WORLD_SIZE": str(MAX_LOCAL_SIZE)}
+    env |= {"OMPI_COMM_WORLD_LOCAL_RANK": str(last), "OMPI_COMM_WORLD_LOCAL_SIZE": str(MAX_LOCAL_SIZE)}
+    assert jax_distributed_kwargs(env)["local_device_ids"] == [last]
+    assert torch_env(env)["LOCAL_RANK"] == str(last)
+    with pytest.raises(LayoutError, match=r"OMPI_COMM_WORLD_LOCAL_SIZE='100000000000000000' .* ranks on one node"):
+        jax_distributed_kwargs({**env, "OMPI_COMM_WORLD_SIZE": str(10**7), "OMPI_COMM_WORLD_LOCAL_SIZE": str(10**17)})
