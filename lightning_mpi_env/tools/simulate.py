@@ -223,7 +223,8 @@ def launch_environments(
         environments name.
 
     Raises:
-        ValueError: On an unknown launcher or scheduler, or impossible counts.
+        ValueError: On an unknown launcher or scheduler; impossible counts, or more than
+            :data:`MAX_SIMULATED_RANKS` slots, are a :class:`~lightning_mpi_env.core.errors.SettingError`.
     """
     if launcher not in LAUNCHER_KEYS:
         raise ValueError(f"launcher={launcher!r} is not one of {', '.join(LAUNCHER_KEYS)}.")
@@ -410,7 +411,8 @@ def simulate(
         The rank table and its problems.
 
     Raises:
-        ValueError: On an unknown launcher or scheduler, or impossible counts.
+        ValueError: On an unknown launcher or scheduler; impossible counts, or more than
+            :data:`MAX_SIMULATED_RANKS` slots, are a :class:`~lightning_mpi_env.core.errors.SettingError`.
 
     >>> simulate("openmpi", nodes=2, ppn=2, map_by="node").ok
     True
