@@ -11,6 +11,9 @@ gets a :class:`SettingError`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from lightning_mpi_env.core.errors import LayoutError, SettingError
 
 PORT_RANGE = range(1, 65536)
@@ -32,7 +35,9 @@ MIN_SECONDS = 0.001
 MAX_SECONDS = 7 * 24 * 3600.0
 """The longest timeout this package takes: a week (``0`` turns the stall watchdog off instead)."""
 
-SWITCH_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+SWITCH_WORDS: Mapping[str, bool] = MappingProxyType(
+    {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+)
 """The values of an on/off setting (any case, blanks around ignored): the one table both parsers of switches use."""
 
 SHOWN_CHARACTERS = 40

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+import tracemalloc
 
 import pytest
 from hypothesis import given
@@ -136,6 +137,16 @@ def test_the_host_cap_is_on_the_whole_list_not_each_item():
 def test_first_nodelist_host_is_the_first_of_the_expansion(nodelist, first):
     assert first_nodelist_host(nodelist) == first
     assert first == next(iter(expand_nodelist(nodelist)))
+
+
+def test_the_first_host_of_a_long_range_is_found_without_expanding_it():
+    tracemalloc.start()
+    try:
+        assert first_nodelist_host("n[000001-999000],login[1-999]") == "n000001"
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # the expansion alone would be about 60 MB
 
 
 @pytest.mark.parametrize("nodelist", ["gpu[07-", "gpu[5-3],a", "a,gpu[x]", "", "a,b[1-" + "9" * 19 + "]"])
