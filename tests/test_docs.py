@@ -20,6 +20,8 @@ ERRORS = {
     "SettingError",
     "MixedImportError",
     "StrategyImportError",
+    "JobIdError",
+    "CheckpointError",
     "CommandError",
     "MpirunNotFoundError",
     "ApproximateNodeRankWarning",

@@ -116,11 +116,28 @@ class MixedImportWarning(Explained, UserWarning):
     """Both Lightning namespaces are imported in one process (the problem names the importer of each)."""
 
 
+class JobIdError(LayoutError):
+    """A scheduler's job variable (job id, array task, restart count) is not in that scheduler's own syntax."""
+
+
+class CheckpointError(MpiEnvError, ValueError):
+    """A requeued job would resume from a checkpoint that is not its own, or its requeue record cannot be read."""
+
+
+class CheckpointWarning(Explained, UserWarning):
+    """A requeue checkpoint was skipped (empty, unreadable, or not matching its record); an older one is used."""
+
+    separator = " "
+
+
 __all__ = [
     "ApproximateNodeRankWarning",
+    "CheckpointError",
+    "CheckpointWarning",
     "DeviceIndexWarning",
     "Explained",
     "FabricWarning",
+    "JobIdError",
     "LayoutError",
     "LayoutWarning",
     "MixedImportError",
