@@ -149,7 +149,8 @@ class Requeue(NamedTuple):
 def hpc_checkpoint(trainer: Any) -> str | None:
     """This job's own newest complete HPC checkpoint, for ``trainer.fit(model, ckpt_path=...)`` on every scheduler.
 
-    ``None`` on the first run (start afresh). Checkpoints of other jobs in ``default_root_dir`` are never returned;
+    ``None`` on the first run and outside a scheduler (start afresh). Checkpoints of other jobs in
+    ``default_root_dir`` are never returned;
     the job's own that do not check out (a save cut off, an empty or unreadable file) are skipped with a
     ``CheckpointWarning``, and the one before is used. Rank 0 says which checkpoint it resumes from.
 

@@ -384,7 +384,8 @@ def test_grid_engine_exits_99_after_the_checkpoint_and_the_job_resumes_from_it(r
     capped = {"JOB_ID": "424242", "LIGHTNING_MPI_ENV_MAX_REQUEUES": "1"}
     returncode, output, results = requeue_job(capped, signal_it=True, signum=signal.SIGUSR2)
     assert returncode == 1, output[-3000:]
-    assert "not requeued: this would be requeue 2, past LIGHTNING_MPI_ENV_MAX_REQUEUES=1" in output, output[-3000:]
+    expected = "not requeued: this would be requeue 2 of SGE job 424242, past LIGHTNING_MPI_ENV_MAX_REQUEUES=1"
+    assert expected in output, output[-3000:]
     assert (requeue_job.root / "hpc_ckpt_2.ckpt").exists()
     # Started again: resumes from the newest checkpoint, past step 0, and finishes.
     returncode, output, results = requeue_job({"JOB_ID": "424242"}, signal_it=False)
