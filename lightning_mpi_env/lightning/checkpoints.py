@@ -3,10 +3,11 @@
 A requeue checkpoint is Lightning's ``<default_root_dir>/hpc_ckpt_<n>.ckpt``. A file name says nothing about the
 job that saved it, nor whether the save finished, so each job keeps a record beside them,
 ``<default_root_dir>/.lightning-mpi-env/<scheduler>-<job>.json`` (rank 0 writes it whole, through a temporary file
-and ``os.replace``): the job's scheduler and identity (job id and array task), how often it was requeued, and each
-checkpoint it saved, first as *pending* (the number reserved, before the save) and then with its size (after every
-rank's save). A job resumes only from a checkpoint of its own record whose save finished and whose file is still
-there, not empty, readable and of the recorded size; any other of its checkpoints is skipped with a
+and ``os.replace``): the job's scheduler and identity (job id and array task; also the job as its requeue command
+names it), how often it was requeued, and each checkpoint it saved, first as *pending* (the number reserved, before
+the save) and then with its size (after every rank's save). A job resumes only from a checkpoint of its own record
+whose save finished and whose file is still there, not empty, readable and of the recorded size; any other of its
+checkpoints is skipped with a
 :class:`~lightning_mpi_env.core.errors.CheckpointWarning`, newest first. Other jobs' checkpoints in the same folder
 are never candidates. Deleting checkpoints does not reset the requeue count: the record keeps it (and under Slurm,
 ``SLURM_RESTART_COUNT`` is the count).
@@ -61,6 +62,9 @@ class Record(NamedTuple):
     """The job's identity (``123``; ``77/3`` for an array task)."""
     variables: tuple[str, ...]
     """The variables the identity came from (``JOB_ID``, ``SGE_TASK_ID``)."""
+    name: str | None
+    """The job as its scheduler's requeue command names it: a Slurm array task by its array (``36_1``), an LSF
+    array element as ``7[3]``."""
     requeues: int
     """How often this package requeued the job."""
     saved: tuple[Saved, ...]
@@ -69,7 +73,7 @@ class Record(NamedTuple):
     @classmethod
     def new(cls, job: SchedulerJob) -> Record:
         """An empty record for ``job``."""
-        return cls(job.scheduler.key, job.identity, job.variables, 0, ())
+        return cls(job.scheduler.key, job.identity, job.variables, job.requeue_name, 0, ())
 
     def owner(self) -> str:
         """The job in words, as errors name it (``Slurm job 123``, ``SGE job 77 task 3``)."""
@@ -133,6 +137,7 @@ def write_record(directory: str, job: SchedulerJob, record: Record) -> None:
         "scheduler": record.scheduler,
         "job": record.job,
         "variables": list(record.variables),
+        "name": record.name,
         "requeues": record.requeues,
         "saved": [{"file": item.file, "size": item.size, "step": item.step} for item in record.saved],
     }
@@ -260,14 +265,16 @@ def _read(path: str) -> Record:
 def _parse(data: Any) -> Record:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"not a requeue record of format {FORMAT}")
-    scheduler, job, variables, requeues, saved = (
-        data.get(key) for key in ("scheduler", "job", "variables", "requeues", "saved")
+    scheduler, job, variables, name, requeues, saved = (
+        data.get(key) for key in ("scheduler", "job", "variables", "name", "requeues", "saved")
     )
     if not (isinstance(scheduler, str) and isinstance(job, str) and isinstance(variables, list)):
         raise ValueError("no scheduler, job or variables")
+    if not (name is None or isinstance(name, str)):
+        raise ValueError("a job name that is not text")
     if not (isinstance(requeues, int) and requeues >= 0 and isinstance(saved, list)):
         raise ValueError("no requeue count or checkpoints")
-    return Record(scheduler, job, tuple(map(str, variables)), requeues, tuple(map(_parse_saved, saved)))
+    return Record(scheduler, job, tuple(map(str, variables)), name, requeues, tuple(map(_parse_saved, saved)))
 
 
 def _parse_saved(item: Any) -> Saved:

@@ -51,7 +51,12 @@ def test_an_array_task_is_its_own_job(tmp_path):
     assert resumable(tmp_path, scheduler_job({**task, "LSB_JOBINDEX": "2"})) is None
     assert resumable(tmp_path, scheduler_job(task)) == str(tmp_path / "hpc_ckpt_1.ckpt")
     record = json.loads((tmp_path / ".lightning-mpi-env" / "lsf-7.1.json").read_text())
-    assert (record["job"], record["variables"]) == ("7/1", ["LSB_JOBID", "LSB_JOBINDEX"])
+    assert (record["job"], record["variables"], record["name"]) == ("7/1", ["LSB_JOBID", "LSB_JOBINDEX"], "7[1]")
+    # A Slurm array task has a job id of its own; the record keeps its array name too.
+    slurm_task = scheduler_job({"SLURM_JOB_ID": "37", "SLURM_ARRAY_JOB_ID": "36", "SLURM_ARRAY_TASK_ID": "1"})
+    save(tmp_path, slurm_task, 5)
+    record = json.loads((tmp_path / ".lightning-mpi-env" / "slurm-37.json").read_text())
+    assert (record["job"], record["name"]) == ("37", "36_1")
 
 
 @pytest.mark.parametrize(
