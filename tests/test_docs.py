@@ -21,6 +21,8 @@ ERRORS = {
     "SettingError",
     "MixedImportError",
     "StrategyImportError",
+    "JobIdError",
+    "CheckpointError",
     "CommandError",
     "MpirunNotFoundError",
     "ApproximateNodeRankWarning",

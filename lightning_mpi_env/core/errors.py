@@ -123,12 +123,29 @@ class AddressError(LayoutError):
     """
 
 
+class JobIdError(LayoutError):
+    """A scheduler's job variable (job id, array task, restart count) is not in that scheduler's own syntax."""
+
+
+class CheckpointError(MpiEnvError, ValueError):
+    """A requeued job would resume from a checkpoint that is not its own, or its requeue record cannot be read."""
+
+
+class CheckpointWarning(Explained, UserWarning):
+    """A requeue checkpoint was skipped (empty, unreadable, or not matching its record); an older one is used."""
+
+    separator = " "
+
+
 __all__ = [
     "AddressError",
     "ApproximateNodeRankWarning",
+    "CheckpointError",
+    "CheckpointWarning",
     "DeviceIndexWarning",
     "Explained",
     "FabricWarning",
+    "JobIdError",
     "LayoutError",
     "LayoutWarning",
     "MixedImportError",

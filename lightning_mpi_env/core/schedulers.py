@@ -7,13 +7,14 @@ other job shares) and the first host of the job's host list (where rank 0 runs),
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
 from lightning_mpi_env.core import hostfile
-from lightning_mpi_env.core.errors import LayoutError
+from lightning_mpi_env.core.errors import JobIdError, LayoutError
 from lightning_mpi_env.core.hostlist import (
     HostList,
     HostListForm,
@@ -62,11 +63,21 @@ class Scheduler(NamedTuple):
     """When the signal comes, and what to do where the job script alone cannot make it come."""
     run_for_real: str = ""
     """How the test suite runs this scheduler for real; empty: documented variables, not run here."""
+    job_syntax: Mapping[str, str] = MappingProxyType({})
+    """The scheduler's own syntax of each variable of the job that this package reads (job id, array task,
+    restart count): a regular expression the whole value must match (ASCII), checked before a value reaches a
+    command line or a file name (:func:`scheduler_job`)."""
+    restart_count: str = ""
+    """The variable that counts this job's restarts (Slurm's ``SLURM_RESTART_COUNT``); empty where the scheduler
+    exports no count, and the job's requeue record keeps one."""
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
         # A row is an entry of the table: pickled by its key.
         return (scheduler_by_key, (self.key,))
 
+
+_NUMBER = "[0-9]{1,19}"
+"""A job number: ASCII digits, at most 19 (every scheduler's ids fit in 64 bits)."""
 
 SGE = Scheduler(
     key="sge",
@@ -83,6 +94,9 @@ SGE = Scheduler(
     requeue_exit_code=99,
     warning_signal=signal.SIGUSR2,  # -notify: SIGUSR2 before SIGKILL (SIGUSR1 comes before a suspension)
     job_script="#$ -notify",
+    # qsub(1): JOB_ID "a unique job identifier"; SGE_TASK_ID the task's index, "undefined" outside arrays. RESTARTED
+    # is a 0/1 flag, not a count: the requeue record counts restarts.
+    job_syntax=MappingProxyType({"JOB_ID": _NUMBER, "SGE_TASK_ID": f"{_NUMBER}|undefined"}),
     warning="SIGUSR2 comes `notify` seconds (60 by default) before h_rt's SIGKILL; with s_rt instead, SIGUSR1: "
     "`requeue_signal=signal.SIGUSR1`",
 )
@@ -99,6 +113,14 @@ PBS = Scheduler(
     requeue_command=("qrerun", "{job}"),
     requeue_job=("{PBS_JOBID}",),
     job_script="#PBS -r y",
+    # `<sequence>[<index>].<server>` (the server part may be a dotted host name); no restart count is exported.
+    job_syntax=MappingProxyType(
+        {
+            "PBS_JOBID": r"[0-9]{1,19}(\[[0-9]{0,19}\])?(\.[A-Za-z0-9][A-Za-z0-9_-]{0,62}){0,8}",
+            "PBS_ARRAY_INDEX": _NUMBER,
+            "PBS_ARRAYID": _NUMBER,
+        }
+    ),
     warning="PBS sends no warning signal: SIGTERM comes at the wall-clock limit, then SIGKILL after `kill_delay`; "
     "`requeue_signal=signal.SIGTERM`, or `qsig -s USR1 $PBS_JOBID` from a watcher",
 )
@@ -118,6 +140,9 @@ LSF = Scheduler(
     # bsub -W: "the job is sent a SIGUSR2 signal, and is killed if it does not terminate within ten minutes".
     warning_signal=signal.SIGUSR2,
     job_script="#BSUB -W 0:30",
+    # LSF's LSB_RESTART is "Y" on a restarted job, not a count (Platform LSF Configuration Reference, "Environment
+    # variables"): the requeue record counts restarts.
+    job_syntax=MappingProxyType({"LSB_JOBID": _NUMBER, "LSB_JOBINDEX": _NUMBER}),
     warning="SIGUSR2 at the run limit, SIGKILL ten minutes later; `#BSUB -wa USR2 -wt 5` sends it five minutes "
     "before the limit instead",
 )
@@ -141,6 +166,17 @@ SLURM = Scheduler(
     warning="SIGUSR1 to every `srun` step 90 s before the limit; `mpirun` in `sbatch`: `--signal=B:USR1@90` and a "
     "trap that passes it on to `mpirun`, as `examples/jobs/slurm_mpirun.sbatch` does",
     run_for_real="Slurm 22.05 from Debian (`slurm-wlm`): slurmctld and two slurmd on one machine",
+    job_syntax=MappingProxyType(
+        {
+            "SLURM_JOB_ID": _NUMBER,
+            "SLURM_ARRAY_JOB_ID": _NUMBER,
+            "SLURM_ARRAY_TASK_ID": _NUMBER,
+            "SLURM_RESTART_COUNT": _NUMBER,
+        }
+    ),
+    # sbatch(1): "SLURM_RESTART_COUNT: If the job has been restarted due to system failure or has been explicitly
+    # requeued, this will be sent to the number of times the job has been restarted." Kept across requeues.
+    restart_count="SLURM_RESTART_COUNT",
 )
 
 FLUX = Scheduler(
@@ -152,6 +188,13 @@ FLUX = Scheduler(
     host_lists=(),  # Flux exports none: `flux hostlist local` prints the job's hosts.
     # What a batch script passes besides the id: Flux lists no hosts, so the script gives the first one.
     simulated=MappingProxyType({"FLUX_ENCLOSING_ID": "ƒ{job}", "MASTER_ADDR": "{first_host}"}),
+    # flux-jobs(1) ID forms: F58 (``ƒ`` or ``f`` and base58), decimal, hexadecimal, dotted hex.
+    job_syntax=MappingProxyType(
+        {
+            "FLUX_ENCLOSING_ID": r"[ƒf][1-9A-HJ-NP-Za-km-z]{1,16}|[0-9]{1,20}|0x[0-9a-f]{1,16}"
+            r"|[0-9a-f]{4}(\.[0-9a-f]{4}){3}"
+        }
+    ),
 )
 
 SCHEDULERS: tuple[Scheduler, ...] = (SGE, PBS, LSF, SLURM, FLUX)
@@ -242,6 +285,15 @@ def _host_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if hostfile.names_a_host(line)]
 
 
+def detect_scheduler(env: Mapping[str, str]) -> Scheduler | None:
+    """The scheduler whose job this process runs in: the first row whose job id variables are all set and non-empty.
+
+    >>> detect_scheduler({"LSB_JOBID": "7"}).name, detect_scheduler({"JOB_ID": ""})
+    ('LSF', None)
+    """
+    return next((row for row in SCHEDULERS if all(env.get(variable) for variable in row.job_id)), None)
+
+
 def job_identity(env: Mapping[str, str]) -> tuple[str, tuple[str, ...]] | None:
     """The first scheduler job id present (all of its variables set and non-empty), and the variables it came from.
 
@@ -250,17 +302,110 @@ def job_identity(env: Mapping[str, str]) -> tuple[str, tuple[str, ...]] | None:
     >>> job_identity({"JOB_ID": "77", "SGE_TASK_ID": "3"})  # one task of a Grid Engine array job
     ('77/3', ('JOB_ID', 'SGE_TASK_ID'))
     """
-    for scheduler in SCHEDULERS:
-        if all(env.get(variable) for variable in scheduler.job_id):
-            tasks = tuple(name for name in scheduler.array_task if _is_array_task(env, name, scheduler))
-            names = (*scheduler.job_id, *tasks)
-            return "/".join(env[variable] for variable in names), names
+    scheduler = detect_scheduler(env)
+    if scheduler is None:
+        return None
+    names = (*scheduler.job_id, *(name for name in scheduler.array_task if _is_set(env, name, scheduler)))
+    return "/".join(env[variable] for variable in names), names
+
+
+def _is_set(env: Mapping[str, str], name: str, scheduler: Scheduler) -> bool:
+    # The one rule for array variables: unset, empty, "undefined" (Grid Engine outside arrays) and, for the
+    # scheduler's nonzero variables, "0" (LSF outside arrays) all mean "not an array task".
+    value = env.get(name, "")
+    return value not in ("", "undefined") and not (name in scheduler.nonzero and value == "0")
+
+
+def requeue_name(scheduler: Scheduler, env: Mapping[str, str]) -> str | None:
+    """The job as the scheduler's requeue command names it (an array task by its array id), unchecked.
+
+    >>> requeue_name(SLURM, {"SLURM_JOB_ID": "37", "SLURM_ARRAY_JOB_ID": "36", "SLURM_ARRAY_TASK_ID": "1"})
+    '36_1'
+    """
+    for template in scheduler.requeue_job:
+        names = re.findall(r"\{(\w+)\}", template)
+        if all(_is_set(env, name, scheduler) for name in names):
+            return template.format(**{name: env[name] for name in names})
     return None
 
 
-def _is_array_task(env: Mapping[str, str], name: str, scheduler: Scheduler) -> bool:
-    value = env.get(name, "")
-    return value not in ("", "undefined") and not (name in scheduler.nonzero and value == "0")
+class SchedulerJob(NamedTuple):
+    """The scheduler job this process runs in, every value in the scheduler's own syntax (:func:`scheduler_job`)."""
+
+    scheduler: Scheduler
+    """Its scheduler's row."""
+    identity: str
+    """The job id and, for a task of an array job, its index (``77/3``): what tells this job from every other."""
+    variables: tuple[str, ...]
+    """The variables :attr:`identity` came from."""
+    requeue_name: str | None
+    """The job as the scheduler's requeue command names it (``36_1``, ``7[3]``); ``None`` where it has none."""
+    restarts: int | None
+    """How often the scheduler restarted this job (``SLURM_RESTART_COUNT``); ``None`` where it exports no count."""
+
+    @property
+    def key(self) -> str:
+        """The job as a file name: scheduler and identity (``slurm-123``, ``sge-77.3``); safe by its syntax."""
+        return f"{self.scheduler.key}-{self.identity.replace('/', '.')}"
+
+    def __str__(self) -> str:
+        return describe_job(self.scheduler.name, self.identity)
+
+
+def describe_job(scheduler_name: str, identity: str) -> str:
+    """A job in words, as messages name it.
+
+    >>> describe_job("SGE", "77/3")
+    'SGE job 77 task 3'
+    """
+    return f"{scheduler_name} job {identity.replace('/', ' task ')}"
+
+
+def scheduler_job(env: Mapping[str, str]) -> SchedulerJob | None:
+    """The scheduler job of ``env``, each of its variables checked against the scheduler's syntax; ``None``: none.
+
+    >>> scheduler_job({"LSB_JOBID": "7", "LSB_JOBINDEX": "3"}).requeue_name
+    '7[3]'
+    >>> scheduler_job({"SLURM_JOB_ID": "--partition=evil"})
+    Traceback (most recent call last):
+    ...
+    lightning_mpi_env.core.errors.JobIdError: SLURM_JOB_ID='--partition=evil' is not in Slurm's syntax for it ...
+
+    Raises:
+        JobIdError: A job variable this package would use is not in the scheduler's syntax.
+    """
+    scheduler = detect_scheduler(env)
+    if scheduler is None:
+        return None
+    used = [name for name in scheduler.job_syntax if name in scheduler.job_id or _is_set(env, name, scheduler)]
+    for name in used:
+        check_job_variable(scheduler, name, env[name])
+    identity = job_identity(env)
+    assert identity is not None  # the scheduler was detected by the same variables
+    count = env.get(scheduler.restart_count, "") if scheduler.restart_count else ""
+    return SchedulerJob(
+        scheduler, identity[0], identity[1], requeue_name(scheduler, env), int(count) if count else None
+    )
+
+
+def check_job_variable(scheduler: Scheduler, name: str, value: str) -> str:
+    """``value`` of the job variable ``name``, when it is in ``scheduler``'s syntax.
+
+    Raises:
+        JobIdError: When it is not (an option such as ``--partition=evil``, a path, non-ASCII digits, too long).
+    """
+    if re.fullmatch(scheduler.job_syntax[name], value, flags=re.ASCII) is None:
+        shown = value if len(value) <= 80 else f"{value[:80]}..."
+        raise JobIdError(
+            f"{name}={ascii(shown)} is not in {scheduler.name}'s syntax for it ({scheduler.job_syntax[name]}); it is "
+            "not passed to a command or used in a file name.",
+            f"Run inside a {scheduler.name} job, which sets {name} itself, and do not set {name} by hand "
+            "(unset it in the job script if something else did).",
+            variable=name,
+            value=value,
+            launcher=scheduler.name,
+        )
+    return value
 
 
 __all__ = [
@@ -272,7 +417,13 @@ __all__ = [
     "SLURM",
     "FLUX",
     "Scheduler",
+    "SchedulerJob",
+    "check_job_variable",
+    "describe_job",
+    "detect_scheduler",
     "first_host",
     "job_identity",
+    "requeue_name",
+    "scheduler_job",
     "read_host_file",
 ]

@@ -32,12 +32,17 @@ Lightning or torch at module level.
   ``_sigterm_notifier_fn`` and ``received_sigterm``), and ``_HandlersCompose.signal_handlers``, the handlers it
   composes for ``SIGTERM``.
 
+- :func:`hpc_resume_path`: the HPC checkpoint Lightning's Trainer resumes from by itself, under Slurm, when
+  ``fit()`` gets no ``ckpt_path`` (``_CheckpointConnector._hpc_resume_path``, behind the public
+  ``SLURMEnvironment.detect()``), so that a requeued job can refuse another job's.
+
 **Torch behaviour worked around:** :func:`settle_collectives_at_exit`.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib
 import re
 import signal
 import sys
@@ -46,8 +51,9 @@ import warnings
 from types import FrameType, ModuleType
 from typing import Any
 
-HPC_CHECKPOINT = re.compile(r"^hpc_ckpt_(\d+)\.ckpt$")
-"""Lightning's names for HPC checkpoints (``CheckpointConnector.hpc_save``/``_hpc_resume_path``)."""
+HPC_CHECKPOINT = re.compile(r"^hpc_ckpt_([0-9]+)\.ckpt$")
+"""Lightning's names for HPC checkpoints (``CheckpointConnector.hpc_save``/``_hpc_resume_path``); ASCII digits only
+(``\\d`` would take ``hpc_ckpt_\u0663.ckpt`` for number 3, a file that does not exist)."""
 
 SRUN_NOT_USED = "The `srun` command is available on your system but is not used"
 """The start of Lightning's warning from ``SLURMEnvironment._validate_srun_used`` (Lightning 2.1+)."""
@@ -147,6 +153,25 @@ def record_sigterm_without_collective(trainer: Any) -> bool:
     return True
 
 
+def hpc_resume_path(trainer: Any) -> str | None:
+    """The HPC checkpoint ``trainer.fit(model)`` resumes from by itself (no ``ckpt_path``); ``None``: none.
+
+    Lightning does so under Slurm only (``SLURMEnvironment.detect()``: ``SLURM_NTASKS`` set, outside an interactive
+    job), from the highest number in the names holding ``hpc_ckpt_`` in ``default_root_dir``, whatever job saved it
+    (``_CheckpointConnector._hpc_resume_path``, 2.1 to 2.6).
+
+    Raises:
+        ValueError: Where Lightning's own reading of the names fails, as ``fit()`` would (a name holding
+            ``hpc_ckpt_`` and no ASCII digit after it).
+    """
+    package = type(trainer).__module__.split(".trainer", 1)[0]  # "lightning.pytorch" or "pytorch_lightning"
+    environments: Any = importlib.import_module(f"{package}.plugins.environments")
+    if not environments.SLURMEnvironment.detect():
+        return None
+    path = trainer._checkpoint_connector._hpc_resume_path
+    return None if path is None else str(path)
+
+
 __all__ = [
     "HPC_CHECKPOINT",
     "SETTLE_SECONDS",
@@ -156,4 +181,5 @@ __all__ = [
     "settle_collectives_at_exit",
     "silence_srun_not_used",
     "strategy_registry",
+    "hpc_resume_path",
 ]

@@ -9,15 +9,19 @@ Lightning requeues only for its own ``SLURMEnvironment`` (``isinstance`` of it).
    get ``scancel --signal``): through the roll call's store, from the watchdog thread, so the training loop pays
    nothing per step (:mod:`lightning_mpi_env.rollcall.agreement`); without the roll call, by a collective after
    every step (:meth:`Requeue.agree`).
-3. At that step all ranks save Lightning's HPC checkpoint, ``<default_root_dir>/hpc_ckpt_<n>.ckpt``; then rank 0
-   runs the scheduler's requeue command (``scontrol requeue``, ``qrerun``, ``brequeue``), and every rank exits with
-   the scheduler's requeue exit status (Grid Engine reschedules a job that exits 99). Past
-   ``LIGHTNING_MPI_ENV_MAX_REQUEUES`` requeues (counted by the HPC checkpoints, ``n``), the checkpoint is saved but
-   the job is not requeued, and every rank exits with status 1: a job that is warned again right after each
-   restart does not requeue forever.
-4. The job, started again, resumes from the newest HPC checkpoint in ``default_root_dir``: Lightning does this by
-   itself under Slurm; elsewhere ``trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))`` does (Lightning offers no
-   public hook that sets a Trainer's checkpoint before ``fit()`` chooses it).
+3. At that step all ranks save Lightning's HPC checkpoint, ``<default_root_dir>/hpc_ckpt_<n>.ckpt``, and the job's
+   record says it saved it (:mod:`lightning_mpi_env.lightning.checkpoints`); then rank 0 runs the scheduler's requeue
+   command (``scontrol requeue``, ``qrerun``, ``brequeue``) on the job id checked against the scheduler's syntax,
+   and every rank exits with the scheduler's requeue exit status (Grid Engine reschedules a job that exits 99).
+   Past ``LIGHTNING_MPI_ENV_MAX_REQUEUES`` restarts of this job (``SLURM_RESTART_COUNT`` under Slurm, else the
+   count in the job's record: deleting checkpoints does not reset it), the checkpoint is saved but the job is not
+   requeued, and every rank exits with status 1: a job that is warned again right after each restart does not
+   requeue forever.
+4. The job, started again, resumes from its own newest complete checkpoint:
+   ``trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))``, on every scheduler. That explicit path is the public
+   way past Lightning's own Slurm resume, which takes the highest ``hpc_ckpt_<n>.ckpt`` whatever job saved it and
+   whether or not its save finished; where the job has no checkpoint of its own yet and Lightning would resume
+   another's by itself, :func:`hpc_checkpoint` raises a ``CheckpointError`` naming both jobs.
 
 Step 2 runs in :class:`~lightning_mpi_env.lightning.callbacks` (added to every Trainer by Lightning itself through
 the ``callbacks_factory`` entry point) and, in a Fabric loop, in ``MPIClusterEnvironment.requeue_requested()``.
@@ -29,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -38,10 +41,12 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
-from lightning_mpi_env.core.errors import SettingError
-from lightning_mpi_env.core.schedulers import SCHEDULERS, Scheduler
+from lightning_mpi_env.core.errors import CheckpointError, SettingError
+from lightning_mpi_env.core.schedulers import Scheduler, SchedulerJob, detect_scheduler, scheduler_job
 from lightning_mpi_env.core.settings import VARIABLE
-from lightning_mpi_env.lightning.compat import HPC_CHECKPOINT, hpc_checkpoint_name
+from lightning_mpi_env.lightning import checkpoints
+from lightning_mpi_env.lightning.checkpoints import Saved
+from lightning_mpi_env.lightning.compat import hpc_checkpoint_name, hpc_resume_path
 
 if TYPE_CHECKING:
     from lightning_mpi_env.rollcall.watchdog import Watchdog
@@ -62,6 +67,8 @@ class Requeue(NamedTuple):
     """The command rank 0 runs after the checkpoint (empty: the exit status does it)."""
     exit_code: int
     """The exit status of every rank afterwards."""
+    job: SchedulerJob
+    """The job, its id checked against the scheduler's syntax."""
 
     @classmethod
     def plan(
@@ -79,19 +86,22 @@ class Requeue(NamedTuple):
             enabled: The ``requeue`` setting (:class:`~lightning_mpi_env.core.settings.Settings`).
             requeue_signal: The signal that asks for it; the scheduler's warning signal by default.
             command: The command that requeues the job; the scheduler's by default.
+
+        Raises:
+            JobIdError: A job variable is not in the scheduler's syntax (``SLURM_JOB_ID=--partition=evil``).
         """
-        if not enabled:
-            return None
-        scheduler = next((row for row in SCHEDULERS if all(env.get(v) for v in row.job_id)), None)
-        if scheduler is None:
-            return None
+        scheduler = detect_scheduler(env) if enabled else None
+        if scheduler is None or (command is None and not scheduler.requeue_command and not scheduler.requeue_exit_code):
+            return None  # off, no scheduler, or Flux: nothing puts a job back in its queue
+        job = scheduler_job(env)
+        assert job is not None  # detected by the same variables
         if command is None:
-            job = job_name(scheduler, env)
-            command = () if job is None else tuple(part.format(job=job) for part in scheduler.requeue_command)
+            name = job.requeue_name
+            command = () if name is None else tuple(part.format(job=name) for part in scheduler.requeue_command)
         if not command and not scheduler.requeue_exit_code:
-            return None  # Flux: nothing puts a job back in its queue
+            return None  # a requeue command that cannot name the job
         signum = scheduler.warning_signal if requeue_signal is None else signal.Signals(requeue_signal)
-        return cls(scheduler, signum, tuple(command), scheduler.requeue_exit_code)
+        return cls(scheduler, signum, tuple(command), scheduler.requeue_exit_code, job)
 
     def install(self) -> None:
         """Note the signal when it comes (in the main thread only; Python allows handlers nowhere else)."""
@@ -136,65 +146,73 @@ class Requeue(NamedTuple):
         return True
 
 
-def job_name(scheduler: Scheduler, env: Mapping[str, str]) -> str | None:
-    """The job as the scheduler's requeue command names it (an array task by its array id).
+def hpc_checkpoint(trainer: Any) -> str | None:
+    """This job's own newest complete HPC checkpoint, for ``trainer.fit(model, ckpt_path=...)`` on every scheduler.
 
-    >>> from lightning_mpi_env.core.schedulers import SLURM
-    >>> job_name(SLURM, {"SLURM_JOB_ID": "37", "SLURM_ARRAY_JOB_ID": "36", "SLURM_ARRAY_TASK_ID": "1"})
-    '36_1'
+    ``None`` on the first run and outside a scheduler (start afresh). Checkpoints of other jobs in
+    ``default_root_dir`` are never returned;
+    the job's own that do not check out (a save cut off, an empty or unreadable file) are skipped with a
+    ``CheckpointWarning``, and the one before is used. Rank 0 says which checkpoint it resumes from.
+
+    Raises:
+        CheckpointError: The job has no checkpoint of its own, and Lightning would resume another file of the folder
+            by itself (under Slurm, ``fit()`` without a ``ckpt_path``): the error names it and the job that saved
+            it.
+        JobIdError: A job variable is not in the scheduler's syntax.
     """
-    for template in scheduler.requeue_job:
-        names = re.findall(r"\{(\w+)\}", template)
-        if all(env.get(name) and not (name in scheduler.nonzero and env[name] == "0") for name in names):
-            return template.format(**{name: env[name] for name in names})
-    return None
+    job = scheduler_job(os.environ)
+    if job is None:
+        return None
+    directory = str(trainer.default_root_dir)
+    path = checkpoints.resumable(directory, checkpoints.read_record(directory, job), report=trainer.global_rank == 0)
+    if path is None:
+        _refuse_another_jobs(trainer, directory, job)
+    elif trainer.global_rank == 0:
+        _say(f"resuming from {path}")
+    return path
+
+
+def _refuse_another_jobs(trainer: Any, directory: str, job: SchedulerJob) -> None:
+    # fit(ckpt_path=None) lets Lightning take the highest hpc_ckpt_<n>.ckpt under Slurm, whoever saved it.
+    hint = (
+        "Give each job its own default_root_dir, e.g. Trainer(default_root_dir=os.path.join('runs', "
+        f"os.environ['{job.variables[0]}'])), or move the file out of {directory}."
+    )
+    try:
+        theirs = hpc_resume_path(trainer)
+    except ValueError as error:
+        raise CheckpointError(
+            f"{job} has no checkpoint of its own in default_root_dir={directory}, and Lightning's own Slurm resume "
+            f"cannot read the checkpoint names there: {error}.",
+            hint,
+            variable="default_root_dir",
+            value=directory,
+            launcher=job.scheduler.name,
+        ) from error
+    if theirs is None:
+        return
+    owner = checkpoints.owner_of(directory, os.path.basename(theirs))
+    whose = f"saved by {owner}" if owner is not None else "with no record of the job that saved it"
+    raise CheckpointError(
+        f"{job} has no checkpoint of its own in default_root_dir={directory}, and Lightning would resume {theirs}, "
+        f"{whose}, by itself under Slurm.",
+        hint,
+        variable="default_root_dir",
+        value=directory,
+        launcher=job.scheduler.name,
+    )
 
 
 def newest_checkpoint(directory: str) -> str | None:
-    """The HPC checkpoint with the highest number in ``directory``, or ``None``.
+    """The HPC checkpoint with the highest number in ``directory`` by name alone, or ``None``.
+
+    Lightning's own resume picks it too among well-formed names; a requeued job resumes from :func:`hpc_checkpoint`.
 
     >>> newest_checkpoint("/nonexistent") is None
     True
     """
-    numbers = _numbers(directory)
+    numbers = [n for name in checkpoints.names(directory) if (n := checkpoints.checkpoint_number(name)) is not None]
     return os.path.join(directory, hpc_checkpoint_name(max(numbers))) if numbers else None
-
-
-def hpc_checkpoint(trainer: Any) -> str | None:
-    """The newest HPC checkpoint in ``trainer.default_root_dir``, for ``trainer.fit(model, ckpt_path=...)``.
-
-    Lightning resumes from it by itself only under Slurm; under Grid Engine, PBS and LSF a requeued job resumes when
-    it passes this (``None`` on the first run: start afresh). Under Slurm passing it changes nothing. Rank 0 says
-    which checkpoint it resumes from.
-    """
-    checkpoint = newest_checkpoint(str(trainer.default_root_dir))
-    if checkpoint is not None and trainer.global_rank == 0:
-        _say(f"resuming from {checkpoint}")
-    return checkpoint
-
-
-def next_checkpoint(directory: str) -> str:
-    """Where the next HPC checkpoint goes: one past the highest number in ``directory``."""
-    numbers = _numbers(directory)
-    return os.path.join(directory, hpc_checkpoint_name(max(numbers, default=0) + 1))
-
-
-def checkpoint_number(path: str) -> int:
-    """The number ``n`` of an HPC checkpoint's file name; 0 for any other name.
-
-    >>> checkpoint_number("/runs/a/hpc_ckpt_3.ckpt"), checkpoint_number("/runs/a/last.ckpt")
-    (3, 0)
-    """
-    match = HPC_CHECKPOINT.match(os.path.basename(path))
-    return int(match.group(1)) if match else 0
-
-
-def _numbers(directory: str) -> list[int]:
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    return [int(match.group(1)) for name in names if (match := HPC_CHECKPOINT.match(name))]
 
 
 def _say(message: str) -> None:
@@ -206,38 +224,51 @@ def _say(message: str) -> None:
 def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int) -> None:
     """Save the HPC checkpoint on every rank, have rank 0 requeue the job, and end every rank.
 
-    Called by every rank at the same step, once the ranks agreed to stop there.
+    Called by every rank at the same step, once the ranks agreed to stop there. Rank 0 reserves the checkpoint's
+    name and records it as pending in the job's record, every rank saves, and rank 0 records the save as finished.
 
     Args:
         trainer: The Trainer.
         plan: How this job requeues.
-        max_requeues: The most requeues (HPC checkpoints in ``default_root_dir``); ``0``: no limit.
+        max_requeues: The most restarts of this job; ``0``: no limit.
 
     Raises:
         SystemExit: Always, with the plan's exit status (Grid Engine: 99); 1 past ``max_requeues``, and on rank 0
             when the requeue command failed.
     """
     strategy = trainer.strategy
-    path = strategy.broadcast(next_checkpoint(trainer.default_root_dir), src=0)  # one name on every rank
+    directory = str(trainer.default_root_dir)
+    record = checkpoints.read_record(directory, plan.job) if trainer.global_rank == 0 else None
+    decided = None
+    if record is not None:
+        name = checkpoints.reserve_next(directory)
+        record = record._replace(saved=(*record.saved, Saved(name, None, trainer.global_step)))
+        checkpoints.write_record(directory, plan.job, record)
+        restarts = plan.job.restarts if plan.job.restarts is not None else record.requeues
+        decided = (os.path.join(directory, name), restarts + 1)
+    path, number = strategy.broadcast(decided, src=0)  # one name and one count on every rank
     trainer.save_checkpoint(path)
     strategy.barrier("lightning_mpi_env.lightning.requeue.saved")
-    number = checkpoint_number(path)
     over = bool(max_requeues) and number > max_requeues
-    if trainer.global_rank != 0:
+    if record is None:
         # No collective after this: Slurm, PBS and LSF end every rank of a requeued job at once, and a rank still
         # waiting on rank 0 would print a connection error. Rank 0's status says whether the requeue worked.
         raise SystemExit(1 if over else plan.exit_code)
+    finished = Saved(os.path.basename(path), os.path.getsize(path), trainer.global_step)
+    record = record._replace(saved=(*record.saved[:-1], finished), requeues=record.requeues + (not over))
+    checkpoints.write_record(directory, plan.job, record)  # before the requeue: the scheduler may end us at once
     _say(f"saved {path} at step {trainer.global_step} after {plan.signum.name}")
     if over:
+        counted = plan.job.scheduler.restart_count or f"the job's record {checkpoints.record_path(directory, plan.job)}"
         _say(
-            f"not requeued: this would be requeue {number}, past {VARIABLE['max_requeues']}={max_requeues} (the "
-            f"HPC checkpoints in {trainer.default_root_dir} count them). Submit the job again to resume from {path}, "
-            f"or raise {VARIABLE['max_requeues']} (0: no limit)."
+            f"not requeued: this would be requeue {number} of {plan.job}, past {VARIABLE['max_requeues']}="
+            f"{max_requeues} (counted by {counted}). Resume from {path} in a new job with "
+            f"`trainer.fit(model, ckpt_path=...)`, or raise {VARIABLE['max_requeues']} (0: no limit)."
         )
         raise SystemExit(1)
     if plan.run_command():
         raise SystemExit(plan.exit_code)
-    _say(f"the checkpoint {path} is saved: submit the job again to resume from it.")
+    _say(f"the checkpoint {path} is saved: resume from it in a new job with `trainer.fit(model, ckpt_path=...)`.")
     raise SystemExit(1)
 
 
@@ -285,10 +316,7 @@ __all__ = [
     "hpc_checkpoint",
     "Requeue",
     "checkpoint_and_requeue",
-    "checkpoint_number",
-    "job_name",
     "newest_checkpoint",
-    "next_checkpoint",
     "requeue_due",
     "requeue_now",
 ]

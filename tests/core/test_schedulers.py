@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from lightning_mpi_env.core.errors import LayoutError
+from lightning_mpi_env.core import schedulers
+from lightning_mpi_env.core.errors import JobIdError, LayoutError
 from lightning_mpi_env.core.launchers import JSRUN, SLURM
 from lightning_mpi_env.core.layout import derive_port, from_env
-from lightning_mpi_env.core.schedulers import SCHEDULERS, SCHEDULERS_BY_KEY, first_host, job_identity
+from lightning_mpi_env.core.schedulers import (
+    SCHEDULERS,
+    SCHEDULERS_BY_KEY,
+    detect_scheduler,
+    first_host,
+    job_identity,
+    requeue_name,
+    scheduler_job,
+)
 
 
 def test_first_host_order_and_sources():
@@ -112,3 +123,73 @@ def test_array_task_port_through_the_layout():
     env |= {"OMPI_COMM_WORLD_LOCAL_SIZE": "1", "JOB_ID": "77", "SGE_TASK_ID": "5"}
     layout = from_env(env)
     assert (layout.main_port, layout.sources["main_port"]) == (derive_port("77/5"), "derived from JOB_ID+SGE_TASK_ID")
+
+
+# --- job ids in each scheduler's own syntax (issue 23) ------------------------------------------------------------
+
+
+def test_every_job_variable_read_has_a_syntax_in_its_row():
+    for row in SCHEDULERS:
+        named = {name for template in row.requeue_job for name in re.findall(r"\{(\w+)\}", template)}
+        used = {*row.job_id, *row.array_task, *named, *filter(None, [row.restart_count])}
+        assert used <= set(row.job_syntax), f"{row.key}: {used - set(row.job_syntax)} without a syntax"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"SLURM_JOB_ID": "4242", "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "2", "SLURM_RESTART_COUNT": "0"},
+        {"JOB_ID": "77", "SGE_TASK_ID": "undefined"},
+        {"PBS_JOBID": "4242.pbs01.cluster.example.org"},
+        {"PBS_JOBID": "123[4].pbs01", "PBS_ARRAY_INDEX": "4"},
+        {"LSB_JOBID": "7", "LSB_JOBINDEX": "0"},
+        {"FLUX_ENCLOSING_ID": "ƒ2n7Sd1Ky"},
+        {"FLUX_ENCLOSING_ID": "f2n7Sd1Ky"},
+    ],
+)
+def test_real_job_ids_are_in_their_scheduler_s_syntax(env):
+    job = scheduler_job(env)
+    assert job is not None
+    assert job.identity == job_identity(env)[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"SLURM_JOB_ID": "--partition=evil"}, "SLURM_JOB_ID"),  # once passed to `scontrol requeue` as an option
+        ({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "1e3"}, "SLURM_RESTART_COUNT"),
+        ({"SLURM_JOB_ID": "1" * 20}, "SLURM_JOB_ID"),
+        ({"JOB_ID": "77", "SGE_TASK_ID": "../3"}, "SGE_TASK_ID"),
+        ({"PBS_JOBID": "4242.pbs01/../../x"}, "PBS_JOBID"),
+        ({"PBS_JOBID": "-r y"}, "PBS_JOBID"),
+        ({"LSB_JOBID": "7\n8"}, "LSB_JOBID"),
+        ({"LSB_JOBID": "\u0667"}, "LSB_JOBID"),  # an Arabic-Indic 7: int() reads it, LSF never writes it
+        ({"FLUX_ENCLOSING_ID": "ƒ0OIl"}, "FLUX_ENCLOSING_ID"),  # not base58
+    ],
+)
+def test_a_job_variable_outside_its_syntax_is_one_named_error(env, variable):
+    with pytest.raises(JobIdError, match=rf"^{variable}=.* is not in .*'s syntax for it") as raised:
+        scheduler_job(env)
+    assert (raised.value.variable, raised.value.value) == (variable, env[variable])
+    assert raised.value.launcher == detect_scheduler(env).name
+    assert f"do not set {variable} by hand" in raised.value.hint
+
+
+def test_one_home_for_detection_and_the_array_task_rule():
+    # The requeue's plan and the port's identity both detect through detect_scheduler, and read array tasks by one
+    # rule: "undefined" (Grid Engine) and, for LSF, "0" mean no array.
+    assert detect_scheduler({"JOB_ID": "5", "SLURM_JOB_ID": "9"}).key == "sge"  # the table's order
+    assert requeue_name(SCHEDULERS_BY_KEY["lsf"], {"LSB_JOBID": "7", "LSB_JOBINDEX": "0"}) == "7"
+    assert requeue_name(SCHEDULERS_BY_KEY["lsf"], {"LSB_JOBID": "7", "LSB_JOBINDEX": "3"}) == "7[3]"
+    assert requeue_name(SCHEDULERS_BY_KEY["slurm"], {"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "8"}) == "9"
+    assert requeue_name(SCHEDULERS_BY_KEY["lsf"], {}) is None
+    assert scheduler_job({"JOB_ID": "77", "SGE_TASK_ID": "undefined"}).identity == "77"
+    assert not hasattr(schedulers, "_is_array_task")  # the rule's second copy is gone
+
+
+def test_slurm_s_restart_count_is_read_and_others_have_none():
+    assert scheduler_job({"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "3"}).restarts == 3
+    assert scheduler_job({"SLURM_JOB_ID": "9"}).restarts is None
+    assert scheduler_job({"LSB_JOBID": "7", "LSB_RESTART": "Y"}).restarts is None  # a flag, not a count
+    assert str(scheduler_job({"JOB_ID": "77", "SGE_TASK_ID": "3"})) == "SGE job 77 task 3"
+    assert scheduler_job({"JOB_ID": "77", "SGE_TASK_ID": "3"}).key == "sge-77.3"

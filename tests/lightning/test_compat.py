@@ -667,6 +667,39 @@ def test_a_trainer_ended_by_sigterm_exits_143(lightning, package):
     assert "Traceback" not in result.stderr, result.stderr[-4000:]
 
 
+HPC_RESUME_PROGRAM = """
+import importlib, os, sys, tempfile
+from lightning_mpi_env.lightning import compat
+
+pl = importlib.import_module(sys.argv[1])
+root = tempfile.mkdtemp()
+for name in ("hpc_ckpt_1.ckpt", "hpc_ckpt_3.ckpt"):
+    open(os.path.join(root, name), "w").close()
+trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, default_root_dir=root)
+outside = compat.hpc_resume_path(trainer)
+os.environ.update(SLURM_NTASKS="1", SLURM_JOB_NAME="train")  # SLURMEnvironment.detect(): a Slurm job
+print("PICKED", os.path.basename(compat.hpc_resume_path(trainer)), outside, flush=True)
+open(os.path.join(root, "hpc_ckpt_" + chr(0x663) + ".ckpt"), "w").close()  # an Arabic-Indic 3
+try:
+    compat.hpc_resume_path(trainer)
+except ValueError as error:
+    print("UNREADABLE", type(error).__name__, flush=True)
+"""
+
+
+@pytest.mark.parametrize("package", TRAINER_PACKAGES)
+def test_hpc_resume_path_is_the_file_lightning_resumes_by_itself(lightning, package):
+    # Lightning's _CheckpointConnector._hpc_resume_path under SLURMEnvironment.detect(): the highest number among the
+    # names holding hpc_ckpt_, outside Slurm none; a name with no ASCII digit after it fails Lightning's own reading.
+    env = lightning.environ({"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")})
+    result = subprocess.run(
+        [sys.executable, "-c", HPC_RESUME_PROGRAM, package], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0, f"{lightning}: {result.stderr[-4000:]}"
+    assert "PICKED hpc_ckpt_3.ckpt None\n" in result.stdout, result.stdout
+    assert "UNREADABLE ValueError\n" in result.stdout, result.stdout
+
+
 CHECKED_BY = {
     "HPC_CHECKPOINT": test_ddp_meets_in_the_roll_call_before_init_process_group,
     "SETTLE_SECONDS": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,
@@ -676,6 +709,7 @@ CHECKED_BY = {
     "settle_collectives_at_exit": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,
     "silence_srun_not_used": test_ddp_meets_in_the_roll_call_before_init_process_group,
     "strategy_registry": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "hpc_resume_path": test_hpc_resume_path_is_the_file_lightning_resumes_by_itself,
 }
 
 

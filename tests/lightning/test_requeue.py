@@ -20,10 +20,13 @@ import time
 import pytest
 
 from lightning_mpi_env import MPIClusterEnvironment
-from lightning_mpi_env.core.errors import SettingError
-from lightning_mpi_env.core.schedulers import LSF, PBS, SGE, SLURM
+from lightning_mpi_env.core.errors import CheckpointError, CheckpointWarning, JobIdError, SettingError
+from lightning_mpi_env.core.schedulers import LSF, PBS, SGE, SLURM, scheduler_job
 from lightning_mpi_env.core.settings import Settings
-from lightning_mpi_env.lightning.requeue import Requeue, job_name, newest_checkpoint, next_checkpoint
+from lightning_mpi_env.lightning import checkpoints
+from lightning_mpi_env.lightning import requeue as requeue_module
+from lightning_mpi_env.lightning.checkpoints import Saved
+from lightning_mpi_env.lightning.requeue import Requeue, checkpoint_and_requeue, hpc_checkpoint, newest_checkpoint
 from lightning_mpi_env.tools.simcluster import SimulatedCluster, find_mpirun
 from tests.conftest import TRAINER_JOB
 
@@ -95,18 +98,165 @@ def test_a_command_of_the_user_s_own():
     assert requeue.command == ("qsub", "job.sh")
 
 
-def test_job_name_needs_every_variable():
-    assert job_name(SLURM, {"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "8"}) == "9"
-    assert job_name(LSF, {}) is None
+def test_a_job_id_not_in_the_scheduler_s_syntax_never_reaches_the_command(tmp_path, monkeypatch):
+    record = stand_ins(tmp_path, monkeypatch)
+    with pytest.raises(JobIdError, match=r"SLURM_JOB_ID='--partition=evil' is not in Slurm's syntax for it") as raised:
+        plan({"SLURM_JOB_ID": "--partition=evil"})
+    assert (raised.value.variable, raised.value.value, raised.value.launcher) == (
+        "SLURM_JOB_ID",
+        "--partition=evil",
+        "Slurm",
+    )
+    assert "do not set SLURM_JOB_ID by hand" in raised.value.hint
+    with pytest.raises(JobIdError, match=r"SLURM_ARRAY_TASK_ID='1 -p x'"):
+        plan({"SLURM_JOB_ID": "37", "SLURM_ARRAY_JOB_ID": "36", "SLURM_ARRAY_TASK_ID": "1 -p x"})
+    with pytest.raises(JobIdError, match=r"LSB_JOBINDEX='\\u0663'"):
+        plan({"LSB_JOBID": "7", "LSB_JOBINDEX": chr(0x663)})  # int() reads an Arabic-Indic 3; LSF never writes it
+    assert not record.exists()  # no command ran
 
 
-def test_checkpoint_numbering(tmp_path):
+def test_checkpoint_numbering_by_name(tmp_path):
     assert newest_checkpoint(str(tmp_path)) is None
-    assert next_checkpoint(str(tmp_path)) == str(tmp_path / "hpc_ckpt_1.ckpt")
     for name in ("hpc_ckpt_2.ckpt", "hpc_ckpt_10.ckpt", "last_ckpt_99.ckpt", "hpc_ckpt_x.ckpt"):
         (tmp_path / name).write_text("")
+    (tmp_path / f"hpc_ckpt_{'7' * 200}.ckpt").write_text("")
+    (tmp_path / f"hpc_ckpt_{chr(0x663) * 2}.ckpt").write_text("")  # int() reads 33; no hpc_ckpt_33.ckpt exists
     assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "hpc_ckpt_10.ckpt")
-    assert next_checkpoint(str(tmp_path)) == str(tmp_path / "hpc_ckpt_11.ckpt")
+
+
+# --- the checkpoint, the record and the cap, in one process --------------------------------------------------------
+
+
+class OneRankStrategy:
+    """The strategy calls checkpoint_and_requeue makes, for a job of one rank."""
+
+    def broadcast(self, obj, src=0):
+        return obj
+
+    def barrier(self, name=None):
+        pass
+
+
+class OneRankTrainer:
+    """What checkpoint_and_requeue and hpc_checkpoint read of a Trainer; the save writes bytes as Lightning would."""
+
+    def __init__(self, root, step=7):
+        self.default_root_dir = str(root)
+        self.global_rank = 0
+        self.global_step = step
+        self.strategy = OneRankStrategy()
+
+    def save_checkpoint(self, path):
+        with open(path, "wb") as file:
+            file.write(b"PK" + b"\0" * 100)
+
+
+def requeue_once(env, root, max_requeues, monkeypatch) -> int:
+    for name in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "PBS_JOBID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        checkpoint_and_requeue(OneRankTrainer(root), plan(env), max_requeues)
+    return exited.value.code
+
+
+def test_the_cap_counts_restarts_of_this_job_not_files(tmp_path, monkeypatch, capsys):
+    stand_ins(tmp_path, monkeypatch)
+    root = tmp_path / "root"
+    job = {"PBS_JOBID": "4242.pbs01"}  # PBS exports no restart count: the job's record keeps it
+    assert [requeue_once(job, root, 2, monkeypatch) for _ in range(2)] == [0, 0]
+    for path in root.glob("hpc_ckpt_*.ckpt"):
+        path.unlink()  # deleting the checkpoints does not reset the count
+    assert requeue_once(job, root, 2, monkeypatch) == 1
+    err = capsys.readouterr().err
+    assert "not requeued: this would be requeue 3 of PBS job 4242.pbs01, past LIGHTNING_MPI_ENV_MAX_REQUEUES=2" in err
+    assert "counted by the job's record" in err
+    # Another job in the same folder has a count of its own.
+    assert requeue_once({"PBS_JOBID": "4243.pbs01"}, root, 2, monkeypatch) == 0
+
+
+def test_under_slurm_the_cap_is_slurm_s_restart_count(tmp_path, monkeypatch, capsys):
+    stand_ins(tmp_path, monkeypatch)
+    root = tmp_path / "root"
+    # sbatch(1): SLURM_RESTART_COUNT, the times the job was restarted (requeued); no file can reset it.
+    assert requeue_once({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "1"}, root, 2, monkeypatch) == 0
+    assert requeue_once({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "2"}, root, 2, monkeypatch) == 1
+    assert "this would be requeue 3 of Slurm job 12, past" in capsys.readouterr().err
+    assert sorted(path.name for path in root.glob("hpc_ckpt_*.ckpt")) == ["hpc_ckpt_1.ckpt", "hpc_ckpt_2.ckpt"]
+
+
+def test_a_stray_checkpoint_name_does_not_stop_requeue(tmp_path, monkeypatch):
+    record = stand_ins(tmp_path, monkeypatch)
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / f"hpc_ckpt_{'9' * 200}.ckpt").write_bytes(b"")  # once read as requeue 10**200, past any cap
+    assert requeue_once({"SLURM_JOB_ID": "12"}, root, 20, monkeypatch) == 0
+    assert (root / "hpc_ckpt_1.ckpt").stat().st_size > 0
+    assert record.read_text().splitlines() == ["scontrol requeue 12 checkpoints=0"]  # REQUEUE_ROOT is tmp_path
+
+
+def resume(root, env, monkeypatch, *, lightning_would=None):
+    for name in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "PBS_JOBID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    def lightning_s_own(trainer):  # compat.hpc_resume_path, tested on the real Trainers in test_compat.py
+        if isinstance(lightning_would, Exception):
+            raise lightning_would
+        return lightning_would
+
+    monkeypatch.setattr(requeue_module, "hpc_resume_path", lightning_s_own)
+    return hpc_checkpoint(OneRankTrainer(root))
+
+
+def test_a_second_job_in_the_folder_never_resumes_the_first_s(tmp_path, monkeypatch, capsys):
+    stand_ins(tmp_path, monkeypatch)
+    root = tmp_path / "root"
+    first, second = {"SLURM_JOB_ID": "101"}, {"SLURM_JOB_ID": "202"}
+    requeue_once(first, root, 20, monkeypatch)
+    theirs = str(root / "hpc_ckpt_1.ckpt")
+    assert resume(root, first, monkeypatch, lightning_would=theirs) == theirs
+    # Outside Slurm Lightning resumes nothing by itself: the second job starts afresh.
+    assert resume(root, second, monkeypatch) is None
+    # Under Slurm, fit(ckpt_path=None) would let Lightning take the first job's: an error naming both, and the fix.
+    with pytest.raises(CheckpointError, match=r"Slurm job 202 has no checkpoint of its own") as raised:
+        resume(root, second, monkeypatch, lightning_would=theirs)
+    assert f"Lightning would resume {theirs}, saved by Slurm job 101" in raised.value.problem
+    assert "Give each job its own default_root_dir" in raised.value.hint
+    assert "os.environ['SLURM_JOB_ID']" in raised.value.hint
+    # Once the second job saved its own, it resumes that, though the first job's number may be higher.
+    requeue_once(second, root, 20, monkeypatch)
+    requeue_once(first, root, 20, monkeypatch)
+    assert resume(root, second, monkeypatch, lightning_would=str(root / "hpc_ckpt_3.ckpt")) == str(
+        root / "hpc_ckpt_2.ckpt"
+    )
+    assert "resuming from" in capsys.readouterr().err
+
+
+def test_a_stray_file_lightning_would_resume_is_named(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    root.mkdir()
+    stray = str(root / f"hpc_ckpt_{'9' * 200}.ckpt")
+    with pytest.raises(CheckpointError, match=r"with no record of the job that saved it"):
+        resume(root, {"SLURM_JOB_ID": "12"}, monkeypatch, lightning_would=stray)
+    # Lightning's own reading fails on a name with no ASCII digit: said before fit() would fail on it.
+    with pytest.raises(CheckpointError, match=r"Lightning's own Slurm resume cannot read the checkpoint names"):
+        resume(root, {"SLURM_JOB_ID": "12"}, monkeypatch, lightning_would=ValueError("invalid literal for int()"))
+
+
+def test_an_empty_newest_own_checkpoint_is_skipped_for_the_one_before(tmp_path, monkeypatch):
+    stand_ins(tmp_path, monkeypatch)
+    root = tmp_path / "root"
+    job = {"SLURM_JOB_ID": "12"}
+    requeue_once(job, root, 20, monkeypatch)
+    requeue_once(job, root, 20, monkeypatch)
+    (root / "hpc_ckpt_2.ckpt").write_bytes(b"")
+    with pytest.warns(CheckpointWarning, match=r"hpc_ckpt_2.ckpt is skipped: it is empty"):
+        assert resume(root, job, monkeypatch, lightning_would=str(root / "hpc_ckpt_2.ckpt")) == str(
+            root / "hpc_ckpt_1.ckpt"
+        )
 
 
 def test_the_environment_plans_from_its_environment():
@@ -234,7 +384,8 @@ def test_grid_engine_exits_99_after_the_checkpoint_and_the_job_resumes_from_it(r
     capped = {"JOB_ID": "424242", "LIGHTNING_MPI_ENV_MAX_REQUEUES": "1"}
     returncode, output, results = requeue_job(capped, signal_it=True, signum=signal.SIGUSR2)
     assert returncode == 1, output[-3000:]
-    assert "not requeued: this would be requeue 2, past LIGHTNING_MPI_ENV_MAX_REQUEUES=1" in output, output[-3000:]
+    expected = "not requeued: this would be requeue 2 of SGE job 424242, past LIGHTNING_MPI_ENV_MAX_REQUEUES=1"
+    assert expected in output, output[-3000:]
     assert (requeue_job.root / "hpc_ckpt_2.ckpt").exists()
     # Started again: resumes from the newest checkpoint, past step 0, and finishes.
     returncode, output, results = requeue_job({"JOB_ID": "424242"}, signal_it=False)
@@ -367,6 +518,120 @@ def test_slurm_mpirun_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_pa
     )
     assert_resumed_and_finished(output, results)
     assert {result["strategy"] for result in results} == {"MPIDDPStrategy"}
+
+
+# --- for real on Slurm: whose checkpoint a requeued job resumes ------------------------------------------------------
+
+GATE = """if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then  # the test's hold on the restart, before training
+  echo "GATED job=$SLURM_JOB_ID"
+  while [ ! -e "$GATE" ]; do sleep 0.2; done
+fi
+"""
+GATED_SAMPLES = 256  # 96 steps of 0.3 s: a job still trains while the other one is signalled and saves
+GATED_STEPS = 96
+
+
+def submit_gated(cluster, root, gate) -> str:
+    """The srun example job script (2 nodes, 1 rank each), whose restart waits for the file ``gate``."""
+    text = (EXAMPLES_JOBS / "slurm_srun.sbatch").read_text()
+    text = "\n".join(line for line in text.splitlines() if "--gpus-per-node" not in line)
+    text = text.replace("set -eu\n", "set -eu\n" + GATE)
+    train = [sys.executable, str(TRAINER_JOB), "--samples", str(GATED_SAMPLES), "--epochs", "3"]
+    train += ["--step-seconds", "0.3", "--root-dir", str(root)]
+    env = {"TRAIN": " ".join(train), "GATE": str(gate), "OMP_NUM_THREADS": "1"}
+    return cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)
+
+
+def signal_once_training(cluster, job) -> None:
+    cluster.wait_output(job, "FIRST_STEP rank=0", timeout=SLURM_TIMEOUT)
+    time.sleep(1)  # a step or two into training, as the warning before a time limit would come
+    signalled = cluster.signal(job, "USR1")
+    assert signalled.returncode == 0, signalled.stderr
+
+
+def finished_after_one_restart(cluster, job) -> tuple[str, list[dict]]:
+    state = cluster.wait(job, timeout=SLURM_TIMEOUT)
+    output = cluster.output(job)
+    assert state == "COMPLETED", output[-4000:]
+    [info] = cluster.job_info(job)
+    assert info["Restarts"] == "1", output[-4000:]
+    results = [json.loads(line.split(" ", 1)[1]) for line in output.splitlines() if line.startswith("RESULT ")]
+    assert sorted(result["global_rank"] for result in results) == [0, 1], output[-4000:]
+    assert {result["global_step"] for result in results} == {GATED_STEPS}
+    assert len({tuple(result["weights"]) for result in results}) == 1
+    return output, results
+
+
+def saved_step(root, job: str, name: str) -> int:
+    record = json.loads((root / ".lightning-mpi-env" / f"slurm-{job}.json").read_text())
+    [step] = [item["step"] for item in record["saved"] if item["file"] == name and item["size"]]
+    return step
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_slurm_two_jobs_in_one_folder_each_resume_their_own_checkpoint(slurm_cluster, tmp_path):
+    root, gate = tmp_path / "root", tmp_path / "gate"
+    root.mkdir()
+    first, second = submit_gated(slurm_cluster, root, gate), submit_gated(slurm_cluster, root, gate)
+    # The second job saves hpc_ckpt_1 and is requeued; then the first saves hpc_ckpt_2, the highest number, which
+    # Lightning's own Slurm resume would take for the second job too.
+    signal_once_training(slurm_cluster, second)
+    slurm_cluster.wait_output(second, "lightning-mpi-env: requeue: saved", timeout=SLURM_TIMEOUT)
+    signal_once_training(slurm_cluster, first)
+    for job in (first, second):
+        slurm_cluster.wait_output(job, f"GATED job={job}", timeout=SLURM_TIMEOUT)
+    assert sorted(path.name for path in root.glob("hpc_ckpt_*")) == ["hpc_ckpt_1.ckpt", "hpc_ckpt_2.ckpt"]
+    gate.touch()
+    for job, own in ((second, "hpc_ckpt_1.ckpt"), (first, "hpc_ckpt_2.ckpt")):
+        output, results = finished_after_one_restart(slurm_cluster, job)
+        assert f"lightning-mpi-env: requeue: resuming from {root / own}\n" in output, output[-4000:]
+        assert {result["first_global_step"] for result in results} == {saved_step(root, job, own)}
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_slurm_a_new_job_in_a_folder_with_another_job_s_checkpoint_is_refused(slurm_cluster, tmp_path):
+    root, gate = tmp_path / "root", tmp_path / "gate"
+    root.mkdir()
+    gate.touch()
+    first = submit_gated(slurm_cluster, root, gate)
+    signal_once_training(slurm_cluster, first)
+    finished_after_one_restart(slurm_cluster, first)
+    # A new job in the same folder has no checkpoint of its own, and fit(ckpt_path=None) would let Lightning's own
+    # Slurm resume take the first job's: it stops before training, naming both jobs and the fix.
+    second = submit_gated(slurm_cluster, root, gate)
+    state = slurm_cluster.wait(second, timeout=SLURM_TIMEOUT)
+    output = slurm_cluster.output(second)
+    assert state == "FAILED", output[-4000:]
+    assert f"Slurm job {second} has no checkpoint of its own in default_root_dir={root}" in output, output[-4000:]
+    assert f"Lightning would resume {root / 'hpc_ckpt_1.ckpt'}, saved by Slurm job {first}" in output
+    assert "Give each job its own default_root_dir" in output
+    assert "FIRST_STEP" not in output
+    assert "resuming from" not in output
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_slurm_an_empty_newest_checkpoint_is_skipped_with_a_warning(slurm_cluster, tmp_path):
+    root, gate = tmp_path / "root", tmp_path / "gate"
+    root.mkdir()
+    job = submit_gated(slurm_cluster, root, gate)
+    signal_once_training(slurm_cluster, job)
+    slurm_cluster.wait_output(job, f"GATED job={job}", timeout=SLURM_TIMEOUT)
+    # What a save that the scheduler's kill cut off leaves: the next name reserved (an empty file) and recorded as
+    # pending in the job's record. Lightning's own Slurm resume would take it (the highest number) and fail on it.
+    this = scheduler_job({"SLURM_JOB_ID": job})
+    record = checkpoints.read_record(str(root), this)
+    cut = checkpoints.reserve_next(str(root))
+    checkpoints.write_record(str(root), this, record._replace(saved=(*record.saved, Saved(cut, None, 99))))
+    assert (cut, (root / cut).stat().st_size) == ("hpc_ckpt_2.ckpt", 0)
+    gate.touch()
+    output, results = finished_after_one_restart(slurm_cluster, job)
+    # Lightning's warning format leaves out the class (CheckpointWarning, checked in test_checkpoints.py).
+    assert f"Slurm job {job}: the checkpoint {root / cut} is skipped: it is empty" in output, output[-4000:]
+    assert f"lightning-mpi-env: requeue: resuming from {root / 'hpc_ckpt_1.ckpt'}\n" in output, output[-4000:]
+    assert {result["first_global_step"] for result in results} == {saved_step(root, job, "hpc_ckpt_1.ckpt")}
 
 
 # --- Fabric: the signal and the requeue, the checkpoint left to the loop ------------------------------------------

@@ -1,0 +1,306 @@
+"""Which HPC checkpoint a requeued job resumes from: its own, complete, newest one, told by the job's record.
+
+A requeue checkpoint is Lightning's ``<default_root_dir>/hpc_ckpt_<n>.ckpt``. A file name says nothing about the
+job that saved it, nor whether the save finished, so each job keeps a record beside them,
+``<default_root_dir>/.lightning-mpi-env/<scheduler>-<job>.json`` (rank 0 writes it whole, through a temporary file
+and ``os.replace``): the job's scheduler and identity (job id and array task; also the job as its requeue command
+names it), how often it was requeued, and each checkpoint it saved, first as *pending* (the number reserved, before
+the save) and then with its size (after every rank's save). A job resumes only from a checkpoint of its own record
+whose save finished and whose file is still there, not empty, readable and of the recorded size; any other of its
+checkpoints is skipped with a
+:class:`~lightning_mpi_env.core.errors.CheckpointWarning`, newest first. Other jobs' checkpoints in the same folder
+are never candidates. Deleting checkpoints does not reset the requeue count: the record keeps it (and under Slurm,
+``SLURM_RESTART_COUNT`` is the count).
+
+Everything read here is bounded: names by their syntax (ASCII digits, at most :data:`MAX_DIGITS`), records by
+:data:`MAX_RECORD_BYTES` and regular files only, folders by :data:`MAX_ENTRIES`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import warnings
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from lightning_mpi_env.core.errors import CheckpointError, CheckpointWarning
+from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY, SchedulerJob, describe_job
+from lightning_mpi_env.lightning.compat import HPC_CHECKPOINT, hpc_checkpoint_name
+
+RECORDS = ".lightning-mpi-env"
+"""The folder of the jobs' records, in ``default_root_dir`` (no ``hpc_ckpt_`` in it: Lightning's own resume looks
+at every name that holds that)."""
+MAX_DIGITS = 9
+"""The most digits of a checkpoint number this package reads or writes; longer names are not its checkpoints."""
+MAX_RECORD_BYTES = 1 << 20
+"""The largest record read (a record of 20 requeues is under 2 KiB)."""
+MAX_ENTRIES = 100_000
+"""The most names of a folder looked at."""
+FORMAT = 1
+"""The record's format."""
+
+
+class Saved(NamedTuple):
+    """One checkpoint in a job's record."""
+
+    file: str
+    """Its file name in ``default_root_dir`` (``hpc_ckpt_<n>.ckpt``)."""
+    size: int | None
+    """Its size in bytes once every rank's save finished; ``None`` while pending."""
+    step: int
+    """The global step it was saved at."""
+
+
+class Record(NamedTuple):
+    """What a job saved in one ``default_root_dir``, and how often it was requeued."""
+
+    scheduler: str
+    """The scheduler's key (``slurm``)."""
+    job: str
+    """The job's identity (``123``; ``77/3`` for an array task)."""
+    variables: tuple[str, ...]
+    """The variables the identity came from (``JOB_ID``, ``SGE_TASK_ID``)."""
+    name: str | None
+    """The job as its scheduler's requeue command names it: a Slurm array task by its array (``36_1``), an LSF
+    array element as ``7[3]``."""
+    requeues: int
+    """How often this package requeued the job."""
+    saved: tuple[Saved, ...]
+    """Its checkpoints, oldest first."""
+
+    @classmethod
+    def new(cls, job: SchedulerJob) -> Record:
+        """An empty record for ``job``."""
+        return cls(job.scheduler.key, job.identity, job.variables, job.requeue_name, 0, ())
+
+    def owner(self) -> str:
+        """The job in words, as errors name it (``Slurm job 123``, ``SGE job 77 task 3``)."""
+        row = SCHEDULERS_BY_KEY.get(self.scheduler)
+        return describe_job(row.name if row is not None else self.scheduler, self.job)
+
+
+def checkpoint_number(name: str) -> int | None:
+    """The number of an HPC checkpoint's file name (ASCII digits, at most :data:`MAX_DIGITS`); ``None`` otherwise.
+
+    >>> checkpoint_number("hpc_ckpt_3.ckpt"), checkpoint_number("hpc_ckpt_" + "9" * 200 + ".ckpt")
+    (3, None)
+    >>> checkpoint_number("hpc_ckpt_" + chr(0x663) + ".ckpt") is None  # an Arabic-Indic 3: int() reads it
+    True
+    """
+    match = HPC_CHECKPOINT.match(name)
+    return int(match.group(1)) if match and len(match.group(1)) <= MAX_DIGITS else None
+
+
+def record_path(directory: str, job: SchedulerJob) -> str:
+    """Where ``job``'s record is in ``directory`` (the job's key is safe in a file name by its syntax)."""
+    return os.path.join(directory, RECORDS, f"{job.key}.json")
+
+
+def read_record(directory: str, job: SchedulerJob) -> Record:
+    """``job``'s record in ``directory``; an empty one where there is none yet.
+
+    Raises:
+        CheckpointError: The record is there but cannot be read or is not one (its requeue count would be lost).
+    """
+    path = record_path(directory, job)
+    try:
+        record = _read(path)
+    except FileNotFoundError:
+        return Record.new(job)
+    except (OSError, ValueError) as error:
+        raise CheckpointError(
+            f"The requeue record {path} of {job} cannot be read: {error}.",
+            "Restore it, or delete it to start the job's requeue count and checkpoints afresh.",
+            variable="default_root_dir",
+            value=directory,
+            launcher=job.scheduler.name,
+        ) from error
+    if (record.scheduler, record.job) != (job.scheduler.key, job.identity):
+        raise CheckpointError(
+            f"The requeue record {path} belongs to {record.owner()}, not to {job}.",
+            "Delete it; it was copied or renamed from another job.",
+            variable="default_root_dir",
+            value=directory,
+            launcher=job.scheduler.name,
+        )
+    return record
+
+
+def write_record(directory: str, job: SchedulerJob, record: Record) -> None:
+    """Write ``job``'s record whole (a temporary file, then ``os.replace``): a reader sees the old or the new one."""
+    path = record_path(directory, job)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = {
+        "format": FORMAT,
+        "scheduler": record.scheduler,
+        "job": record.job,
+        "variables": list(record.variables),
+        "name": record.name,
+        "requeues": record.requeues,
+        "saved": [{"file": item.file, "size": item.size, "step": item.step} for item in record.saved],
+    }
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(data, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+def reserve_next(directory: str) -> str:
+    """Create, empty, the HPC checkpoint after the highest in ``directory``, and return its name.
+
+    ``O_EXCL``: two jobs saving in one folder at once never get one name. Names that are not this package's
+    (non-ASCII digits, more than :data:`MAX_DIGITS`) do not count.
+    """
+    os.makedirs(directory, exist_ok=True)
+    number = max((n for name in names(directory) if (n := checkpoint_number(name)) is not None), default=0) + 1
+    for candidate in range(number, number + 1000):
+        name = hpc_checkpoint_name(candidate)
+        try:
+            os.close(os.open(os.path.join(directory, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            continue  # another job took it a moment ago
+        return name
+    raise CheckpointError(
+        f"No free HPC checkpoint name in {directory} from {hpc_checkpoint_name(number)} on.",
+        "Give each job its own default_root_dir.",
+        variable="default_root_dir",
+        value=directory,
+    )
+
+
+def resumable(directory: str, record: Record, *, report: bool = True) -> str | None:
+    """The newest checkpoint of ``record`` whose save finished and whose file checks out, or ``None``.
+
+    Each newer checkpoint of the record that does not check out (pending, gone, empty, unreadable, another size) is
+    skipped with a :class:`~lightning_mpi_env.core.errors.CheckpointWarning` (where ``report``: rank 0 only).
+    """
+    for item in reversed(record.saved):
+        path = os.path.join(directory, item.file)
+        problem = _problem(path, item)
+        if problem is None:
+            return path
+        if not report:
+            continue
+        warnings.warn(
+            CheckpointWarning(
+                f"{record.owner()}: the checkpoint {path} is skipped: {problem}.",
+                "An older checkpoint of this job is used where there is one. A save cut off by the scheduler's kill "
+                "leaves such a file: give the job more time between its warning signal and its kill.",
+                variable="default_root_dir",
+                value=directory,
+                launcher=record.scheduler,
+            ),
+            stacklevel=3,  # the caller of hpc_checkpoint()
+        )
+    return None
+
+
+def owner_of(directory: str, name: str) -> str | None:
+    """The job whose record lists the checkpoint ``name`` in ``directory``, in words; ``None``: no record does."""
+    for record in _records(directory):
+        if any(item.file == name for item in record.saved):
+            return record.owner()
+    return None
+
+
+def _problem(path: str, item: Saved) -> str | None:
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        return f"it cannot be read ({error.strerror})"
+    if not stat.S_ISREG(info.st_mode):
+        return "it is not a regular file"
+    if info.st_size == 0:
+        return "it is empty" + (" (its save never finished)" if item.size is None else "")
+    if item.size is None:
+        return "its save never finished"
+    if info.st_size != item.size:
+        return f"it has {info.st_size} bytes, where the job saved {item.size}"
+    try:
+        with open(path, "rb") as file:
+            file.read(1)
+    except OSError as error:
+        return f"it cannot be read ({error.strerror})"
+    return None
+
+
+def names(directory: str) -> Iterator[str]:
+    """The names in ``directory`` (at most :data:`MAX_ENTRIES`; none where it cannot be listed)."""
+    try:
+        with os.scandir(directory) as entries:
+            for count, entry in enumerate(entries):
+                if count >= MAX_ENTRIES:
+                    return
+                yield entry.name
+    except OSError:
+        return
+
+
+def _records(directory: str) -> Iterator[Record]:
+    folder = os.path.join(directory, RECORDS)
+    for name in names(folder):
+        if name.endswith(".json"):
+            try:
+                yield _read(os.path.join(folder, name))
+            except (OSError, ValueError):
+                continue  # another job's record we cannot read names no owner
+
+
+def _read(path: str) -> Record:
+    # Regular files only, and at most MAX_RECORD_BYTES: a FIFO or a huge file in its place is an error, not a hang.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        raw = file.read(MAX_RECORD_BYTES + 1)
+    if len(raw) > MAX_RECORD_BYTES:
+        raise ValueError(f"larger than {MAX_RECORD_BYTES} bytes")
+    return _parse(json.loads(raw.decode("utf-8")))
+
+
+def _parse(data: Any) -> Record:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"not a requeue record of format {FORMAT}")
+    scheduler, job, variables, name, requeues, saved = (
+        data.get(key) for key in ("scheduler", "job", "variables", "name", "requeues", "saved")
+    )
+    if not (isinstance(scheduler, str) and isinstance(job, str) and isinstance(variables, list)):
+        raise ValueError("no scheduler, job or variables")
+    if not (name is None or isinstance(name, str)):
+        raise ValueError("a job name that is not text")
+    if not (isinstance(requeues, int) and requeues >= 0 and isinstance(saved, list)):
+        raise ValueError("no requeue count or checkpoints")
+    return Record(scheduler, job, tuple(map(str, variables)), name, requeues, tuple(map(_parse_saved, saved)))
+
+
+def _parse_saved(item: Any) -> Saved:
+    if not isinstance(item, dict):
+        raise ValueError("a checkpoint that is not an object")
+    file, size, step = item.get("file"), item.get("size"), item.get("step")
+    if not (isinstance(file, str) and checkpoint_number(file) is not None):
+        raise ValueError(f"a checkpoint named {file!r}, not hpc_ckpt_<n>.ckpt")
+    if not ((size is None or (isinstance(size, int) and size >= 0)) and isinstance(step, int)):
+        raise ValueError(f"{file}: a size or step that is not a count")
+    return Saved(file, size, step)
+
+
+__all__ = [
+    "MAX_DIGITS",
+    "MAX_ENTRIES",
+    "MAX_RECORD_BYTES",
+    "RECORDS",
+    "Record",
+    "Saved",
+    "checkpoint_number",
+    "names",
+    "owner_of",
+    "read_record",
+    "record_path",
+    "reserve_next",
+    "resumable",
+    "write_record",
+]
