@@ -469,3 +469,55 @@ def test_the_command_that_ends_the_step_comes_from_the_launchers_row(env, comman
     assert end_step_command(detect_launcher(env), env) == command
     # A launcher with a command to end its step does not end the job by itself (else the command is not needed).
     assert not [row.key for row in LAUNCHERS if row.end_step and row.ends_on_failure]
+
+
+@pytest.mark.parametrize(
+    ("environ", "said"),
+    [
+        ({"FLUX_TASK_RANK": "0"}, "Flux may wait for a frozen rank after the others ended on a stall; to end the job "),
+        ({"SLURM_STEP_ID": "0", "SLURM_JOB_ID": "7"}, "add `srun --kill-on-bad-exit=1` (or `scancel` on the compute"),
+        ({"OMPI_COMM_WORLD_RANK": "0"}, None),  # mpirun ends the job itself
+    ],
+)
+def test_rank_zero_says_at_the_start_what_to_add_where_nothing_would_end_the_job(
+    store_port, capsys, monkeypatch, tmp_path, environ, said
+):
+    import torch.distributed as dist
+
+    from lightning_mpi_env.rollcall.store import RendezvousResult
+    from lightning_mpi_env.rollcall.verdicts import Claim, NodeAssignment
+    from lightning_mpi_env.rollcall.watchdog import watch
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scancel here
+    client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+    result = RendezvousResult(client, Claim(0, 4, "a", 0, 1, "a", store_port), NodeAssignment(0, 2, 0, 2))
+    dog = watch(result, 30.0, None, environ)
+    dog.stop()
+    lines = [line for line in capsys.readouterr().err.splitlines() if "stall watchdog:" in line]
+    if said is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1
+        assert said in lines[0]
+    assert dog.end_step == ()
+    assert not dog.stand_in  # rank 0 ends the step itself; the lowest rank of node 1 stands in for it
+
+
+def test_the_lowest_rank_off_rank_zeros_node_stands_in(store_port):
+    import torch.distributed as dist
+
+    from lightning_mpi_env.rollcall.store import RendezvousResult
+    from lightning_mpi_env.rollcall.verdicts import Claim, NodeAssignment
+    from lightning_mpi_env.rollcall.watchdog import watch
+
+    stand_ins = []
+    for rank, nodes in [
+        (1, NodeAssignment(0, 2, 1, 2)),
+        (2, NodeAssignment(1, 2, 0, 2)),
+        (3, NodeAssignment(1, 2, 1, 2)),
+    ]:
+        client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+        dog = watch(RendezvousResult(client, Claim(rank, 4, "a", 0, 1, "a", store_port), nodes), 30.0, None, {})
+        dog.stop()
+        stand_ins.append(dog.stand_in)
+    assert stand_ins == [False, True, False]
