@@ -228,5 +228,7 @@ def test_srun_ends_a_job_with_a_frozen_rank(slurm_cluster: SlurmCluster, tmp_pat
     job_id = step.split(".")[0]
     left = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout
-    assert slurm_cluster.job_state(job_id) in (None, "FAILED", "CANCELLED", "COMPLETED"), slurm_cluster.job_info(job_id)
+    # srun's own allocation ends with it (COMPLETING a moment, while slurmd runs its epilog).
+    assert slurm_cluster.wait(job_id, timeout=60) in ("FAILED", "CANCELLED", "COMPLETED")
     print(f"FIGURE srun, ddp_mpi, timeout {STALL_TIMEOUT} s: srun returned {ended - frozen_at:.1f} s after the freeze")
+    print(f"VERDICT {shown_lines[0][:500]}")
