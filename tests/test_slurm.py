@@ -10,7 +10,9 @@ Each task writes its own file: srun forwards task output in 1 KiB chunks, which 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -193,3 +195,40 @@ def test_mpirun_in_salloc_ignores_the_inherited_slurm_variables(slurm_cluster: S
         ("node2", "1", "2", "0"),
     }
     assert_open_mpi_resolved_as_launched(records, slurm_cluster)
+
+
+# --- a frozen rank under srun's defaults ----------------------------------------------------------------------------
+
+FABRIC_FREEZE = Path(__file__).parent / "jobs" / "fabric_freeze.py"
+STALL_TIMEOUT = 10
+
+
+def test_srun_ends_a_job_with_a_frozen_rank(slurm_cluster: SlurmCluster, tmp_path: Path):
+    # srun waits for every task by default (--kill-on-bad-exit=0): the ranks that name the frozen one exit 1, and
+    # srun would wait for it until the time limit. Rank 0 ends the step with `scancel --signal=KILL JOB.STEP` once
+    # every rank showed the verdict: the job ends non-zero, and no process of it is left.
+    tag = f"freeze-{tmp_path.name}"
+    command = [sys.executable, str(FABRIC_FREEZE), "--strategy", "ddp_mpi", "--freeze", "3:10", "--tag", tag]
+    variables = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT)}
+    done = slurm_cluster.run(["srun", *PLACEMENTS["block"], *command], timeout=LIGHTNING_TIMEOUT, env=variables)
+    ended = time.time()
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-4000:]
+    assert "DONE rank=" not in output, output[-4000:]
+    (frozen_at,) = [float(line.rsplit("time=", 1)[1]) for line in done.stdout.splitlines() if "FREEZE rank=3" in line]
+    shown_lines = [line for line in done.stderr.splitlines() if line.startswith("StallError: rank ")]
+    assert shown_lines, output[-4000:]
+    for line in shown_lines:
+        assert "Rank 3 stalled: " in line, output[-4000:]
+        assert "rank 3 on node2, frozen: its watchdog last reported " in line, output[-4000:]
+    assert "lightning-mpi-env: rank 0 ends the job step: scancel --signal=KILL " in done.stderr, output[-4000:]
+    assert "could not end the job step" not in output, output[-4000:]
+    # Nothing of the job is left: no process with its tag, and Slurm holds no running step of it.
+    (step,) = [line.split("id=", 1)[1] for line in done.stdout.splitlines() if line.startswith("JOB id=")]
+    job_id = step.split(".")[0]
+    left = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout
+    # srun's own allocation ends with it (COMPLETING a moment, while slurmd runs its epilog).
+    assert slurm_cluster.wait(job_id, timeout=60) in ("FAILED", "CANCELLED", "COMPLETED")
+    print(f"FIGURE srun, ddp_mpi, timeout {STALL_TIMEOUT} s: srun returned {ended - frozen_at:.1f} s after the freeze")
+    print(f"VERDICT {shown_lines[0][:500]}")

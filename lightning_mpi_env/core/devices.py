@@ -322,6 +322,23 @@ def _ranks(ranks: Sequence[int]) -> str:
     return ",".join(str(rank) for rank in sorted(ranks))
 
 
+def seen_devices(env: Mapping[str, str], device_count: int) -> tuple[str, tuple[str, ...]]:
+    """The variable listing this process's accelerators (``""`` when none is set) and the identifiers it sees.
+
+    The list of the first variable of :data:`VISIBLE_DEVICE_VARIABLES` that is set; with none, every device of the
+    node, by physical index ``0..device_count-1`` (the driver's count, never a number from a variable).
+
+    >>> seen_devices({"ROCR_VISIBLE_DEVICES": "2,3"}, 8)
+    ('ROCR_VISIBLE_DEVICES', ('2', '3'))
+    >>> seen_devices({}, 2)
+    ('', ('0', '1'))
+    """
+    found = visible_devices(env)
+    if found is not None:
+        return found[0], tuple(found[1])
+    return "", tuple(str(index) for index in range(device_count))
+
+
 __all__ = [
     "BINDING_HINT",
     "EXACT_BASES",
@@ -333,6 +350,7 @@ __all__ = [
     "assign_devices",
     "lost_peer_links",
     "own_device",
+    "seen_devices",
     "shared_device",
     "unknown_device",
     "visible_devices",

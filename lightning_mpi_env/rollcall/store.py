@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from lightning_mpi_env.core.errors import RendezvousError
 from lightning_mpi_env.rollcall.reach import NetworkView, serve_error, unreachable_error, with_rank_zero_view
@@ -38,6 +38,16 @@ from lightning_mpi_env.rollcall.verdicts import (
     expectation_mismatch,
     missing_message,
     summary,
+)
+from lightning_mpi_env.rollcall.wire import (
+    RollCallVerdict,
+    arrived_ranks,
+    claim_of,
+    network_view,
+    node_of,
+    read,
+    read_raw,
+    roll_call_verdict,
 )
 
 if TYPE_CHECKING:
@@ -203,19 +213,13 @@ class _Meeting:
             self._compare_with_rank_zero()
         self._arrive()
         verdict = self._await_verdict()
-        if "problem" in verdict:
+        if verdict.problem:
             self._raise(verdict)
         self.store.add(_READ, 1)
-        node_rank, num_nodes, local_rank, local_size, *device = json.loads(
-            self.store.get(f"{KEY_PREFIX}node/{self.claim.rank}")
-        )
-        notes = [str(note) for note in verdict.get("notes", [])]
-        return (
-            NodeAssignment(node_rank, num_nodes, local_rank, local_size),
-            str(verdict.get("summary", "")),
-            device[0] if device else None,
-            notes,
-        )
+        node_key = f"{KEY_PREFIX}node/{self.claim.rank}"
+        # Every rank checks its own assignment: a forged node index or device is refused, never taken.
+        nodes, device = read(node_key, self.store.get(node_key), node_of(self.claim))
+        return nodes, verdict.summary, device, list(verdict.notes)
 
     # --- steps ---------------------------------------------------------------------------------------------------
 
@@ -226,11 +230,11 @@ class _Meeting:
         self.store.set(f"{KEY_PREFIX}claim/{rank}/{order}", self.claim.to_json())
         if order > 1:
             # The second claimant knows at once; the first learns it from the verdict.
-            first = Claim.from_json(self._get(f"{KEY_PREFIX}claim/{rank}/1"))
+            first = self._claim(rank, self._get(f"{KEY_PREFIX}claim/{rank}/1"))
             self._conclude(duplicate_message(first, self.claim))
 
     def _compare_with_rank_zero(self) -> None:
-        self.rank_zero = Claim.from_json(self._get(f"{KEY_PREFIX}claim/0/1"))
+        self.rank_zero = self._claim(0, self._get(f"{KEY_PREFIX}claim/0/1"))
         problem = disagreement_message(self.rank_zero, self.claim)
         if problem is not None:
             self._conclude(problem)
@@ -244,7 +248,7 @@ class _Meeting:
         """The last rank to arrive checks the whole table and writes everyone's node assignment."""
         world_size = self.claim.world_size
         keys = [f"{KEY_PREFIX}claim/{rank}/1" for rank in range(world_size)]
-        claims = [Claim.from_json(raw) for raw in self.store.multi_get(keys)]
+        claims = [self._claim(rank, raw) for rank, raw in enumerate(self.store.multi_get(keys))]
         for other in claims[1:]:
             problem = disagreement_message(claims[0], other)
             if problem is not None:
@@ -276,16 +280,16 @@ class _Meeting:
         line = summary(claims, time.monotonic() - self.start)
         self.store.compare_set(_VERDICT, "", json.dumps({"summary": line, "notes": notes}))
 
-    def _await_verdict(self) -> dict[str, Any]:
+    def _await_verdict(self) -> RollCallVerdict:
         if _wait_quietly(self.store, _VERDICT, self.deadline, self.claim.world_size):
-            return dict(json.loads(self.store.get(_VERDICT)))
+            return self._verdict(self.store.get(_VERDICT))
         problem = self._missing()
         if problem is not None:
             self._conclude(problem)
         # Everyone arrived just now: the last rank is writing the verdict.
         if not _wait_quietly(self.store, _VERDICT, time.monotonic() + VERDICT_GRACE, self.claim.world_size):
             self._conclude(self._never_received(_VERDICT))
-        return dict(json.loads(self.store.get(_VERDICT)))
+        return self._verdict(self.store.get(_VERDICT))
 
     def leave(self) -> None:
         """On rank 0, keep serving the verdict after this process's error is shown, until every rank read it.
@@ -317,52 +321,68 @@ class _Meeting:
     def _conclude(self, problem: RendezvousError) -> NoReturn:
         """Write ``problem`` as the verdict unless another rank wrote one first; raise the verdict that stands."""
         payload = json.dumps({"problem": problem.problem, "hint": problem.hint, "value": problem.value})
-        current = json.loads(self.store.compare_set(_VERDICT, "", payload))
-        if "problem" in current:
+        current = self._verdict(self.store.compare_set(_VERDICT, "", payload))
+        if current.problem:
             self._raise(current)
         self.store.add(_READ, 1)
         raise problem  # the others already met (a late duplicate): this process still must not go on
 
-    def _raise(self, verdict: Mapping[str, Any]) -> NoReturn:
+    def _raise(self, verdict: RollCallVerdict) -> NoReturn:
         """Raise the verdict another rank (or this one) wrote, telling rank 0 it was read."""
         self.store.add(_READ, 1)
-        raise RendezvousError(verdict["problem"], verdict["hint"], value=verdict.get("value"))
+        raise verdict.error()
 
     def _missing(self) -> RendezvousError | None:
         """Who never arrived, read from the store: any rank can say it, not only rank 0."""
         world_size = self.claim.world_size
-        arrived_text = self.store.get(_ARRIVED_RANKS).decode() if self.store.check([_ARRIVED_RANKS]) else ""
-        arrived_ranks = {int(item) for item in arrived_text.split(",") if item}
-        missing = sorted(set(range(world_size)) - arrived_ranks)
+        arrived_text = self.store.get(_ARRIVED_RANKS) if self.store.check([_ARRIVED_RANKS]) else b""
+        arrived = read_raw(_ARRIVED_RANKS, arrived_text, arrived_ranks(world_size))
+        missing = sorted(set(range(world_size)) - arrived)
         if not missing:
             return None
         examples: dict[int, Claim] = {}
         wanted: set[int] = set()
         if self.expected_node is not None:
             wanted = {self.expected_node(rank) for rank in missing}
-            for rank in sorted(arrived_ranks):
+            for rank in sorted(arrived):
                 node = self.expected_node(rank)
                 if node in wanted:
-                    examples[rank] = Claim.from_json(self.store.get(f"{KEY_PREFIX}claim/{rank}/1"))
+                    examples[rank] = self._claim(rank, self.store.get(f"{KEY_PREFIX}claim/{rank}/1"))
                     wanted.discard(node)
         problem = missing_message(
-            missing, examples, world_size, self.timeout, self.expected_node, arrived_count=len(arrived_ranks)
+            missing, examples, world_size, self.timeout, self.expected_node, arrived_count=len(arrived)
         )
         whole_node = self.expected_node is None or bool(wanted)  # a node none of whose ranks reached rank 0
         if whole_node and self.store.check([_RANK_ZERO_VIEW]):
-            return with_rank_zero_view(problem, NetworkView.from_json(self.store.get(_RANK_ZERO_VIEW)))
+            return with_rank_zero_view(problem, read(_RANK_ZERO_VIEW, self.store.get(_RANK_ZERO_VIEW), network_view))
         return problem
 
     def _get(self, key: str) -> bytes:
         """The value of ``key`` once set, giving up at the deadline (then: who is missing)."""
         if not _wait_quietly(self.store, key, self.deadline, self.claim.world_size):
             if self.store.check([_VERDICT]):
-                verdict = json.loads(self.store.get(_VERDICT))
-                if "problem" in verdict:
+                verdict = self._verdict(self.store.get(_VERDICT))
+                if verdict.problem:
                     self._raise(verdict)
             self._conclude(self._missing() or self._never_received(key))
         value: bytes = self.store.get(key)
         return value
+
+    def _claim(self, rank: int, raw: bytes) -> Claim:
+        """The claim stored for ``rank``; a malformed one ends the roll call for every rank, naming its key."""
+        key = f"{KEY_PREFIX}claim/{rank}/1"
+        try:
+            return read(key, raw, claim_of(rank))
+        except RendezvousError as error:
+            self._conclude(error)
+
+    def _verdict(self, raw: bytes) -> RollCallVerdict:
+        """The stored verdict; a malformed one is this rank's error (it cannot be replaced: first write wins)."""
+        try:
+            return read(_VERDICT, raw, roll_call_verdict)
+        except RendezvousError:
+            self.store.add(_READ, 1)
+            raise
 
     def _never_received(self, key: str) -> RendezvousError:
         return RendezvousError(

@@ -80,12 +80,10 @@ class Claim:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Claim:
-        """Read back a stored claim."""
-        data = json.loads(text)
-        for name in ("expected", "visible_set"):
-            if data.get(name) is not None:
-                data[name] = tuple(data[name])
-        return cls(**data)
+        """Read back a stored claim, checked (:mod:`~lightning_mpi_env.rollcall.wire`, the one parser of the store)."""
+        from lightning_mpi_env.rollcall.wire import claim_of, read  # wire builds claims: imported when used
+
+        return read("claim", text, claim_of(None))
 
     def device_view(self) -> DeviceView | None:
         """What this claim says about its devices, for :func:`~lightning_mpi_env.core.devices.assign_devices`."""

@@ -16,7 +16,16 @@ stall timeout off), so a job that can requeue costs its training loop no collect
 (it waits in the next collective) and the ranks behind it have not moved. Work that is slow for everyone (a long
 validation, a checkpoint written by rank 0 while the others wait in a barrier) leaves every rank level, so it is
 never a stall. A rank behind whose heartbeat also stopped is *frozen* (``SIGSTOP``, a node swapping); else it is
-*alive*, and its main thread's place is shown.
+*alive*, and its main thread's place is shown. And whatever the loop marks (a Fabric loop may mark nothing): a rank
+whose own heartbeat stopped for the timeout while the others' go on is frozen, a stall too. A rank whose watchdog
+stopped (its fit or program ended) says so in a last report: its silence is no freeze.
+
+**Ending the job.** Every rank that sees the verdict prints it and exits with status 1 at one moment. Where the
+launcher would still wait for the frozen rank (``srun`` by default), one surviving rank then ends the launch with the
+scheduler's own command (:attr:`~lightning_mpi_env.core.launchers.Launcher.end_step`).
+
+**Data.** Every value read from the store goes through :mod:`~lightning_mpi_env.rollcall.wire`: a malformed report
+is skipped and named once, and nothing read kills the thread; any other exception that would end it is named.
 
 **Store traffic.** Per interval: one ``set`` and one ``add`` (the event count) per rank, and rank 0 reads every
 report once (``multi_get``): linear in the world size, with an interval that widens with it.
@@ -25,21 +34,25 @@ report once (``multi_get``): linear in the world size, with an interval that wid
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import shutil
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from lightning_mpi_env.core.errors import StallError
+from lightning_mpi_env.core.errors import RendezvousError, StallError
+from lightning_mpi_env.core.launchers import detect_launcher, end_step_command
 from lightning_mpi_env.core.report import render
 from lightning_mpi_env.core.settings import DEFAULT_STALL_TIMEOUT, VARIABLE
 from lightning_mpi_env.rollcall.deadline import Deadline, Unanswered
-from lightning_mpi_env.rollcall.verdicts import format_ranks
+from lightning_mpi_env.rollcall.stall import PHASES, Seen, find_stall, interval_for, observe
+from lightning_mpi_env.rollcall.wire import Report, read, report_of, stall_verdict
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
@@ -54,119 +67,8 @@ EVENTS = KEY + "events"
 """A count every rank's thread reads once per interval (``add(EVENTS, 0)``): zero until a verdict or a stop
 request is written, so a healthy job reads nothing else."""
 
-PHASES = ("between steps", "in its training step", "in backward", "past backward")
-"""Where in a step a rank is, by its last mark: after a step (loading the next batch), after the step started,
-before backward, after backward."""
-
 READ_CHUNK = 4096
 """Reports read by one ``multi_get``: bounds one request's size at tens of thousands of ranks."""
-
-
-def interval_for(timeout: float, world_size: int) -> float:
-    """Seconds between reports: a quarter of the timeout, at least 0.5 s, and 1 s more per 1,000 ranks.
-
-    >>> interval_for(20, 4), interval_for(300, 16384), interval_for(1, 2)
-    (1.0, 16.384, 0.5)
-    """
-    return max(0.5, min(timeout / 4, max(1.0, world_size / 1000)))
-
-
-@dataclass(frozen=True)
-class Report:
-    """What one rank says about itself each interval."""
-
-    rank: int
-    host: str
-    progress: int
-    """Progress marks made so far; ranks running the same program make the same marks."""
-    step: int
-    """The training step (for the message)."""
-    phase: int
-    """Index in :data:`PHASES` of the last mark (for the message)."""
-    beat: int
-    """Increases every interval while this rank's watchdog thread runs."""
-    where: str
-    """``file:line in function`` of the main thread, as its own watchdog thread saw it."""
-
-    def to_json(self) -> str:
-        """The report as stored."""
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: bytes | str) -> Report:
-        """A stored report."""
-        return cls(**json.loads(text))
-
-
-@dataclass
-class Seen:
-    """What rank 0 remembers of one rank: its last report, and since when its progress and heartbeat stood still."""
-
-    report: Report
-    progress_since: float
-    beat_since: float
-
-
-def observe(seen: dict[int, Seen], reports: Sequence[Report], now: float) -> None:
-    """Take the latest reports into ``seen``."""
-    for report in reports:
-        before = seen.get(report.rank)
-        if before is None:
-            seen[report.rank] = Seen(report, now, now)
-            continue
-        progress_since = now if report.progress != before.report.progress else before.progress_since
-        beat_since = now if report.beat != before.report.beat else before.beat_since
-        seen[report.rank] = Seen(report, progress_since, beat_since)
-
-
-def find_stall(
-    seen: Mapping[int, Seen], now: float, timeout: float, frozen_after: float, world_size: int, started: float = 0.0
-) -> StallError | None:
-    """The stall in ``seen`` (see the module docstring), as the error every rank shows; ``None`` when there is none.
-
-    A rank that never reported (it froze, or its main thread held it, before its watchdog's first report) counts as
-    behind, from ``started``, when rank 0 began watching.
-
-    >>> r = lambda rank, progress: Report(rank, "n", progress, progress // 4, progress % 4, 1, "t.py:1 in f")
-    >>> level = {0: Seen(r(0, 9), 0.0, 0.0), 1: Seen(r(1, 9), 0.0, 0.0)}
-    >>> find_stall(level, now=100.0, timeout=20, frozen_after=3, world_size=2) is None  # slow for everyone
-    True
-    >>> behind = {0: Seen(r(0, 9), 0.0, 99.0), 1: Seen(r(1, 8), 0.0, 99.0)}
-    >>> print(find_stall(behind, now=100.0, timeout=20, frozen_after=3, world_size=2).problem[:46])
-    Rank 1 stalled: no rank made progress for 20 s
-    """
-    if not seen:
-        return None
-    top = max(entry.report.progress for entry in seen.values())
-    silent = [rank for rank in range(world_size) if rank not in seen]
-    behind = sorted([rank for rank, entry in seen.items() if entry.report.progress < top] + silent)
-    last_progress = max([started] + [entry.progress_since for entry in seen.values()])
-    if not behind or now - last_progress < timeout:
-        return None
-    waiting = sorted(rank for rank, entry in seen.items() if entry.report.progress == top)
-    lines = []
-    for rank in behind:
-        entry = seen.get(rank)
-        if entry is None:
-            lines.append(f"rank {rank} never reported (frozen, or stuck before its watchdog started)")
-            continue
-        report, quiet = entry.report, now - entry.beat_since
-        state = (
-            f"frozen (its watchdog silent for {quiet:.0f} s)"
-            if quiet >= frozen_after
-            else f"alive, main thread at {report.where}"
-        )
-        lines.append(f"rank {rank} on {report.host} at step {report.step} ({PHASES[report.phase]}), {state}")
-    wait = "waits" if len(waiting) == 1 else "wait"
-    return StallError(
-        f"{format_ranks(behind).capitalize()} stalled: no rank made progress for {timeout:g} s while "
-        f"{format_ranks(waiting)} {wait} for {'it' if len(behind) == 1 else 'them'}. " + "; ".join(lines) + ".",
-        f"Look at the stalled rank's host: a data loader or file system that blocks, a deadlock in the training "
-        f"step, or a frozen node. {VARIABLE['stall_timeout']}={timeout:g} sets the timeout (0 turns the watchdog "
-        "off); a step that takes longer on some ranks than others needs a larger one.",
-        variable=VARIABLE["stall_timeout"],
-        value=f"{timeout:g}",
-    )
 
 
 _NOT_THE_PLACE = ("<", os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
@@ -199,6 +101,9 @@ class Watchdog:
         timeout: Seconds without progress anywhere, ranks not level, before the job is stopped; ``0``: no stall
             watch (the thread then only carries ``agreement``).
         agreement: The requeue's stop agreement, when the job can requeue.
+        end_step: The scheduler's command that ends this launch, where the launcher would wait for a frozen rank
+            (:func:`~lightning_mpi_env.core.launchers.end_step_command`); run by rank 0 after a stall verdict.
+        stand_in: This rank runs ``end_step`` when rank 0's store fell silent (the lowest rank off rank 0's node).
         exit: Ends the process after the line is printed (``os._exit``; injected by the tests).
         clock: Monotonic seconds.
     """
@@ -212,20 +117,27 @@ class Watchdog:
         host: str,
         timeout: float,
         agreement: StopAgreement | None = None,
+        end_step: Sequence[str] = (),
+        stand_in: bool = False,
         exit: Callable[[int], object] = os._exit,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rank, self.world_size, self.host, self.timeout = rank, world_size, host, timeout
         self.agreement = agreement
+        self.end_step, self.stand_in = tuple(end_step), stand_in
         self.interval = interval_for(timeout or DEFAULT_STALL_TIMEOUT, world_size)
         self._connect, self._exit, self._clock = connect, exit, clock
         self._request_timeout = max(5.0, 2 * self.interval)
         self._progress, self._step, self._phase, self._beat = 0, 0, 0, 0
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lightning-mpi-env-watchdog", daemon=True)
+        self._thread = threading.Thread(target=self._guarded, name="lightning-mpi-env-watchdog", daemon=True)
         self._requests = Deadline()
         self.verdict: str | None = None
         """The line this rank showed, once a stall was found (for the tests)."""
+        self.named: dict[str, str] = {}
+        """Each malformed key this thread skipped, with the line that named it (once per key)."""
+        self.ended_by: str | None = None
+        """The exception that ended the thread, when one did (named on stderr)."""
 
     def start(self) -> Watchdog:
         """Start the thread, and stop it at interpreter exit if nothing stopped it before; returns ``self``.
@@ -245,23 +157,35 @@ class Watchdog:
         self._progress += 1
 
     def stop(self) -> None:
-        """Stop the thread (at teardown, or at exit), and wait for its store request in flight to return.
+        """Stop the thread (at teardown, or at exit), and wait for its store requests in flight to return.
 
-        A finished rank is not a stalled one. The wait is bounded by one request's timeout; a thread that is
-        showing a verdict is waited for until it ends the process, with the status that says why.
+        A finished rank is not a stalled one: the thread's last report says it left. The wait is bounded by two
+        requests' timeout; a thread that is showing a verdict is waited for until it ends the process, with the
+        status that says why.
         """
         self._stopped.set()
         atexit.unregister(self.stop)
         if not self._thread.is_alive() or self._thread is threading.current_thread():
             return
-        self._thread.join(self._request_timeout + 1.0)
+        self._thread.join(2 * self._request_timeout + 1.0)
         if self.verdict is not None:
-            self._thread.join(35.0)  # _conclude ends the process within 30 s
+            self._thread.join(45.0)  # _conclude ends the process within 30 s, and the step within 10 s more
 
-    def _report(self) -> Report:
+    def _report(self, left: bool = False) -> Report:
         self._beat += 1
         where = main_thread_place()
-        return Report(self.rank, self.host, self._progress, self._step, self._phase, self._beat, where)
+        return Report(self.rank, self.host, self._progress, self._step, self._phase, self._beat, where, left)
+
+    def _guarded(self) -> None:
+        """The thread: :meth:`_run`, and any exception that would end it silently, named on stderr."""
+        try:
+            self._run()
+        except BaseException as error:  # noqa: BLE001  (a thread's exception is otherwise lost, or a bare traceback)
+            self.ended_by = f"{type(error).__name__}: {error}"
+            _say(
+                f"lightning-mpi-env: the stall watchdog of rank {self.rank} on {self.host} stopped on "
+                f"{self.ended_by}; this rank's stalls and requeue signals are no longer watched (please report it)."
+            )
 
     def _run(self) -> None:
         from torch.distributed import DistError
@@ -277,7 +201,7 @@ class Watchdog:
             try:
                 verdict = self._requests.run(lambda: self._exchange(store, seen, started), self._request_timeout)
                 if verdict is not None:
-                    self._conclude(*verdict)
+                    self._conclude(*verdict, ends_step=self.rank == 0)
                     return
                 silent_since = None
             except (DistError, Unanswered) as error:
@@ -290,9 +214,19 @@ class Watchdog:
                     return  # rank 0 ended and its store with it: the launcher ends the job, not us
                 silent_since = silent_since if silent_since is not None else self._clock()
                 if self._clock() - silent_since >= self.timeout:
-                    self._conclude(self._store_silent(silent_since), time.time())
+                    self._conclude(self._store_silent(silent_since), time.time(), ends_step=self.stand_in)
                     return
             self._stopped.wait(self.interval)
+        if self.timeout:
+            self._leave(store)
+
+    def _leave(self, store: TCPStore) -> None:
+        """The last report: this rank's watchdog stopped, so its silence from now on is no freeze."""
+        from torch.distributed import DistError
+
+        final = self._report(left=True)
+        with contextlib.suppress(DistError, Unanswered):  # the store is gone or frozen: the job is ending anyway
+            self._requests.run(lambda: store.set(KEY + str(self.rank), final.to_json()), self._request_timeout)
 
     def _exchange(self, store: TCPStore, seen: dict[int, Seen], started: float) -> tuple[StallError, float] | None:
         """One interval's requests: report, read the event count, answer the agreement, judge (rank 0)."""
@@ -300,19 +234,35 @@ class Watchdog:
             store.set(KEY + str(self.rank), self._report().to_json())
         events = store.add(EVENTS, 0)
         if events and store.check([VERDICT]):
-            return _verdict_from(store.get(VERDICT))
+            verdict = self._parsed(VERDICT, store.get(VERDICT), _stall_verdict)
+            if verdict is not None:
+                return verdict
         if self.agreement is not None and self.agreement.poll(store, events):
             store.add(EVENTS, 1)
         if self.rank == 0 and self.timeout:
             self._judge(store, seen, started)
         return None
 
+    def _parsed(self, key: str, raw: bytes, parser: Callable[[object], _Parsed]) -> _Parsed | None:
+        """``parser``'s record of ``raw``; ``None`` for a malformed value, which is named once per key."""
+        try:
+            return read(key, raw, parser)
+        except RendezvousError as error:
+            if key not in self.named:
+                self.named[key] = error.one_line()
+                _say(f"lightning-mpi-env: the stall watchdog of rank {self.rank} skips {error.one_line()}")
+            return None
+
     def _judge(self, store: TCPStore, seen: dict[int, Seen], started: float) -> None:
         keys = [KEY + str(rank) for rank in range(self.world_size)]
         present = [key for key in keys if key.rsplit("/", 1)[1] in _known(seen) or store.check([key])]
         reports = []
         for start in range(0, len(present), READ_CHUNK):
-            reports += [Report.from_json(value) for value in store.multi_get(present[start : start + READ_CHUNK])]
+            chunk = present[start : start + READ_CHUNK]
+            for key, value in zip(chunk, store.multi_get(chunk), strict=True):
+                report = self._parsed(key, value, report_of(int(key.rsplit("/", 1)[1])))
+                if report is not None:
+                    reports.append(report)
         observe(seen, reports, self._clock())
         stall = find_stall(seen, self._clock(), self.timeout, 3 * self.interval, self.world_size, started)
         if stall is not None:
@@ -331,37 +281,96 @@ class Watchdog:
             value=f"{self.timeout:g}",
         )
 
-    def _conclude(self, error: StallError, exit_at: float) -> None:
+    def _conclude(self, error: StallError, exit_at: float, *, ends_step: bool = False) -> None:
         """Say why, then end this process at ``exit_at`` (wall clock), when every rank ends too.
 
         Ranks that ended at different moments would wake the others' collectives with "connection closed by peer"
         tracebacks that bury the cause; so every rank waits for the common moment, and what its blocked main thread
-        might still print before then goes nowhere: the process is being ended for the reason just printed.
+        might still print before then goes nowhere: the process is being ended for the reason just printed. The
+        rank that ``ends_step`` then runs :attr:`end_step` (the launcher would wait for the frozen rank).
         """
         self.verdict = error.one_line()
-        sys.stderr.write(render(error) or f"StallError: {self.verdict}\n")
+        command = self.end_step if ends_step else ()
+        text = render(error) or f"StallError: {self.verdict}\n"
+        if command:
+            text += f"lightning-mpi-env: rank {self.rank} ends the job step: {' '.join(command)}\n"
+        sys.stderr.write(text)
         sys.stderr.flush()
+        said = -1
         if self._exit is os._exit:
+            said = os.dup(2)
             silence = os.open(os.devnull, os.O_WRONLY)
             os.dup2(silence, 1)
             os.dup2(silence, 2)
         time.sleep(max(0.0, min(exit_at - time.time(), 30.0)))
+        if command:
+            self._end_step(command, said)
         self._exit(1)
 
+    def _end_step(self, command: Sequence[str], said: int) -> None:
+        """Run the scheduler's command that ends this step; say on ``said`` (a copy of stderr) when it failed."""
+        try:
+            done = subprocess.run(list(command), stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+            failure = "" if done.returncode == 0 else done.stderr.decode(errors="replace").strip()[-300:]
+            failure = failure or ("" if done.returncode == 0 else f"exit status {done.returncode}")
+        except (OSError, subprocess.TimeoutExpired) as error:
+            failure = f"{type(error).__name__}: {error}"
+        if failure:
+            line = f"lightning-mpi-env: could not end the job step with `{' '.join(command)}` ({failure}).\n"
+            if said >= 0:
+                os.write(said, line.encode())
+            else:
+                _say(line.rstrip())
 
-def watch(result: RendezvousResult, timeout: float, signalled: Callable[[], bool] | None) -> Watchdog:
+
+_Parsed = TypeVar("_Parsed")
+
+
+def _stall_verdict(data: object) -> tuple[StallError, float]:
+    verdict = stall_verdict(data)
+    error = StallError(verdict.problem, verdict.hint, variable=VARIABLE["stall_timeout"], value=verdict.value)
+    return error, verdict.exit_at
+
+
+def _say(line: str) -> None:
+    """One line of this package's on stderr."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def watch(
+    result: RendezvousResult,
+    timeout: float,
+    signalled: Callable[[], bool] | None,
+    environ: Mapping[str, str] | None = None,
+) -> Watchdog:
     """This rank's watchdog thread, on the roll call's own client of its store, which the roll call is done with.
 
     No new connection: rank 0's store then holds two per rank (this one, and ``init_process_group``'s), as without
     the watchdog, which matters at tens of thousands of ranks. It watches for stalls when ``timeout`` is not 0, and
     carries the requeue's stop agreement when ``signalled`` is given (the job can requeue; it says whether this
     rank's requeue signal came).
+
+    Where the launcher would wait for a frozen rank, the launcher's row says how to end the step
+    (``environ``'s job and step, ``os.environ`` by default); where nothing would end it, rank 0 says at the start
+    what to add to the launch.
     """
     from datetime import timedelta
 
     from lightning_mpi_env.rollcall.agreement import StopAgreement
 
-    claim = result.claim
+    claim, nodes = result.claim, result.nodes
+    env = os.environ if environ is None else environ
+    launcher = detect_launcher(env)
+    end_step = end_step_command(launcher, env) or ()
+    if end_step and shutil.which(end_step[0]) is None:
+        end_step = ()
+    if claim.rank == 0 and timeout and launcher is not None and not launcher.ends_on_failure and not end_step:
+        add = launcher.end_hint or "your launcher's option that ends every rank when one exits non-zero"
+        _say(
+            f"lightning-mpi-env: stall watchdog: {launcher.name} may wait for a frozen rank after the others ended "
+            f"on a stall; to end the job then, add {add}."
+        )
 
     def connect(seconds: float) -> TCPStore:
         result.store.set_timeout(timedelta(seconds=seconds))  # each request's; the roll call waited longer
@@ -370,15 +379,18 @@ def watch(result: RendezvousResult, timeout: float, signalled: Callable[[], bool
     agreement = None
     if signalled is not None:
         agreement = StopAgreement(rank=claim.rank, world_size=claim.world_size, signalled=signalled)
+    # When rank 0 is silent, the lowest rank off its node ends the step (on one node: rank 1).
+    stand_in = (nodes.node_rank == 1 and nodes.local_rank == 0) if nodes.num_nodes > 1 else claim.rank == 1
     return Watchdog(
-        connect, rank=claim.rank, world_size=claim.world_size, host=claim.host, timeout=timeout, agreement=agreement
+        connect,
+        rank=claim.rank,
+        world_size=claim.world_size,
+        host=claim.host,
+        timeout=timeout,
+        agreement=agreement,
+        end_step=end_step,
+        stand_in=stand_in,
     ).start()
-
-
-def _verdict_from(stored: bytes) -> tuple[StallError, float]:
-    fields = json.loads(stored)
-    error = StallError(fields["problem"], fields["hint"], variable=VARIABLE["stall_timeout"], value=fields["value"])
-    return error, float(fields["exit_at"])
 
 
 def _known(seen: Mapping[int, Seen]) -> set[str]:

@@ -124,3 +124,18 @@ def test_the_stored_step_only_rises(store_port):
     for step in (7, 3, 9, 9, 8):
         StopAgreement._raise_to(step, client)
     assert int(client.get(AT)) == 9
+
+
+def test_a_malformed_stop_step_is_raised_by_the_loop_naming_the_key(store_port):
+    # Someone on the network wrote a stop request and a step that is no step: the loop raises the named error at
+    # once, instead of waiting for an agreement that cannot come.
+    from lightning_mpi_env.core.errors import RendezvousError
+
+    forger = _client(store_port)
+    forger.set(AT, "soon")
+    forger.set(REQUESTED, "9")
+    agreement = StopAgreement(rank=0, world_size=2, signalled=lambda: False)
+    assert agreement.poll(_client(store_port), events=1) == 0
+    with pytest.raises(RendezvousError, match="malformed value under 'lightning_mpi_env/stop/at': it is not JSON"):
+        agreement.due(3, wait=60)
+    assert agreement.poll(_client(store_port), events=1) == 0  # and stays so, without another request

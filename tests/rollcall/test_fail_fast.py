@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pytest
 
 from lightning_mpi_env.tools.simcluster import SimulatedCluster
-from tests.conftest import INSTRUMENTED, TAMPER, TRAINER_JOB
+from tests.conftest import INSTRUMENTED, JOBS, TAMPER, TRAINER_JOB
 
 FABRIC_JOB = INSTRUMENTED / "fabric_job.py"
 HOSTS = ("127.0.0.2", "127.0.0.3")
@@ -206,11 +206,15 @@ def test_a_stalled_rank_is_named_while_the_job_runs(cluster, path, how):
     assert shown, job.tail()
     senders = {line.split(":", 2)[1] for line in shown}
     assert senders - {" rank 3 on 127.0.0.3"}, job.tail()  # a waiting rank says it, not only the stalled one
-    state = "frozen (its watchdog silent for" if how == "freeze" else "alive, main thread at "
     for line in shown:
-        assert "Rank 3 stalled: no rank made progress for 5 s while ranks 0-2 wait for it." in line, job.tail()
-        assert "rank 3 on 127.0.0.3 at step " in line, job.tail()
-        assert state in line, job.tail()
+        assert "Rank 3 stalled: " in line, job.tail()
+        if how == "freeze":  # either rule may see it first: no progress anywhere, or a heartbeat that stopped
+            assert "while ranks 0-2 wait for it at step " in line or "while ranks 0-2 still report" in line
+            assert "rank 3 on 127.0.0.3, frozen: its watchdog last reported " in line, job.tail()
+        else:
+            assert "no rank made progress for 5 s while ranks 0-2 wait for it at step " in line, job.tail()
+            assert "rank 3 on 127.0.0.3 at step " in line, job.tail()
+            assert "alive, main thread at " in line, job.tail()
         if how == "block":
             assert "tamper.py:" in line, job.tail()  # where its main thread sleeps, in stall_here()
         assert "HINT: Look at the stalled rank's host" in line
@@ -221,6 +225,34 @@ def test_a_stalled_rank_is_named_while_the_job_runs(cluster, path, how):
     assert "Traceback (most recent call last)" not in others, job.tail()
     traceback_at = job.text.find("Traceback")
     assert traceback_at == -1 or job.text.index("StallError: rank ") < traceback_at, job.tail()
+
+
+FABRIC_FREEZE = JOBS / "fabric_freeze.py"
+
+
+@pytest.mark.mpi
+def test_a_frozen_rank_is_named_in_a_fabric_loop_that_marks_no_progress(cluster):
+    # Fabric with the plugin, and a loop that never calls environment.progress(step): the ranks stand level at no
+    # mark for ever. Rank 3 freezes at step 10; its heartbeat stops while the others' go on, so it is named frozen.
+    job = _run(
+        cluster,
+        [str(FABRIC_FREEZE), "--strategy", "ddp", "--freeze", "3:10"],
+        LIGHTNING_MPI_ENV_STALL_TIMEOUT=str(STALL_TIMEOUT),
+    )
+    assert job.returncode != 0, job.tail()
+    assert "DONE rank=" not in job.text, job.tail()
+    (frozen_at,) = [seconds for seconds, _, line in job.lines if line.startswith("FREEZE rank=3 step=10 ")]
+    shown = [(seconds, line) for seconds, stream, line in job.lines if line.startswith("StallError: rank ")]
+    assert shown, job.tail()
+    assert {line.split(":", 2)[1] for _, line in shown} - {" rank 3 on 127.0.0.3"}, job.tail()
+    for _, line in shown:
+        assert "Rank 3 stalled: its watchdog fell silent " in line, job.tail()
+        assert "while ranks 0-2 still report." in line, job.tail()
+        assert "rank 3 on 127.0.0.3, frozen: its watchdog last reported " in line, job.tail()
+        assert "at no step (the loop marks no progress)" in line, job.tail()
+    named_after = min(seconds for seconds, _ in shown) - frozen_at
+    ended_after = job.lines[-1][0] - frozen_at
+    print(f"FIGURE fabric-plugin, no marks: named {named_after:.1f} s, output ended {ended_after:.1f} s after freeze")
 
 
 @pytest.mark.mpi

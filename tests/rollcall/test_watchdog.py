@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -33,7 +34,7 @@ def report(rank: int, progress: int, beat: int = 1, where: str = "train.py:7 in 
 
 def test_level_ranks_are_never_a_stall_however_long():
     # A long validation or a checkpoint: every rank stands at the same mark.
-    seen = {rank: Seen(report(rank, 40), 0.0, 0.0) for rank in range(4)}
+    seen = {rank: Seen(report(rank, 40), 0.0, 9_999.0) for rank in range(4)}
     assert find_stall(seen, now=10_000.0, timeout=20, frozen_after=3, world_size=4) is None
 
 
@@ -42,7 +43,9 @@ def test_a_rank_behind_is_a_stall_only_after_the_timeout():
     assert find_stall(seen, now=19.0, timeout=20, frozen_after=3, world_size=4) is None
     stall = find_stall(seen, now=20.0, timeout=20, frozen_after=30, world_size=4)
     assert isinstance(stall, StallError)
-    assert stall.problem.startswith("Rank 3 stalled: no rank made progress for 20 s while ranks 0-2 wait for it.")
+    assert stall.problem.startswith(
+        "Rank 3 stalled: no rank made progress for 20 s while ranks 0-2 wait for it at step 10."
+    )
     assert "rank 3 on node1 at step 10 (between steps), alive, main thread at train.py:7 in training_step" in (
         stall.problem
     )
@@ -54,7 +57,43 @@ def test_a_silent_heartbeat_is_frozen():
     seen = {0: Seen(report(0, 9), 0.0, 30.0), 1: Seen(report(1, 6), 0.0, 0.0)}
     stall = find_stall(seen, now=31.0, timeout=20, frozen_after=3, world_size=2)
     assert stall is not None
-    assert "rank 1 on node0 at step 1 (in backward), frozen (its watchdog silent for 31 s)" in stall.problem
+    assert stall.problem.startswith(
+        "Rank 1 stalled: no rank made progress for 20 s while rank 0 waits for it at step 2."
+    )
+    assert "rank 1 on node0, frozen: its watchdog last reported 31 s ago, at step 1 (in backward)" in stall.problem
+
+
+def test_a_frozen_rank_is_named_whatever_the_loop_marks():
+    # A Fabric loop with the plugin that never calls environment.progress(step): every rank stands at mark 0, level
+    # for ever. Rank 3's heartbeat stopped 25 s ago while the others' go on: it froze.
+    seen = {rank: Seen(report(rank, 0), 0.0, 99.0) for rank in range(3)}
+    seen[3] = Seen(report(3, 0), 0.0, 75.0)
+    assert find_stall(seen, now=94.0, timeout=20, frozen_after=3, world_size=4) is None  # silent for 19 s only
+    stall = find_stall(seen, now=100.0, timeout=20, frozen_after=3, world_size=4)
+    assert stall is not None
+    assert stall.problem.startswith("Rank 3 stalled: its watchdog fell silent 25 s ago while ranks 0-2 still report.")
+    assert "rank 3 on node1, frozen: its watchdog last reported 25 s ago, at no step (the loop marks no progress)" in (
+        stall.problem
+    )
+
+
+def test_the_verdict_gives_the_last_step_reported_and_how_long_ago():
+    # Rank 3 reported at step 0, then ran to step 10 within one interval and froze there; the others wait at step 10.
+    seen = {rank: Seen(report(rank, 42), 50.0, 99.0) for rank in range(3)}
+    seen[3] = Seen(report(3, 1), 40.0, 40.0)
+    stall = find_stall(seen, now=100.0, timeout=20, frozen_after=3, world_size=4)
+    assert stall is not None
+    assert "while ranks 0-2 wait for it at step 10." in stall.problem
+    assert "rank 3 on node1, frozen: its watchdog last reported 60 s ago, at step 0 (in its training step)" in (
+        stall.problem
+    )
+
+
+def test_a_rank_whose_watchdog_left_is_not_frozen():
+    # Rank 3's fit ended and its watchdog stopped, saying so; rank 0 still writes a checkpoint for minutes.
+    seen = {rank: Seen(report(rank, 40), 0.0, 999.0) for rank in range(3)}
+    seen[3] = Seen(dataclasses.replace(report(3, 40), left=True), 0.0, 10.0)
+    assert find_stall(seen, now=1_000.0, timeout=20, frozen_after=3, world_size=4) is None
 
 
 def test_any_progress_anywhere_restarts_the_clock():
@@ -71,7 +110,9 @@ def test_ranks_that_never_reported_are_behind():
     seen = {0: Seen(report(0, 9), 0.0, 0.0), 1: Seen(report(1, 8), 0.0, 0.0)}
     stall = find_stall(seen, now=30.0, timeout=20, frozen_after=60, world_size=4)
     assert stall is not None
-    assert stall.problem.startswith("Ranks 1-3 stalled: no rank made progress for 20 s while rank 0 waits for them.")
+    assert stall.problem.startswith(
+        "Ranks 1-3 stalled: no rank made progress for 20 s while rank 0 waits for them at step 2."
+    )
     assert stall.problem.endswith("rank 3 never reported (frozen, or stuck before its watchdog started).")
 
 
@@ -220,7 +261,9 @@ def test_a_frozen_rank_is_named_frozen(store_port):
         rank_zero.mark(7, 1)
         assert _wait_for(lambda: exits == [(0, 1)], 30), exits
         assert rank_zero.verdict is not None
-        assert "rank 1 on nodeb at step 0 (between steps), frozen (its watchdog silent for" in rank_zero.verdict
+        assert "Rank 1 stalled: " in rank_zero.verdict
+        assert "rank 1 on nodeb, frozen: its watchdog last reported " in rank_zero.verdict
+        assert "s ago, at step 0 (between steps)" in rank_zero.verdict
     finally:
         os.kill(frozen.pid, signal.SIGKILL)
         frozen.wait()
@@ -309,3 +352,172 @@ def test_a_request_in_flight_when_the_program_ends_does_not_abort_the_process():
     assert done.stdout.strip() == "MAIN DONE"
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate called" not in done.stderr
+
+
+# --- what the thread reads, and what would end it ------------------------------------------------------------------
+
+
+def test_a_malformed_report_is_skipped_and_named_once(store_port, capsys):
+    import torch.distributed as dist
+
+    exits: list[tuple[int, int]] = []
+    rank_zero, rank_one = _watchdogs(store_port, 2, timeout=2.0, exits=exits)
+    forger = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+    rank_zero.start()
+    forged = report(1, 0).to_json().replace('"beat":1', '"beat":"x"')
+    for _ in range(3):  # three of rank 0's reads find it: named once
+        forger.set(KEY + "1", forged)
+        time.sleep(rank_zero.interval)
+    assert rank_zero._thread.is_alive()
+    assert list(rank_zero.named) == [KEY + "1"]
+    named = [line for line in capsys.readouterr().err.splitlines() if "skips" in line]
+    assert len(named) == 1
+    assert named[0].startswith(
+        "lightning-mpi-env: the stall watchdog of rank 0 skips The rendezvous store holds a malformed value under "
+        "'lightning_mpi_env/watchdog/1': beat is str, not an integer"
+    )
+    # Rank 1's own reports then come through: rank 0 judges on, and finds the stall when rank 1 falls behind.
+    rank_one.start()
+    rank_zero.mark(3, 1)
+    assert _wait_for(lambda: (0, 1) in exits, 30), exits
+    assert rank_zero.verdict is not None
+    assert "Rank 1 stalled" in rank_zero.verdict
+    rank_one.stop()
+
+
+def test_a_malformed_verdict_is_skipped_and_named_by_every_rank(store_port):
+    import torch.distributed as dist
+
+    exits: list[tuple[int, int]] = []
+    dogs = _watchdogs(store_port, 2, timeout=30.0, exits=exits)
+    forger = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+    forger.set(KEY + "verdict", '{"problem": "p", "hint": "h", "exit_at": "now"}')
+    forger.add(KEY + "events", 1)
+    for dog in dogs:
+        dog.start()
+    assert _wait_for(lambda: all(dog.named for dog in dogs), 20)
+    time.sleep(2 * dogs[0].interval)
+    assert all(dog._thread.is_alive() for dog in dogs)
+    assert exits == []
+    for dog in dogs:
+        assert "exit_at is str, not a finite number" in dog.named[KEY + "verdict"]
+        dog.stop()
+
+
+def test_an_exception_that_ends_the_thread_is_named(capsys):
+    def broken(seconds: float):
+        raise OSError("no route to the store")
+
+    dog = Watchdog(broken, rank=2, world_size=4, host="nodeb", timeout=5.0, exit=lambda status: None).start()
+    dog._thread.join(10)
+    assert dog.ended_by == "OSError: no route to the store"
+    assert (
+        "lightning-mpi-env: the stall watchdog of rank 2 on nodeb stopped on OSError: no route to the store; this "
+        "rank's stalls and requeue signals are no longer watched" in capsys.readouterr().err
+    )
+
+
+def test_a_stopped_watchdog_says_it_left(store_port):
+    import torch.distributed as dist
+
+    (dog,) = _watchdogs(store_port, 1, timeout=2.0, exits=[])
+    dog.start()
+    time.sleep(0.5)
+    dog.stop()
+    client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+    assert Report.from_json(client.get(KEY + "0")).left
+
+
+def test_rank_zero_ends_the_step_after_the_verdict(store_port, tmp_path):
+    # Where the launcher would wait for the frozen rank (srun), rank 0 runs the scheduler's command at the moment
+    # every rank ends; the others do not.
+    ended = tmp_path / "ended"
+    command = (sys.executable, "-c", f"open({str(ended)!r}, 'a').write('ended\\n')")
+    exits: list[tuple[int, int]] = []
+    dogs = _watchdogs(store_port, 3, timeout=1.0, exits=exits)
+    for dog in dogs:
+        dog.end_step = command
+    for dog in dogs:
+        dog.start()
+    for dog in dogs[:2]:
+        dog.mark(5, 2)
+    assert _wait_for(lambda: len(exits) == 3, 30), exits
+    assert ended.read_text() == "ended\n"
+
+
+def test_a_failed_end_of_the_step_is_said(capsys):
+    dog = Watchdog(lambda seconds: None, rank=0, world_size=2, host="a", timeout=1.0, exit=lambda status: None)
+    dog._end_step(("lightning-mpi-env-no-such-command", "1.0"), -1)
+    err = capsys.readouterr().err
+    assert "lightning-mpi-env: could not end the job step with `lightning-mpi-env-no-such-command 1.0`" in err
+    assert "FileNotFoundError" in err
+
+
+@pytest.mark.parametrize(
+    ("env", "command"),
+    [
+        ({"SLURM_STEP_ID": "3", "SLURM_JOB_ID": "42"}, ("scancel", "--signal=KILL", "42.3")),
+        ({"SLURM_STEP_ID": "0", "SLURM_JOB_ID": "--partition=evil"}, None),  # never an option on the command line
+        ({"SLURM_STEP_ID": "0", "SLURM_JOB_ID": "٤٢"}, None),  # ASCII digits only
+        ({"OMPI_COMM_WORLD_RANK": "0", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "42"}, None),  # mpirun ends its job
+        ({}, None),
+    ],
+)
+def test_the_command_that_ends_the_step_comes_from_the_launchers_row(env, command):
+    from lightning_mpi_env.core.launchers import LAUNCHERS, detect_launcher, end_step_command
+
+    assert end_step_command(detect_launcher(env), env) == command
+    # A launcher with a command to end its step does not end the job by itself (else the command is not needed).
+    assert not [row.key for row in LAUNCHERS if row.end_step and row.ends_on_failure]
+
+
+@pytest.mark.parametrize(
+    ("environ", "said"),
+    [
+        ({"FLUX_TASK_RANK": "0"}, "Flux may wait for a frozen rank after the others ended on a stall; to end the job "),
+        ({"SLURM_STEP_ID": "0", "SLURM_JOB_ID": "7"}, "add `srun --kill-on-bad-exit=1` (or `scancel` on the compute"),
+        ({"OMPI_COMM_WORLD_RANK": "0"}, None),  # mpirun ends the job itself
+    ],
+)
+def test_rank_zero_says_at_the_start_what_to_add_where_nothing_would_end_the_job(
+    store_port, capsys, monkeypatch, tmp_path, environ, said
+):
+    import torch.distributed as dist
+
+    from lightning_mpi_env.rollcall.store import RendezvousResult
+    from lightning_mpi_env.rollcall.verdicts import Claim, NodeAssignment
+    from lightning_mpi_env.rollcall.watchdog import watch
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scancel here
+    client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+    result = RendezvousResult(client, Claim(0, 4, "a", 0, 1, "a", store_port), NodeAssignment(0, 2, 0, 2))
+    dog = watch(result, 30.0, None, environ)
+    dog.stop()
+    lines = [line for line in capsys.readouterr().err.splitlines() if "stall watchdog:" in line]
+    if said is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1
+        assert said in lines[0]
+    assert dog.end_step == ()
+    assert not dog.stand_in  # rank 0 ends the step itself; the lowest rank of node 1 stands in for it
+
+
+def test_the_lowest_rank_off_rank_zeros_node_stands_in(store_port):
+    import torch.distributed as dist
+
+    from lightning_mpi_env.rollcall.store import RendezvousResult
+    from lightning_mpi_env.rollcall.verdicts import Claim, NodeAssignment
+    from lightning_mpi_env.rollcall.watchdog import watch
+
+    stand_ins = []
+    for rank, nodes in [
+        (1, NodeAssignment(0, 2, 1, 2)),
+        (2, NodeAssignment(1, 2, 0, 2)),
+        (3, NodeAssignment(1, 2, 1, 2)),
+    ]:
+        client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+        dog = watch(RendezvousResult(client, Claim(rank, 4, "a", 0, 1, "a", store_port), nodes), 30.0, None, {})
+        dog.stop()
+        stand_ins.append(dog.stand_in)
+    assert stand_ins == [False, True, False]

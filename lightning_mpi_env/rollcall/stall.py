@@ -1,0 +1,126 @@
+"""The stall rule, pure: what rank 0 remembers of every rank's reports, and when that adds up to a stall.
+
+Two rules, either is a stall (:func:`find_stall`): no progress anywhere for the timeout while the ranks are not
+level, or one rank's heartbeat silent for the timeout while the others' go on, whatever the loop marks. The thread
+that applies them is :mod:`lightning_mpi_env.rollcall.watchdog`. Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from lightning_mpi_env.core.errors import StallError
+from lightning_mpi_env.core.settings import VARIABLE
+from lightning_mpi_env.rollcall.verdicts import format_ranks
+from lightning_mpi_env.rollcall.wire import Report
+
+PHASES: tuple[str, ...] = ("between steps", "in its training step", "in backward", "past backward")
+"""Where in a step a rank is, by its last mark: after a step (loading the next batch), after the step started,
+before backward, after backward."""
+
+
+def interval_for(timeout: float, world_size: int) -> float:
+    """Seconds between reports: a quarter of the timeout, at least 0.5 s, and 1 s more per 1,000 ranks.
+
+    >>> interval_for(20, 4), interval_for(300, 16384), interval_for(1, 2)
+    (1.0, 16.384, 0.5)
+    """
+    return max(0.5, min(timeout / 4, max(1.0, world_size / 1000)))
+
+
+@dataclass
+class Seen:
+    """What rank 0 remembers of one rank: its last report, and since when its progress and heartbeat stood still."""
+
+    report: Report
+    progress_since: float
+    beat_since: float
+
+
+def observe(seen: dict[int, Seen], reports: Sequence[Report], now: float) -> None:
+    """Take the latest reports into ``seen``."""
+    for report in reports:
+        before = seen.get(report.rank)
+        if before is None:
+            seen[report.rank] = Seen(report, now, now)
+            continue
+        progress_since = now if report.progress != before.report.progress else before.progress_since
+        beat_since = now if report.beat != before.report.beat else before.beat_since
+        seen[report.rank] = Seen(report, progress_since, beat_since)
+
+
+def find_stall(
+    seen: Mapping[int, Seen], now: float, timeout: float, frozen_after: float, world_size: int, started: float = 0.0
+) -> StallError | None:
+    """The stall in ``seen`` (see the module docstring), as the error every rank shows; ``None`` when there is none.
+
+    Two rules, either is a stall: no progress anywhere for ``timeout`` while ranks are not level (those behind are
+    named); or a rank's heartbeat silent for ``timeout`` while another rank's still beats (within ``frozen_after``),
+    whatever the marks say. A rank that never reported (it froze, or its main thread held it, before its watchdog's
+    first report) counts as behind, from ``started``, when rank 0 began watching.
+
+    >>> r = lambda rank, progress: Report(rank, "n", progress, progress // 4, progress % 4, 1, "t.py:1 in f")
+    >>> level = {0: Seen(r(0, 9), 0.0, 100.0), 1: Seen(r(1, 9), 0.0, 100.0)}
+    >>> find_stall(level, now=100.0, timeout=20, frozen_after=3, world_size=2) is None  # slow for everyone
+    True
+    >>> behind = {0: Seen(r(0, 9), 0.0, 99.0), 1: Seen(r(1, 8), 0.0, 99.0)}
+    >>> print(find_stall(behind, now=100.0, timeout=20, frozen_after=3, world_size=2).problem[:46])
+    Rank 1 stalled: no rank made progress for 20 s
+    >>> unmarked = {0: Seen(r(0, 0), 0.0, 99.0), 1: Seen(r(1, 0), 0.0, 70.0)}  # rank 1 silent for 30 s
+    >>> print(find_stall(unmarked, now=100.0, timeout=20, frozen_after=3, world_size=2).problem[:62])
+    Rank 1 stalled: its watchdog fell silent 30 s ago while rank 0
+    """
+    if not seen:
+        return None
+    top = max(entry.report.progress for entry in seen.values())
+    never = [rank for rank in range(world_size) if rank not in seen]
+    behind = sorted([rank for rank, entry in seen.items() if entry.report.progress < top] + never)
+    last_progress = max([started] + [entry.progress_since for entry in seen.values()])
+    no_progress = bool(behind) and now - last_progress >= timeout
+    watching = {rank: entry for rank, entry in seen.items() if not entry.report.left}
+    beating = [rank for rank, entry in watching.items() if now - entry.beat_since < frozen_after]
+    silent = [rank for rank, entry in watching.items() if now - entry.beat_since >= max(timeout, frozen_after)]
+    froze = bool(silent) and bool(beating)
+    if not no_progress and not froze:
+        return None
+    named = sorted(set(behind if no_progress else ()) | set(silent if froze else ()))
+    marked = top > 0
+    if no_progress:
+        waiting = sorted(rank for rank, entry in seen.items() if entry.report.progress == top and rank not in named)
+    else:
+        waiting = sorted(rank for rank in beating if rank not in named)
+    at = f" at step {seen[waiting[0]].report.step}" if marked and waiting else ""
+    others = format_ranks(waiting) if waiting else "no other rank"
+    if no_progress:
+        wait = "waits" if len(waiting) == 1 else "wait"
+        them = "it" if len(named) == 1 else "them"
+        reason = f"no rank made progress for {timeout:g} s while {others} {wait} for {them}{at}"
+    else:
+        quiet = max(now - seen[rank].beat_since for rank in silent)
+        whose = "its watchdog" if len(silent) == 1 else "their watchdogs"
+        verb = "reports" if len(waiting) == 1 else "report"
+        reason = f"{whose} fell silent {quiet:.0f} s ago while {others} still {verb}{at}"
+    lines = [_describe(rank, seen.get(rank), now, frozen_after, marked) for rank in named]
+    return StallError(
+        f"{format_ranks(named).capitalize()} stalled: {reason}. " + "; ".join(lines) + ".",
+        f"Look at the stalled rank's host: a data loader or file system that blocks, a deadlock in the training "
+        f"step, or a frozen node. {VARIABLE['stall_timeout']}={timeout:g} sets the timeout (0 turns the watchdog "
+        "off); a step that takes longer on some ranks than others needs a larger one.",
+        variable=VARIABLE["stall_timeout"],
+        value=f"{timeout:g}",
+    )
+
+
+def _describe(rank: int, entry: Seen | None, now: float, frozen_after: float, marked: bool) -> str:
+    """One stalled rank: where it was by its last report, and how long ago that was when it is frozen."""
+    if entry is None:
+        return f"rank {rank} never reported (frozen, or stuck before its watchdog started)"
+    report, quiet = entry.report, now - entry.beat_since
+    place = f"step {report.step} ({PHASES[report.phase]})" if marked else "no step (the loop marks no progress)"
+    if quiet >= frozen_after:
+        return f"rank {rank} on {report.host}, frozen: its watchdog last reported {quiet:.0f} s ago, at {place}"
+    return f"rank {rank} on {report.host} at {place}, alive, main thread at {report.where}"
+
+
+__all__ = ["PHASES", "Seen", "find_stall", "interval_for", "observe"]

@@ -1,0 +1,109 @@
+"""The roll call and the watchdog (no Lightning) on every rank of a real launch, with forged values in the store.
+
+Usage: python forged_store.py KIND [TAG]. On rank 3, a second client of the job's ``TCPStore`` (as anyone on the
+network could open) writes a forged or malformed value before the rank's own roll call; KIND says which:
+
+- ``node``: a verdict saying the ranks met, and node assignments ``node_rank=7`` of ``num_nodes=3``;
+- ``device``: node assignments with a device index past the devices a rank sees (it sees none here);
+- ``claim``: a claim under rank 3's key that is not a claim;
+- ``verdict``: a roll call verdict that is not JSON;
+- ``report``, ``stall-verdict``, ``stop``: after the roll call, while the ranks run 12 steps of 0.5 s: malformed
+  watchdog reports under rank 2's key, a malformed watchdog verdict, and a stop request with a malformed step.
+
+Each rank prints ``MET rank=R`` after the roll call and ``DONE rank=R`` at the end; this package's errors are one
+line per rank.
+"""
+
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+
+FORGER_RANK = 3
+P = "lightning_mpi_env/"
+
+
+def forge_before_roll_call(kind, address, port):
+    import torch.distributed as dist
+
+    client = dist.TCPStore(address, port, is_master=False, timeout=timedelta(seconds=30))
+    if kind in ("node", "device"):
+        # The arrival count past the world size: no rank finalizes, so every rank reads the forged assignment.
+        client.add(P + "arrived", 100)
+    if kind == "node":
+        client.set(P + "verdict", '{"summary": "forged"}')
+        for rank in range(4):
+            client.set(f"{P}node/{rank}", "[7, 3, 0, 2, null]")
+    elif kind == "device":
+        client.set(P + "verdict", '{"summary": "forged"}')
+        for rank in range(4):
+            client.set(f"{P}node/{rank}", f"[{rank // 2}, 2, {rank % 2}, 2, 5]")
+    elif kind == "claim":
+        client.add(P + "claims/3", 1)
+        client.set(P + "claim/3/1", '{"rank": "three"}')
+    elif kind == "verdict":
+        client.set(P + "verdict", "not json {")
+    return client
+
+
+def forge_while_training(kind, client, stop):
+    if kind == "report":
+        # For 2.5 s, faster than rank 2's own reports, so rank 0 reads a forged one; not for longer than the stall
+        # timeout (5 s), which would make rank 2 look frozen, as a rank whose reports cannot be read is.
+        until = time.monotonic() + 2.5
+        while not stop.is_set() and time.monotonic() < until:
+            client.set(P + "watchdog/2", '{"rank": 2, "beat": "x"}')
+            time.sleep(0.02)
+    elif kind == "stall-verdict":
+        client.set(P + "watchdog/verdict", '{"problem": 1}')
+        client.add(P + "watchdog/events", 1)
+    elif kind == "stop":
+        client.set(P + "stop/at", "soon")
+        client.set(P + "stop/requested", "3")
+        client.add(P + "watchdog/events", 1)
+
+
+def main():
+    from lightning_mpi_env.core.layout import from_env
+    from lightning_mpi_env.core.report import install_excepthook
+    from lightning_mpi_env.core.settings import Settings
+    from lightning_mpi_env.rollcall.store import rendezvous
+    from lightning_mpi_env.rollcall.verdicts import Claim
+    from lightning_mpi_env.rollcall.watchdog import watch
+
+    kind = sys.argv[1]
+    install_excepthook()
+    layout = from_env(os.environ)
+    settings = Settings.from_env(os.environ)
+    client = None
+    if layout.rank == FORGER_RANK:
+        time.sleep(1.0)  # rank 0's store is up by now, or the client waits for it
+        client = forge_before_roll_call(kind, layout.main_address, layout.main_port)
+    claim = Claim.here(
+        rank=layout.rank,
+        world_size=layout.world_size,
+        local_rank=layout.local_rank,
+        main_address=layout.main_address,
+        main_port=layout.main_port,
+    )
+    result = rendezvous(claim, timeout=settings.rendezvous_timeout)
+    print(f"MET rank={layout.rank}\n", end="", flush=True)
+    dog = watch(result, settings.stall_timeout, signalled=lambda: False)
+    stop = threading.Event()
+    if client is not None:
+        threading.Thread(target=forge_while_training, args=(kind, client, stop), daemon=True).start()
+    for step in range(12):
+        dog.mark(step, 2)
+        time.sleep(0.5)
+        assert dog.agreement is not None
+        if dog.agreement.due(step + 1, wait=20.0):
+            print(f"STOP rank={layout.rank}\n", end="", flush=True)
+            break
+    stop.set()
+    dog.stop()
+    print(f"DONE rank={layout.rank} named={sorted(dog.named)}\n", end="", flush=True)
+
+
+if __name__ == "__main__":
+    main()

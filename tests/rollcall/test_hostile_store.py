@@ -1,0 +1,69 @@
+"""Forged and malformed values in a real job's store: real mpirun, two simulated nodes, a real ``TCPStore``.
+
+torch's store has no authentication: anyone who reaches the main port can write under the roll call's keys. Here a
+second client on rank 3's node does (tests/jobs/forged_store.py). Whatever it writes ends in one named
+``RendezvousError`` on every rank that read it, or is skipped and named by the watchdog, which goes on; a forged node
+index is never taken.
+"""
+
+import re
+
+import pytest
+
+from tests.conftest import JOBS
+from tests.rollcall.test_fail_fast import PACKAGE_FRAME, _run
+
+FORGED_STORE = JOBS / "forged_store.py"
+STALL_TIMEOUT = "5"
+
+# KIND: the key named, and a piece of the reason, in every rank's error.
+FAILS = {
+    "node": (r"lightning_mpi_env/node/\d", "node_rank=7 is outside 0..2"),
+    "device": (r"lightning_mpi_env/node/\d", "it assigns device 5 to a rank that stated no visible devices"),
+    "claim": ("lightning_mpi_env/claim/3/1", "the claim lacks world_size, host, local_rank, pid"),
+    "verdict": ("lightning_mpi_env/verdict", "it is not JSON"),
+    "stop": ("lightning_mpi_env/stop/at", "it is not JSON"),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", FAILS)
+def test_a_forged_or_malformed_value_ends_the_job_with_the_key_named(cluster, kind):
+    job = _run(cluster, [str(FORGED_STORE), kind], LIGHTNING_MPI_ENV_STALL_TIMEOUT=STALL_TIMEOUT)
+    key, reason = FAILS[kind]
+    assert job.returncode != 0, job.tail()
+    shown = [line for line in job.stderr if line.startswith("RendezvousError: rank ")]
+    assert shown, job.tail()
+    for line in shown:
+        assert re.search(f"The rendezvous store holds a malformed value under '{key}': ", line), job.tail()
+        assert reason in line, job.tail()
+        assert "HINT: Something other than this job's ranks wrote to its rendezvous store" in line, job.tail()
+    assert "Traceback (most recent call last)" not in job.text, job.tail()
+    assert not PACKAGE_FRAME.search(job.text), job.tail()
+    if kind in ("node", "device"):
+        assert "MET rank=" not in job.text, job.tail()  # no rank took the forged assignment
+    assert "DONE rank=" not in job.text, job.tail()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("kind", "key"),
+    [("report", "lightning_mpi_env/watchdog/2"), ("stall-verdict", "lightning_mpi_env/watchdog/verdict")],
+)
+def test_a_malformed_watchdog_value_is_skipped_and_named_once(cluster, kind, key):
+    # A malformed report is rank 0's to read; a malformed verdict every rank's. Each watchdog that read it names it
+    # once, and goes on: the job runs to its end.
+    job = _run(cluster, [str(FORGED_STORE), kind], LIGHTNING_MPI_ENV_STALL_TIMEOUT=STALL_TIMEOUT)
+    assert job.returncode == 0, job.tail()
+    assert sorted(line for line in job.output if line.startswith("DONE rank=")) == [
+        f"DONE rank={rank} named={[key] if kind == 'stall-verdict' or rank == 0 else []}\n" for rank in range(4)
+    ], job.tail()
+    named = [line for line in job.stderr if "skips" in line]
+    readers = 4 if kind == "stall-verdict" else 1
+    assert len(named) == readers, job.tail()
+    for line in named:
+        assert re.match(r"lightning-mpi-env: the stall watchdog of rank \d skips The rendezvous store holds ", line)
+        assert f"a malformed value under '{key}'" in line, job.tail()
+    assert "StallError" not in job.text, job.tail()
+    assert " stopped on " not in job.text, job.tail()  # no watchdog thread ended
+    assert "Traceback" not in job.text, job.tail()
