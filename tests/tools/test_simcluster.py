@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -10,9 +12,20 @@ from pathlib import Path
 
 import pytest
 
+import lightning_mpi_env.tools.simcluster as simcluster
 from lightning_mpi_env.core.errors import SettingError
-from lightning_mpi_env.tools.simcluster import RSH_AGENT, SimulatedCluster, loopback_hosts, processes_with
+from lightning_mpi_env.tools.cli import main
+from lightning_mpi_env.tools.simcluster import (
+    MAX_NODES,
+    MAX_SLOTS,
+    RSH_AGENT,
+    SimulatedCluster,
+    loopback_hosts,
+    processes_with,
+)
 from tests.conftest import TRAINER_JOB, python_path
+
+ROOT = Path(__file__).parents[2]
 
 SAMPLES = 64
 
@@ -101,7 +114,12 @@ def test_any_number_of_nodes(tmp_path: Path):
     ("make", "match"),
     [
         (lambda path: SimulatedCluster.of(path, nodes=0), "A simulated cluster of 0 node"),
-        (lambda path: SimulatedCluster.of(path, nodes=2**24), "Ask for 1 to 16777213 nodes"),
+        (lambda path: loopback_hosts(2**24), "Ask for 1 to 16777213 nodes"),
+        (lambda path: SimulatedCluster.of(path, nodes=2**24), f"Ask for 1 to {MAX_NODES} nodes"),
+        (lambda path: SimulatedCluster.of(path, nodes=MAX_NODES + 1), f"more than the {MAX_NODES} nodes"),
+        (lambda path: SimulatedCluster.of(path, nodes=2, per_node=MAX_SLOTS), f"more than the {MAX_SLOTS} slots"),
+        (lambda path: SimulatedCluster(path, hosts=loopback_hosts(MAX_NODES + 1)), f"the {MAX_NODES} nodes"),
+        (lambda path: SimulatedCluster(path, slots=MAX_SLOTS), f"x --per-node {MAX_SLOTS} is more than"),
         (lambda path: SimulatedCluster(path, hosts=()), "needs at least one host"),
         (lambda path: SimulatedCluster(path, hosts=("127.0.0.2", "127.0.0.2")), "each named once"),
         (lambda path: SimulatedCluster(path, slots=0), "slots=0: every simulated node needs at least one slot"),
@@ -114,7 +132,21 @@ def test_any_number_of_nodes(tmp_path: Path):
             "etc_hosts needs a work directory without spaces",
         ),
     ],
-    ids=["no-nodes", "past-loopback", "no-hosts", "twice", "no-slots", "np", "etc-hosts-stranger", "etc-hosts-space"],
+    ids=[
+        "no-nodes",
+        "past-loopback",
+        "past-max-nodes",
+        "max-nodes-plus-one",
+        "past-max-slots",
+        "hosts-past-max",
+        "slots-past-max",
+        "no-hosts",
+        "twice",
+        "no-slots",
+        "np",
+        "etc-hosts-stranger",
+        "etc-hosts-space",
+    ],
 )
 def test_impossible_clusters_are_setting_errors(tmp_path: Path, make, match):
     with pytest.raises(SettingError, match=match):
@@ -136,3 +168,66 @@ def test_three_nodes_have_their_own_host_names(tmp_path: Path):
     completed = cluster.run([sys.executable, "-c", "import socket; print(socket.gethostname())"], timeout=120)
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert sorted(completed.stdout.split()) == list(cluster.hosts)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "match"),
+    [
+        (["--nodes", "1000000"], f"--nodes 1000000 is more than the {MAX_NODES} nodes"),
+        (["--nodes", "2", "--per-node", "1000000"], f"--nodes 2 x --per-node 1000000 is more than the {MAX_SLOTS}"),
+        (["--nodes", str(MAX_NODES), "--per-node", "5"], f"x --per-node 5 is more than the {MAX_SLOTS} slots"),
+    ],
+    ids=["nodes", "per-node", "product"],
+)
+def test_an_oversized_simcluster_is_one_line_and_starts_no_mpirun(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], sizes: list[str], match: str
+):
+    started: list[str] = []
+    # Finding mpirun is the first step of every mpirun command line: nothing may get that far.
+    monkeypatch.setattr(simcluster, "find_mpirun", lambda: started.append("mpirun") or "mpirun")
+    assert main(["simcluster", *sizes, "--", "true"]) == 1
+    assert started == []
+    errors = capsys.readouterr().err
+    assert errors.count("\n") == 1, errors  # one line, no traceback
+    assert errors.startswith("lightning-mpi-env: error: ")
+    assert match in errors
+    assert "HINT: Ask for" in errors
+
+
+def test_the_maxima_are_the_largest_accepted(tmp_path: Path):
+    assert SimulatedCluster.of(tmp_path, nodes=MAX_NODES, per_node=MAX_SLOTS // MAX_NODES).size == MAX_SLOTS
+    assert SimulatedCluster.of(tmp_path, nodes=1, per_node=MAX_SLOTS).size == MAX_SLOTS
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_simcluster_leaves_no_process_behind(tmp_path: Path, signum: signal.Signals):
+    tag = f"simcluster-stopped-{uuid.uuid4().hex[:12]}"
+    rank = "import time; print('up', flush=True); time.sleep(600)"
+    cli = [sys.executable, "-m", "lightning_mpi_env", "simcluster", "--nodes", "2", "--per-node", "1"]
+    environ = {**os.environ, "PYTHONPATH": python_path(ROOT)}
+    # stderr to a file: a job left behind would hold a pipe open, and reading it would wait for the job.
+    with (tmp_path / "stderr").open("w") as stderr:
+        process = subprocess.Popen(
+            [*cli, "--", sys.executable, "-c", rank, tag], stdout=subprocess.PIPE, stderr=stderr, text=True, env=environ
+        )
+    try:
+        assert process.stdout is not None
+        ups = 0
+        while ups < 2:  # both ranks running: mpirun, its daemons and the ranks all exist
+            line = process.stdout.readline()
+            assert line, (tmp_path / "stderr").read_text()[-3000:]  # the job ended early: say why
+            ups += line == "up\n"
+        assert len(processes_with(tag)) >= 4  # the CLI, mpirun, two ranks: what must go
+        # Signalled alone, not as a group: as `timeout` or `kill PID` does it, so only the CLI can pass it on.
+        process.send_signal(signum)
+        status = process.wait(timeout=120)
+        errors = (tmp_path / "stderr").read_text()
+        assert status == 128 + signum, errors[-3000:]
+        assert f"stopped by {signum.name}; the job was ended" in errors
+        assert processes_with(tag) == []  # mpirun (prterun) and every rank carry the tag on their command line
+    finally:
+        process.stdout.close()
+        for left in processes_with(tag):  # after a failure: end what this test started, one by one
+            os.kill(int(left.split()[0]), signal.SIGKILL)
+        process.wait()

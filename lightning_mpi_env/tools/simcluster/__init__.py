@@ -14,6 +14,7 @@ The command line runs this as ``lightning-mpi-env simcluster --nodes N --per-nod
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import os
@@ -21,7 +22,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +39,47 @@ LAST_HOST = ipaddress.IPv4Address("127.255.255.254")
 
 STOP_GRACE = 10.0
 """Seconds ``mpirun`` gets to end its ranks after SIGTERM, before it is killed."""
+
+MAX_NODES = 64
+"""The most simulated nodes: each is two Open MPI daemons and a shell on this one machine."""
+
+MAX_SLOTS = 256
+"""The most slots in all (nodes x slots per node): every rank is a process of this one machine. The layout rules a
+simulated cluster exercises are the same at any size; ``lightning-mpi-env simulate`` checks larger launches without
+starting a process."""
+
+
+def check_size(nodes: int, per_node: int) -> None:
+    """Refuse a simulated cluster larger than one machine should run (:data:`MAX_NODES`, :data:`MAX_SLOTS`).
+
+    Counts below 1 are left to the checks that name them (:func:`loopback_hosts`, :class:`SimulatedCluster`).
+
+    Raises:
+        SettingError: Naming the argument, its value and the maximum.
+
+    >>> check_size(1_000_000, 1)
+    Traceback (most recent call last):
+    ...
+    lightning_mpi_env.core.errors.SettingError: --nodes 1000000 is more than the 64 nodes a simulated cluster runs on this machine.
+    HINT: Ask for 1 to 64 nodes; `lightning-mpi-env simulate` checks the layout of larger launches without starting them.
+    """  # noqa: E501
+    if nodes > MAX_NODES:
+        raise SettingError(
+            f"--nodes {nodes} is more than the {MAX_NODES} nodes a simulated cluster runs on this machine.",
+            f"Ask for 1 to {MAX_NODES} nodes; `lightning-mpi-env simulate` checks the layout of larger launches "
+            "without starting them.",
+            variable="--nodes",
+            value=str(nodes),
+        )
+    if nodes * per_node > MAX_SLOTS:
+        raise SettingError(
+            f"--nodes {nodes} x --per-node {per_node} is more than the {MAX_SLOTS} slots (ranks) a simulated "
+            "cluster runs on this machine.",
+            f"Ask for at most {MAX_SLOTS} slots in all; `lightning-mpi-env simulate` checks the layout of larger "
+            "launches without starting them.",
+            variable="--per-node",
+            value=str(per_node),
+        )
 
 
 class MpirunNotFoundError(MpiEnvError):
@@ -125,7 +168,8 @@ class SimulatedCluster:
             (root, or unprivileged user namespaces); nodes not named see this machine's ``/etc/hosts``.
 
     Raises:
-        SettingError: No hosts, a host named twice, fewer than one slot, or ``etc_hosts`` for a host not listed.
+        SettingError: No hosts, a host named twice, fewer than one slot, more than :data:`MAX_NODES` hosts or
+            :data:`MAX_SLOTS` slots in all, or ``etc_hosts`` for a host not listed.
     """
 
     workdir: Path
@@ -156,6 +200,7 @@ class SimulatedCluster:
                 variable="slots",
                 value=str(self.slots),
             )
+        check_size(len(self.hosts), self.slots)
 
     @classmethod
     def of(cls, workdir: Path, *, nodes: int = 2, per_node: int = 2) -> SimulatedCluster:
@@ -163,7 +208,11 @@ class SimulatedCluster:
 
         >>> SimulatedCluster.of(Path("/tmp"), nodes=3, per_node=4).hosts
         ('127.0.0.2', '127.0.0.3', '127.0.0.4')
+
+        Raises:
+            SettingError: ``nodes`` or ``per_node`` below 1, or past :data:`MAX_NODES` or :data:`MAX_SLOTS`.
         """
+        check_size(nodes, per_node)  # before a host list is built for it
         return cls(workdir, loopback_hosts(nodes), per_node)
 
     @property
@@ -267,7 +316,8 @@ class SimulatedCluster:
         Args:
             command: The program and its arguments.
             timeout: Seconds the job may run (``None``: no limit; say so, since a job may hang). Then ``mpirun``
-                gets SIGTERM, and is killed :data:`STOP_GRACE` seconds later; either way it ends every rank.
+                gets SIGTERM, and is killed :data:`STOP_GRACE` seconds later; either way it ends every rank. So it
+                is on any exception here (Ctrl-C, or :class:`Signalled` inside :func:`signals_raise`).
             np: Number of ranks.
             map_by: Open MPI's ``--map-by``.
             export: Variables for every rank.
@@ -279,10 +329,13 @@ class SimulatedCluster:
 
         Raises:
             subprocess.TimeoutExpired: After the job was stopped, with the output so far.
+
+        ``mpirun`` runs in a session (and process group) of its own: signals meant for the caller (a terminal's
+        Ctrl-C, a ``kill`` of the caller's group) reach the job only through the caller, which ends it in order.
         """
         argv = self.mpirun(command, np=np, map_by=map_by, export=export, mpirun_args=mpirun_args)
         pipe = subprocess.PIPE if capture else None
-        with subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True) as process:
+        with subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True, start_new_session=True) as process:
             try:
                 stdout, stderr = process.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -295,22 +348,79 @@ class SimulatedCluster:
 
 
 def _stop(process: subprocess.Popen[str]) -> tuple[str | None, str | None]:
-    """End a running ``mpirun`` and with it every rank; its output so far."""
+    """End a running ``mpirun``, its process group, and with them every rank; its output so far."""
     # mpirun passes SIGTERM on to every rank and takes its daemons down; when killed instead, the daemons notice
-    # the lost connection and end their ranks themselves.
-    process.send_signal(signal.SIGTERM)
+    # the lost connection and end their ranks themselves. The group is signalled while mpirun is not yet reaped, so
+    # its id (mpirun's pid, from start_new_session) cannot belong to anything else.
+    _signal_group(process, signal.SIGTERM)
     try:
         return process.communicate(timeout=STOP_GRACE)
     except subprocess.TimeoutExpired:
-        process.kill()
+        _signal_group(process, signal.SIGKILL)
         return process.communicate()
 
 
+def _signal_group(process: subprocess.Popen[str], signum: signal.Signals) -> None:
+    if process.returncode is not None:  # reaped: its group id may already be another's
+        return
+    with contextlib.suppress(ProcessLookupError):  # the group is gone already
+        os.killpg(process.pid, signum)
+
+
+class Signalled(BaseException):  # noqa: N818 (not an error: a request to stop, like KeyboardInterrupt)
+    """A signal arrived inside :func:`signals_raise`; ``signum`` says which.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is, so that no ``except Exception`` between the signal and the
+    caller swallows it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        """The signal's name, e.g. ``SIGTERM``."""
+        return signal.Signals(self.signum).name
+
+
+@contextlib.contextmanager
+def signals_raise(signums: Sequence[signal.Signals]) -> Iterator[None]:
+    """While inside, the first of ``signums`` to arrive raises :class:`Signalled`; later ones are ignored.
+
+    For a program that runs a job with :meth:`SimulatedCluster.run` and must not outlive it, nor leave it behind,
+    when it is told to stop: ``run`` stops the job on the exception. The handlers that were there before come back
+    on exit. Outside the main thread (where Python cannot set handlers) it changes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised: list[int] = []
+
+    def handler(signum: int, _frame: object) -> None:
+        if not raised:  # once: a second Ctrl-C must not cut short the stopping of the job
+            raised.append(signum)
+            raise Signalled(signum)
+
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, before in previous.items():
+            if before is not None:  # None: set outside Python, and Python cannot set it back
+                signal.signal(signum, before)
+
+
 __all__ = [
+    "MAX_NODES",
+    "MAX_SLOTS",
     "RSH_AGENT",
     "MpirunNotFoundError",
+    "Signalled",
     "SimulatedCluster",
+    "check_size",
     "find_mpirun",
     "loopback_hosts",
     "processes_with",
+    "signals_raise",
 ]
