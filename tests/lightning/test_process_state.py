@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from lightning_mpi_env.core.launchers import OPEN_MPI, SLURM
 from tests.clusters.lightning_versions import INSTALLED
+from tests.layouts import launcher_env
 
 PROGRAM = r"""
 import atexit, json, os, signal, socket, sys, tempfile, threading, warnings
@@ -236,3 +238,66 @@ def test_two_trainers_and_fabric_runs_leave_the_process_as_they_found_it(package
     (at_exit,) = [line for line in done.stdout.splitlines() if line.startswith("AT EXIT ")]
     left = json.loads(at_exit[len("AT EXIT ") :])
     assert left == [], left
+
+
+# The brief display of an error of ours is there only while such an error is on its way out.
+BAD_LAYOUT = """
+import sys
+from lightning_mpi_env import LayoutError, MPIClusterEnvironment
+
+ORIGINAL = sys.excepthook
+BAD = {"OMPI_COMM_WORLD_RANK": "x", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+       "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+print("MADE", sys.excepthook is ORIGINAL, flush=True)
+if sys.argv[1] == "caught":
+    try:
+        MPIClusterEnvironment(BAD)
+    except LayoutError:
+        print("CAUGHT", sys.excepthook is ORIGINAL, flush=True)  # kept while the program may still let it out
+    MPIClusterEnvironment({}).teardown()  # the end of a later run
+    print("AFTER", sys.excepthook is ORIGINAL, flush=True)
+else:
+    MPIClusterEnvironment(BAD)
+"""
+
+
+def test_an_uncaught_error_of_ours_is_one_line_and_a_caught_one_leaves_the_hook_alone(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4"}
+    uncaught = subprocess.run(
+        [sys.executable, "-c", BAD_LAYOUT, "uncaught"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert uncaught.returncode == 1
+    assert uncaught.stdout == "MADE True\n"  # nothing installed before the error
+    assert uncaught.stderr.startswith("LayoutError: rank 3 on "), uncaught.stderr
+    assert uncaught.stderr.count("\n") == 1, uncaught.stderr  # one line, no traceback
+    caught = subprocess.run(
+        [sys.executable, "-c", BAD_LAYOUT, "caught"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert caught.returncode == 0, caught.stderr[-3000:]
+    assert caught.stdout.splitlines() == ["MADE True", "CAUGHT False", "AFTER True"]
+
+
+def _one_rank(launcher):
+    return launcher_env(launcher, rank=0, world_size=1, local_rank=0, local_size=1, node=0, num_nodes=1)
+
+
+@pytest.mark.parametrize(
+    ("launch", "filtered"),
+    [(_one_rank(OPEN_MPI), True), (_one_rank(SLURM), False), ({}, False)],
+    ids=["mpirun", "srun", "no launcher"],
+)
+def test_the_srun_advice_is_silenced_only_under_another_launcher_and_until_the_end(launch, filtered):
+    # Under srun Lightning gives no advice, and without a launcher it may be right: no filter there.
+    import warnings
+
+    from lightning_mpi_env import MPIClusterEnvironment
+    from lightning_mpi_env.lightning.process_state import Change
+
+    before = list(warnings.filters)
+    environment = MPIClusterEnvironment({**launch, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    try:
+        assert (Change.SRUN_FILTER in environment.changes) is filtered
+        assert (list(warnings.filters) != before) is filtered
+    finally:
+        environment.teardown()
+    assert list(warnings.filters) == before
