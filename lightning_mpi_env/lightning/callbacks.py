@@ -87,7 +87,8 @@ def callback_class(package: str) -> type:
             except MixedImportError as error:
                 if current is MixedImportMode.ERROR:
                     raise
-                warnings.warn(MixedImportWarning(error.problem, error.hint), stacklevel=2)  # warn mode never raises
+                # Warn mode never raises. (Attributed to Lightning's hook call: the decorator's frame comes between.)
+                warnings.warn(MixedImportWarning(error.problem, error.hint), stacklevel=3)
 
         def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
             """The requeue handler; ``SIGTERM`` without a collective (Lightning registered its handlers by now)."""
