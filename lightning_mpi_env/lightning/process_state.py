@@ -71,6 +71,10 @@ class ProcessChanges:
             self._undo.pop(change)()
         atexit.unregister(self.undo)
 
+    def __reduce__(self) -> tuple[type[ProcessChanges], tuple[()]]:
+        # The changes are this process's: a copy Lightning pickles into a worker (ddp_spawn) starts with none.
+        return ProcessChanges, ()
+
     def __repr__(self) -> str:
         return f"ProcessChanges({', '.join(change.name for change in self._undo) or 'none'})"
 

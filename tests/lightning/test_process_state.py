@@ -287,17 +287,38 @@ def _one_rank(launcher):
     ids=["mpirun", "srun", "no launcher"],
 )
 def test_the_srun_advice_is_silenced_only_under_another_launcher_and_until_the_end(launch, filtered):
-    # Under srun Lightning gives no advice, and without a launcher it may be right: no filter there.
-    import warnings
+    # Under srun Lightning gives no advice, and without a launcher it may be right: no filter there. In a fresh
+    # interpreter: environments made and never ended elsewhere would hold the shared filter.
+    program = (
+        "import json, sys, warnings\n"
+        "from lightning_mpi_env import MPIClusterEnvironment\n"
+        "from lightning_mpi_env.lightning.process_state import Change\n"
+        "before = list(warnings.filters)\n"
+        "environment = MPIClusterEnvironment(json.loads(sys.argv[1]))\n"
+        "print(Change.SRUN_FILTER in environment.changes, list(warnings.filters) != before)\n"
+        "environment.teardown()\n"
+        "print(list(warnings.filters) == before)\n"
+    )
+    launch = {**launch, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    done = subprocess.run(
+        [sys.executable, "-c", program, json.dumps(launch)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [f"{filtered} {filtered}", "True"]
 
-    from lightning_mpi_env import MPIClusterEnvironment
-    from lightning_mpi_env.lightning.process_state import Change
 
-    before = list(warnings.filters)
-    environment = MPIClusterEnvironment({**launch, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
-    try:
-        assert (Change.SRUN_FILTER in environment.changes) is filtered
-        assert (list(warnings.filters) != before) is filtered
-    finally:
-        environment.teardown()
-    assert list(warnings.filters) == before
+def test_a_copy_in_another_process_carries_no_changes():
+    # ddp_spawn pickles the environment into its workers: what this process changed stays this process's to undo.
+    import pickle
+
+    from lightning_mpi_env.lightning.process_state import Change, ProcessChanges
+
+    changes = ProcessChanges()
+    undone = []
+    changes.add(Change.FABRIC_EXPORTS, lambda: undone.append("exports"))
+    copy = pickle.loads(pickle.dumps(changes))
+    assert (copy.made, changes.made) == ([], [Change.FABRIC_EXPORTS])
+    copy.undo()
+    assert undone == []
+    changes.undo()
+    assert (undone, changes.made) == (["exports"], [])
