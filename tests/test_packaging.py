@@ -113,6 +113,7 @@ def test_sdist_holds_the_test_suite_completely(dist: dict[str, Path], checkout_c
         top = dist["sdist"].name.removesuffix(".tar.gz")  # every member sits under "lightning_mpi_env-<version>/"
         members = {str(PurePosixPath(name).relative_to(top)) for name in sdist.getnames()}
         agent = sdist.getmember(f"{top}/lightning_mpi_env/tools/simcluster/rsh-agent")
+    assert "_lightning_mpi_env_entry.py" in members  # the entry points' module, beside the package
     missing = _suite_files(checkout_copy) - members
     assert not missing, f"not in the sdist: {sorted(missing)}"
     assert not [name for name in members if "__pycache__" in name or name.endswith(".pyc")]
@@ -127,7 +128,16 @@ def test_wheel_ships_the_agent_runnable_and_the_license(dist: dict[str, Path]):
     assert modes["lightning_mpi_env/tools/simcluster/rsh-agent"] == 0o755
     assert "lightning_mpi_env/py.typed" in modes
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in modes)
-    assert {name.split("/")[0] for name in modes} == {"lightning_mpi_env", metadata_name.split("/")[0]}  # no tests
+    # The package, the entry points' module outside it (callbacks_factory: see its docstring), no tests.
+    top = {name.split("/")[0] for name in modes}
+    assert top == {"lightning_mpi_env", "_lightning_mpi_env_entry.py", metadata_name.split("/")[0]}
+    entry_points = wheel_entry_points(dist["wheel"])
+    assert entry_points["lightning.pytorch.callbacks_factory"] == {
+        "lightning_mpi_env": "_lightning_mpi_env_entry:unified_callbacks"
+    }
+    assert entry_points["pytorch_lightning.callbacks_factory"] == {
+        "lightning_mpi_env": "_lightning_mpi_env_entry:standalone_callbacks"
+    }
     assert metadata["License-Expression"] == "Apache-2.0"
     assert metadata["Requires-Python"] == ">=3.10"
     classifiers = metadata.get_all("Classifier") or []
@@ -139,6 +149,18 @@ def test_wheel_ships_the_agent_runnable_and_the_license(dist: dict[str, Path]):
     assert versions == [f"3.{minor}" for minor in range(10, 10 + len(versions))]
     assert any(line.startswith("Development Status :: ") for line in classifiers)
     assert any(line.startswith("Operating System :: ") for line in classifiers)
+
+
+def wheel_entry_points(wheel_path: Path) -> dict[str, dict[str, str]]:
+    """The wheel's ``entry_points.txt``: group -> name -> object reference."""
+    import configparser
+
+    with zipfile.ZipFile(wheel_path) as wheel:
+        name = next(name for name in wheel.namelist() if name.endswith(".dist-info/entry_points.txt"))
+        parser = configparser.ConfigParser(delimiters=("=",))
+        parser.optionxform = str  # type: ignore[assignment,method-assign]
+        parser.read_string(wheel.read(name).decode())
+    return {group: dict(parser[group]) for group in parser.sections()}
 
 
 def test_twine_check_strict(dist: dict[str, Path]):

@@ -1,21 +1,28 @@
 """How an error of this package that nobody caught is shown: the cause on the first screen, not N tracebacks.
 
 Under ``mpirun -np 64`` every rank that stops prints its own traceback, and the one line that matters is buried
-under hundreds. :func:`install_excepthook` (called when an ``MPIClusterEnvironment`` is made, never by an import)
-shows an uncaught :class:`~lightning_mpi_env.core.errors.MpiEnvError` under a launcher as one line per rank,
-prefixed with its rank and host: ``ClassName: rank 3 on nodeb: problem HINT: fix``. In a single process it keeps
-the frames of the user's code (where the error came from) and drops this package's. Every other exception goes to
-the hook that was there before, untouched. ``LIGHTNING_MPI_ENV_DEBUG=1`` shows every traceback in full. The
-exception itself is unchanged: catch it as usual.
+under hundreds. An uncaught :class:`~lightning_mpi_env.core.errors.MpiEnvError` is shown under a launcher as one
+line per rank, prefixed with its rank and host: ``ClassName: rank 3 on nodeb: problem HINT: fix``. In a single
+process it keeps the frames of the user's code (where the error came from) and drops this package's. Every other
+exception goes to the hook that was there before, untouched. ``LIGHTNING_MPI_ENV_DEBUG=1`` shows every traceback in
+full. The exception itself is unchanged: catch it as usual.
+
+The hook is there only while it is needed: :func:`shows_errors_briefly` (on the public methods of the Lightning
+adapter) installs it, chained, when an error of ours leaves them, for that error only, and
+:func:`restore_excepthook` (at the end of a fit or a Fabric run) puts the previous hook back unless such an error
+is on its way out right then. :func:`install_excepthook` is the explicit call for a program that wants every error
+of ours shown so. Never by an import.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from lightning_mpi_env.core.errors import MpiEnvError, SettingError
 from lightning_mpi_env.core.launchers import detect_launcher
@@ -91,24 +98,93 @@ class _BriefHook:
 
     def __init__(self, previous: Callable[[type[BaseException], BaseException, TracebackType | None], object]) -> None:
         self.previous = previous
+        self.every = False
+        """Every error of ours (:func:`install_excepthook`), not only the pending ones."""
+        self.pending: weakref.WeakSet[BaseException] = weakref.WeakSet()
+        """Errors of ours that left the adapter's public methods (:func:`show_briefly`)."""
 
     def __call__(self, kind: type[BaseException], value: BaseException, trace: TracebackType | None) -> None:
-        if not isinstance(value, MpiEnvError) or debugging():
-            self.previous(kind, value, trace)
+        if isinstance(value, MpiEnvError) and (self.every or value in self.pending) and not debugging():
+            # Under a launcher: one line per rank. Alone: the user's frames (where it was called) and the message.
+            sys.stderr.write(render(value) or _without_package_frames(value))
+            sys.stderr.flush()
             return
-        # Under a launcher: one line per rank. Alone: the user's frames (where it was called) and the message.
-        sys.stderr.write(render(value) or _without_package_frames(value))
-        sys.stderr.flush()
+        self.previous(kind, value, trace)
+
+
+def _hook() -> _BriefHook:
+    """This package's hook, installed (chained to the current one) if it is not the current one."""
+    if not isinstance(sys.excepthook, _BriefHook):
+        sys.excepthook = _BriefHook(sys.excepthook)
+    return sys.excepthook
 
 
 def install_excepthook() -> None:
-    """Show this package's uncaught errors briefly (see the module docstring); idempotent.
+    """Show every uncaught error of this package briefly, from now on (see the module docstring); idempotent.
 
-    Called when an ``MPIClusterEnvironment`` or ``"ddp_mpi"`` strategy is made, never by an import. It chains: every
-    exception that is not this package's goes to the hook that was installed before, unchanged.
+    An explicit call, for a program that wants it process-wide. It chains: every exception that is not this
+    package's goes to the hook that was installed before, unchanged.
     """
-    if not isinstance(sys.excepthook, _BriefHook):
-        sys.excepthook = _BriefHook(sys.excepthook)
+    _hook().every = True
 
 
-__all__ = ["debugging", "install_excepthook", "rank_prefix", "render"]
+def show_briefly(error: BaseException) -> None:
+    """Have ``sys.excepthook`` show ``error`` briefly if nothing catches it (installing the hook, chained)."""
+    if isinstance(error, MpiEnvError):
+        _hook().pending.add(error)
+
+
+def _in_flight() -> set[int]:
+    """The exception being handled right now and its causes, by id: an error on its way out of an ``except``."""
+    found: set[int] = set()
+    current = sys.exc_info()[1]
+    while current is not None and id(current) not in found:
+        found.add(id(current))
+        current = current.__cause__ or current.__context__
+    return found
+
+
+def restore_excepthook() -> None:
+    """At the end of a run: put the previous ``sys.excepthook`` back, unless an error of ours is on its way out.
+
+    Lightning tears a Trainer down while the error that ended ``fit()`` propagates: that one error keeps the hook
+    (the process is ending with it, or the program catches it). After :func:`install_excepthook` the hook stays.
+    """
+    hook = sys.excepthook
+    if not isinstance(hook, _BriefHook):
+        return  # not ours, or someone chained over ours: theirs to undo
+    in_flight = _in_flight()
+    for error in list(hook.pending):
+        if id(error) not in in_flight:
+            hook.pending.discard(error)
+    if not hook.every and not hook.pending:
+        sys.excepthook = hook.previous
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def shows_errors_briefly(function: Callable[P, R]) -> Callable[P, R]:
+    """Decorate a public method: an error of this package leaving it is shown briefly if nothing catches it."""
+
+    @functools.wraps(function)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return function(*args, **kwargs)
+        except MpiEnvError as error:
+            show_briefly(error)
+            raise
+
+    return wrapper
+
+
+__all__ = [
+    "debugging",
+    "install_excepthook",
+    "rank_prefix",
+    "render",
+    "restore_excepthook",
+    "show_briefly",
+    "shows_errors_briefly",
+]

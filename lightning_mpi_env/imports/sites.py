@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from types import FrameType, FunctionType, ModuleType
 from typing import NamedTuple
 
-from lightning_mpi_env.core.errors import MixedImportError, MixedImportWarning
+from lightning_mpi_env.core.errors import MixedImportError, MixedImportWarning, SettingError
 from lightning_mpi_env.core.namespaces import (
     NAMESPACES,
     NAMESPACES_BY_KEY,
@@ -24,6 +24,7 @@ from lightning_mpi_env.core.namespaces import (
     other,
     package_of,
 )
+from lightning_mpi_env.core.report import show_briefly
 from lightning_mpi_env.core.settings import VARIABLE, MixedImportMode, mixed_import_mode
 from lightning_mpi_env.imports.hooks import when_imported
 
@@ -194,13 +195,21 @@ def _report(frame: FrameType | None) -> None:
     global _reported
     import warnings  # Here, not at the top: only a mixed import needs it.
 
-    current = mode()
-    if _reported or current is Mode.IGNORE:
+    if _reported:
         return
-    _reported = True
+    _reported = True  # one report, also when it is the SettingError of a bad mode
+    try:
+        current = mode()
+    except SettingError as error:
+        show_briefly(error)
+        raise
+    if current is Mode.IGNORE:
+        return
     problem = _mixed_problem()
     if current is Mode.ERROR:
-        raise MixedImportError(problem, MIXED_HINT)
+        mixed = MixedImportError(problem, MIXED_HINT)
+        show_briefly(mixed)
+        raise mixed
     message = MixedImportWarning(problem, MIXED_HINT)
     if frame is None:
         warnings.warn(message, stacklevel=2)
@@ -235,13 +244,20 @@ def _on_namespace_imported(module: ModuleType) -> None:
 
 
 def watch_imports() -> None:
-    """At import of this package: hook the roots not loaded yet, and report a mix that is already there."""
-    mode()  # A bad value fails now, not at the first mixed import.
+    """At import of this package: hook the roots not loaded yet, and report a mix that is already there.
+
+    The mode is read only when a mix is seen: a bad ``LIGHTNING_MPI_ENV_MIXED_IMPORTS`` is a ``SettingError`` then,
+    never at the import of this package.
+    """
     for namespace in NAMESPACES:
         for root in namespace.roots:
             if root not in sys.modules:
                 when_imported(root, _on_namespace_imported)
     if both_namespaces_loaded():
+        try:
+            mode()
+        except SettingError:
+            return  # not at this import: the guard says so where it acts next (a Trainer's setup, a new import)
         _report(_importer_frame(sys._getframe(1))[0])
 
 

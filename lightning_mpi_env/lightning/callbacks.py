@@ -1,21 +1,27 @@
-"""The callback Lightning adds to every Trainer through this package's ``callbacks_factory`` entry points.
+"""The callback Lightning adds to a Trainer through this package's ``callbacks_factory`` entry points.
 
 Lightning loads the factories of the entry point groups ``lightning.pytorch.callbacks_factory`` and
-``pytorch_lightning.callbacks_factory`` in every ``Trainer(...)`` of that namespace (its public way for an installed
-package to add callbacks without touching the Trainer); ``pyproject.toml`` names :func:`unified_callbacks` and
-:func:`standalone_callbacks`. They add the callback only where it has something to do (:func:`needed`):
+``pytorch_lightning.callbacks_factory`` in every ``Trainer(...)`` of that namespace, in every program of the
+environment (its public way for an installed package to add callbacks without touching the Trainer).
+``pyproject.toml`` names the top-level module ``_lightning_mpi_env_entry``, whose factories return ``[]`` unless the
+program imported ``lightning_mpi_env``, and only then call :func:`unified_callbacks` and :func:`standalone_callbacks`
+here. These add the callback only where it has something to do (:func:`needed`), and never raise:
 
-- ``setup``: when both Lightning namespaces are loaded, it refuses a Trainer that holds a model, datamodule,
+- ``setup``: when both Lightning namespaces are loaded, it checks a Trainer that holds a model, datamodule,
   callback, logger or plugin built on the other namespace (:func:`~lightning_mpi_env.check_mixed_imports`), before
-  any of them is used.
+  any of them is used: in ``LIGHTNING_MPI_ENV_MIXED_IMPORTS`` mode ``warn`` a ``MixedImportWarning`` names them, in
+  ``error`` a ``MixedImportError``.
 - ``on_train_batch_end``: with an ``MPIClusterEnvironment`` whose job can requeue, it checkpoints and requeues at
   the step the ranks agreed on once any rank got the scheduler's warning signal
   (:mod:`lightning_mpi_env.lightning.requeue`; no collective per step: :mod:`lightning_mpi_env.rollcall.agreement`).
 - the four hooks of a training step: progress marks for the stall watchdog
   (:mod:`lightning_mpi_env.rollcall.watchdog`).
-- ``on_sanity_check_start``/``on_train_start``: ``SIGTERM`` only records the signal, with no collective in the
-  handler, so ranks signalled a moment apart cannot hang in mismatched collectives
+- ``on_sanity_check_start``/``on_train_start``: the requeue signal handler goes in (after Lightning set its own);
+  on Lightning 2.5.2+ ``SIGTERM`` only records the signal, with no collective in the handler, so ranks signalled a
+  moment apart cannot hang in mismatched collectives
   (:func:`~lightning_mpi_env.lightning.compat.record_sigterm_without_collective`).
+- ``teardown``: the environment's process-wide changes come out (``MPIClusterEnvironment.teardown``), after
+  Lightning put back its signal handlers.
 - ``on_exception``: a Trainer ended by ``SIGTERM`` (Lightning raises ``SIGTERMException``, a ``SystemExit`` with
   status 0) exits with status 143, as a process ended by ``SIGTERM`` does, so a job script's ``&&`` stops there.
 
@@ -27,12 +33,15 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_mpi_env.core.errors import MixedImportError, MixedImportWarning, MpiEnvError
 from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.namespaces import STANDALONE, UNIFIED
-from lightning_mpi_env.core.settings import MixedImportMode, Settings
+from lightning_mpi_env.core.report import shows_errors_briefly
+from lightning_mpi_env.core.settings import MixedImportMode
 from lightning_mpi_env.imports.class_check import check_roles
 from lightning_mpi_env.imports.sites import both_namespaces_loaded, mode
 from lightning_mpi_env.lightning.compat import record_sigterm_without_collective
@@ -65,18 +74,35 @@ def callback_class(package: str) -> type:
             # The class is made per namespace: ddp_spawn pickles the Trainer, and it, by the namespace's name.
             return _new_callback, (package,)
 
+        @shows_errors_briefly
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-            """Refuse objects of the other Lightning namespace before the Trainer uses them."""
-            if mode() is not MixedImportMode.IGNORE and both_namespaces_loaded():
+            """Name objects of the other Lightning namespace before the Trainer uses them (warn, or refuse)."""
+            if not both_namespaces_loaded():
+                return
+            current = mode()  # a bad LIGHTNING_MPI_ENV_MIXED_IMPORTS is a SettingError here, where it is used
+            if current is MixedImportMode.IGNORE:
+                return
+            try:
                 check_roles(trainer, [("model", pl_module)])
+            except MixedImportError as error:
+                if current is MixedImportMode.ERROR:
+                    raise
+                # Warn mode never raises. (Attributed to Lightning's hook call: the decorator's frame comes between.)
+                warnings.warn(MixedImportWarning(error.problem, error.hint), stacklevel=3)
 
         def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
-            """``SIGTERM`` records the signal, without a collective (Lightning registered its handlers by now)."""
-            _record_sigterm_quietly(trainer)
+            """The requeue handler; ``SIGTERM`` without a collective (Lightning registered its handlers by now)."""
+            _start_training(trainer)
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            """``SIGTERM`` records the signal, without a collective (when no sanity check ran before)."""
-            _record_sigterm_quietly(trainer)
+            """As :meth:`on_sanity_check_start`, when no sanity check ran before."""
+            _start_training(trainer)
+
+        def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            """Put back what the environment changed process-wide (after Lightning put back its signal handlers)."""
+            environment = _environment(trainer)
+            if environment is not None:
+                environment.teardown()
 
         def on_train_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
             """Progress for the stall watchdog: the step started."""
@@ -90,6 +116,7 @@ def callback_class(package: str) -> type:
             """Progress for the stall watchdog: past backward."""
             _mark(trainer, 3)
 
+        @shows_errors_briefly
         def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
             """After each training step: progress; checkpoint and requeue when any rank got the requeue signal."""
             _mark(trainer, 0)
@@ -121,9 +148,11 @@ def _environment(trainer: Any) -> MPIClusterEnvironment | None:
     return environment if isinstance(environment, MPIClusterEnvironment) else None
 
 
-def _record_sigterm_quietly(trainer: Any) -> None:
-    if _environment(trainer) is not None:
+def _start_training(trainer: Any) -> None:
+    environment = _environment(trainer)
+    if environment is not None:
         record_sigterm_without_collective(trainer)
+        environment.watch_requeue_signal()  # chained to the SIGTERM handler when the requeue signal is SIGTERM
 
 
 def _mark(trainer: Any, phase: int) -> None:
@@ -137,16 +166,22 @@ def _new_callback(package: str) -> Any:
 
 
 def needed(env: Mapping[str, str]) -> bool:
-    """Whether a Trainer made now may have anything for the callback to do.
+    """Whether a Trainer made now may have anything for the callback to do; never raises.
 
     That is: a mixed import, a launcher (the stall watchdog's progress marks, a ``SIGTERM``'s exit status), or a job
     that can requeue. Otherwise the factories add nothing (and Lightning logs nothing), so a Trainer outside a
-    launcher and a scheduler, with one namespace, is exactly as Lightning builds it.
+    launcher and a scheduler, with one namespace, is exactly as Lightning builds it. No setting is read here: a bad
+    ``LIGHTNING_MPI_ENV_*`` value is the environment's error, where it is used, not the factory's. A launch that
+    cannot be read adds the callback, whose hooks act only for an ``MPIClusterEnvironment``.
     """
-    if both_namespaces_loaded() or detect_launcher(env) is not None:
+    if both_namespaces_loaded():
         return True
-    settings = Settings.from_env(env)
-    return Requeue.plan(env, enabled=settings.requeue, requeue_signal=None, command=None) is not None
+    try:
+        if detect_launcher(env) is not None:
+            return True
+        return Requeue.plan(env, enabled=True, requeue_signal=None, command=None) is not None
+    except MpiEnvError:
+        return True
 
 
 def unified_callbacks() -> list[Any]:

@@ -1,13 +1,14 @@
 """Every contract with Lightning's internals this package relies on, in one place.
 
 The Lightning layer extends Lightning through its public hooks only: ``ClusterEnvironment`` methods, the
-``"ddp_mpi"`` strategy's public ``num_nodes``/``parallel_devices`` setters, callbacks added through Lightning's
-``callbacks_factory`` entry points, Lightning's own HPC checkpoint resume, and public Trainer/Fabric properties.
-What remains here is what no public hook says; ``tests/lightning/test_compat.py`` checks each item against the real
-Trainer and Fabric of both namespaces on the oldest (2.1) and newest supported Lightning. Nothing here imports
-Lightning or torch at module level.
+``"ddp_mpi"`` strategy's public ``setup_environment``, ``num_nodes`` and ``parallel_devices``, callbacks added through
+Lightning's ``callbacks_factory`` entry points, Lightning's own HPC checkpoint resume, and public Trainer/Fabric
+properties. What remains here is what no public hook says; ``tests/lightning/test_compat.py`` checks each item
+against the real Trainer and Fabric of both namespaces on the oldest (2.1) and newest supported Lightning
+(``CHECKED_BY`` there names the test of each). Nothing here imports Lightning or torch at module level.
 
-**Call order relied on** (no name is read; the order of public calls is):
+**Call order relied on** (no name is read; the order of public calls is), for ``MPIClusterEnvironment`` as a plugin
+of Lightning's own strategies only (``"ddp_mpi"`` runs the roll call from its own ``setup_environment``):
 
 - ``Trainer(...)``/``Fabric(...)`` proposes ranks to the cluster environment once while it is built
   (``set_global_rank`` then ``set_world_size``).
@@ -27,10 +28,13 @@ Lightning or torch at module level.
   checkpoint connector) and which :func:`~lightning_mpi_env.hpc_checkpoint` finds on every scheduler.
 - :data:`SRUN_NOT_USED`: the text of Lightning's "`srun` is available but not used" warning, which has no class of
   its own to filter by.
-
-- :func:`record_sigterm_without_collective`: the Trainer's signal connector (``Trainer._signal_connector``, its
-  ``_sigterm_notifier_fn`` and ``received_sigterm``), and ``_HandlersCompose.signal_handlers``, the handlers it
-  composes for ``SIGTERM``.
+- :func:`record_sigterm_without_collective`, the signal connector's internals: ``Trainer._signal_connector``, its
+  ``_sigterm_notifier_fn`` and ``received_sigterm``; ``_HandlersCompose.signal_handlers``, the handlers it composes
+  for ``SIGTERM``; ``trainer.strategy.launcher.kill(signum)``, which the notifier calls for the workers Lightning
+  started; that the connector puts back, at its teardown, the handlers from before ``fit``; and that its
+  teardown runs after the strategy's.
+- :data:`SIGTERM_COLLECTIVE_SINCE`: the first Lightning whose ``SIGTERM`` handler runs a collective.
+- :func:`lightning_version`: ``__version__`` of the Trainer's package.
 
 - :func:`hpc_resume_path`: the HPC checkpoint Lightning's Trainer resumes from by itself, under Slurm, when
   ``fit()`` gets no ``ckpt_path`` (``_CheckpointConnector._hpc_resume_path``, behind the public
@@ -46,10 +50,12 @@ import importlib
 import re
 import signal
 import sys
+import threading
 import time
 import warnings
+from collections.abc import Callable
 from types import FrameType, ModuleType
-from typing import Any
+from typing import Any, cast
 
 HPC_CHECKPOINT = re.compile(r"^hpc_ckpt_([0-9]+)\.ckpt$")
 """Lightning's names for HPC checkpoints (``CheckpointConnector.hpc_save``/``_hpc_resume_path``); ASCII digits only
@@ -78,16 +84,46 @@ def hpc_checkpoint_name(number: int) -> str:
     return f"hpc_ckpt_{number}.ckpt"
 
 
-def silence_srun_not_used() -> None:
-    """Ignore Lightning's "`srun` is available but not used" warning in this process (and only it).
+_srun_silencers = 0
+_srun_filter: tuple[Any, ...] | None = None
+_srun_lock = threading.Lock()
+
+
+def silence_srun_not_used() -> Callable[[], None]:
+    """Ignore Lightning's "`srun` is available but not used" warning until the returned function is called.
 
     Lightning gives it whenever ``srun`` is on ``PATH`` and the process was not started by ``srun``: on every HPC
-    login node, and for every rank ``mpirun`` starts. Called when an ``MPIClusterEnvironment`` is made under another
-    launcher (never by an import): the ranks come from the launcher that did start them, so the advice to prepend
-    ``srun`` is wrong. The warning has no class of its own (``PossibleUserWarning`` is shared), so the filter
-    matches its text.
+    login node, and for every rank ``mpirun`` starts. An ``MPIClusterEnvironment`` made under another launcher than
+    ``srun`` calls it (never an import, and not under ``srun`` or without a launcher, where the advice may be
+    right): the ranks come from the launcher that did start them, so the advice to prepend ``srun`` is wrong. Its
+    end of the run calls the returned function. The warning has no class of its own (``PossibleUserWarning`` is
+    shared), so the filter matches its text. Several callers share one filter, removed when the last one is done.
+
+    Returns:
+        The function that takes the filter out again (idempotent).
     """
-    warnings.filterwarnings("ignore", message=f"^{re.escape(SRUN_NOT_USED)}", category=UserWarning)
+    global _srun_silencers, _srun_filter
+    with _srun_lock:
+        if _srun_silencers == 0 or _srun_filter not in warnings.filters:
+            warnings.filterwarnings("ignore", message=f"^{re.escape(SRUN_NOT_USED)}", category=UserWarning)
+            _srun_filter = warnings.filters[0]
+        _srun_silencers += 1
+    done = False
+
+    def restore() -> None:
+        global _srun_silencers, _srun_filter
+        nonlocal done
+        with _srun_lock:
+            if done:
+                return
+            done = True
+            _srun_silencers -= 1
+            if _srun_silencers == 0 and _srun_filter in warnings.filters:
+                # An "ignore" entry leaves nothing in the warning registries: removing it is the whole undo.
+                cast("list[Any]", warnings.filters).remove(_srun_filter)
+                _srun_filter = None
+
+    return restore
 
 
 SETTLE_SECONDS = 0.05
@@ -110,29 +146,73 @@ def settle_collectives_at_exit() -> None:
     status 134, for a rank that finished its work (pytorch/pytorch#190489; an ``atexit`` fix in torch,
     pytorch/pytorch#179291, was abandoned). ``destroy_process_group()`` at the end of the program does not prevent
     it; giving up the GIL before finalization does. Called once the roll call's hook runs, right before
-    ``init_process_group``: never by an import. Registered once per process.
+    ``init_process_group``: never by an import. Registered once per process; see :func:`release_collectives_at_exit`.
     """
     atexit.unregister(_let_collective_workers_finish)
     atexit.register(_let_collective_workers_finish)
 
 
+def release_collectives_at_exit() -> bool:
+    """At the end of a run: unregister :func:`settle_collectives_at_exit`'s hook, unless a process group is alive.
+
+    Lightning does not destroy the process group at the end of ``fit()``, nor Fabric at the end of a run: while it
+    lives, the hook is what keeps the interpreter's exit from crashing, so it stays (and does nothing once the group
+    is destroyed).
+
+    Returns:
+        Whether the hook was unregistered.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return False
+    atexit.unregister(_let_collective_workers_finish)
+    return True
+
+
+SIGTERM_COLLECTIVE_SINCE = (2, 5, 2)
+"""The first Lightning whose ``SIGTERM`` handler runs a collective: ``_sigterm_notifier_fn`` broadcasts from rank 0
+(Lightning-AI/pytorch-lightning#20825, "Synchronize SIGTERM Handling in DDP to Prevent Deadlocks", released in
+2.5.2; 2.5.1 and older have no collective in the handler)."""
+
+
+def lightning_version(trainer: Any) -> tuple[int, ...]:
+    """The version of the Trainer's package (``lightning`` or ``pytorch_lightning``) as numbers, e.g. ``(2, 6, 6)``.
+
+    >>> import types
+    >>> lightning_version(types.SimpleNamespace())
+    ()
+    """
+    root = type(trainer).__module__.partition(".")[0]
+    version = str(getattr(sys.modules.get(root), "__version__", ""))
+    numbers = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    return tuple(int(part) for part in numbers.groups("0")) if numbers else ()
+
+
+def sigterm_handler_runs_collective(trainer: Any) -> bool:
+    """Whether the Trainer's ``SIGTERM`` handler broadcasts (Lightning 2.5.2+: :data:`SIGTERM_COLLECTIVE_SINCE`)."""
+    return lightning_version(trainer) >= SIGTERM_COLLECTIVE_SINCE
+
+
 def record_sigterm_without_collective(trainer: Any) -> bool:
     """For this ``fit``, a ``SIGTERM`` handler that records the signal as Lightning 2.1's does, with no collective.
 
-    Lightning 2.5 and newer broadcast from rank 0 inside the handler (``_sigterm_notifier_fn``). A handler runs
-    wherever the main thread is when the signal comes, so ranks signalled a moment apart (``scancel``, a scheduler's
-    ``SIGTERM`` to every process) enter that broadcast at different points: one in its step, the others already in
-    DDP's gradient all-reduce, and the job hangs until the collective's timeout (30 min). Reproduced under
-    ``mpirun`` with staggered ``SIGTERM``s: tests/lightning/test_strategy.py. The loop itself broadcasts rank 0's
-    ``received_sigterm`` at the start of every step (2.5+), so every rank still stops at the same step; on 2.1 to
-    2.4 each rank stops at its own next step, as before. The other handlers Lightning composed for ``SIGTERM`` (one
-    set before ``fit``, Lightning's Slurm bypass) still run, in order. Lightning puts back the handlers from before
-    ``fit`` at its teardown. Call it from the main thread once Lightning registered its handlers.
+    Only where Lightning's handler runs a collective: 2.5.2 and newer broadcast from rank 0 inside the handler
+    (``_sigterm_notifier_fn``; :data:`SIGTERM_COLLECTIVE_SINCE`). A handler runs wherever the main thread is when
+    the signal comes, so ranks signalled a moment apart (``scancel``, a scheduler's ``SIGTERM`` to every process)
+    enter that broadcast at different points: one in its step, the others already in DDP's gradient all-reduce, and
+    the job hangs until the collective's timeout (30 min). Reproduced under ``mpirun`` with staggered ``SIGTERM``s:
+    tests/lightning/test_strategy.py. The loop itself broadcasts rank 0's ``received_sigterm`` at the start of every
+    step (2.5.2+, the same change), so every rank still stops at the same step. The other handlers Lightning
+    composed for ``SIGTERM`` (one set before ``fit``, Lightning's Slurm bypass) still run, in order. Lightning puts
+    back the handlers from before ``fit`` at its teardown. Call it from the main thread once Lightning registered its
+    handlers.
 
     Returns:
-        Whether the handler was replaced: not when the one in place is not the connector's (already replaced, or
-        another program's).
+        Whether the handler was replaced: not on Lightning before 2.5.2 (its handler only records the signal), and
+        not when the one in place is not the connector's (already replaced, or another program's).
     """
+    if not sigterm_handler_runs_collective(trainer):
+        return False
     connector: Any = getattr(trainer, "_signal_connector", None)
     notifier = getattr(connector, "_sigterm_notifier_fn", None)
     composed = getattr(signal.getsignal(signal.SIGTERM), "signal_handlers", None)
@@ -175,10 +255,14 @@ def hpc_resume_path(trainer: Any) -> str | None:
 __all__ = [
     "HPC_CHECKPOINT",
     "SETTLE_SECONDS",
+    "SIGTERM_COLLECTIVE_SINCE",
     "SRUN_NOT_USED",
     "hpc_checkpoint_name",
+    "lightning_version",
     "record_sigterm_without_collective",
+    "release_collectives_at_exit",
     "settle_collectives_at_exit",
+    "sigterm_handler_runs_collective",
     "silence_srun_not_used",
     "strategy_registry",
     "hpc_resume_path",

@@ -26,13 +26,17 @@ from lightning_mpi_env.core.devices import (
     unknown_device,
     visible_devices,
 )
-from lightning_mpi_env.core.launchers import detect_launcher
+from lightning_mpi_env.core.launchers import SLURM, detect_launcher
 from lightning_mpi_env.core.layout import RankLayout
 from lightning_mpi_env.core.network import socket_ifname_exports
-from lightning_mpi_env.core.report import install_excepthook
+from lightning_mpi_env.core.report import restore_excepthook, shows_errors_briefly
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.core.values import parse_count
-from lightning_mpi_env.lightning.compat import settle_collectives_at_exit, silence_srun_not_used
+from lightning_mpi_env.lightning.compat import (
+    release_collectives_at_exit,
+    settle_collectives_at_exit,
+    silence_srun_not_used,
+)
 from lightning_mpi_env.lightning.interface import ClusterEnvironmentInterface
 from lightning_mpi_env.lightning.launch import (
     LaunchMode,
@@ -50,6 +54,7 @@ from lightning_mpi_env.lightning.launch import (
     world_mismatch,
 )
 from lightning_mpi_env.lightning.meeting import expected_node, meet
+from lightning_mpi_env.lightning.process_state import Change, ProcessChanges
 from lightning_mpi_env.lightning.requeue import Requeue, requeue_due, requeue_now
 
 if TYPE_CHECKING:
@@ -88,7 +93,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     through the cluster environment (DDP and its spawn variants, FSDP, ModelParallel, DeepSpeed; Trainer and
     Fabric), every rank checks in on the store that ``init_process_group`` then uses
     (:mod:`lightning_mpi_env.rollcall`): a missing, duplicate or disagreeing rank stops every process with a
-    :class:`~lightning_mpi_env.RendezvousError` naming it, instead of a silent hang; node ranks become exact. It
+    :class:`~lightning_mpi_env.RendezvousError` naming it, instead of a silent hang; node ranks become exact.
+    ``"ddp_mpi"`` runs it from its own ``setup_environment`` (:meth:`meet_now`); with Lightning's own strategies it
     runs when the strategy reads ``main_address`` after its last rank proposal (the order is in
     :mod:`~lightning_mpi_env.lightning.compat`): no frame is inspected and nothing of Lightning's is patched.
 
@@ -99,11 +105,14 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     it: by itself under Slurm, with ``trainer.fit(..., ckpt_path=lightning_mpi_env.hpc_checkpoint(trainer))``
     elsewhere.
 
-    **Made here, not on import:** the one-line-per-rank display of this package's errors (chained to the previous
-    ``sys.excepthook``), the filter for Lightning's "`srun` is available but not used" advice, and the requeue
-    signal handler (chained to the previous one). With ``LIGHTNING_MPI_ENV_IFNAME``, ``GLOO_SOCKET_IFNAME`` and
-    ``NCCL_SOCKET_IFNAME`` go into ``os.environ`` right before ``init_process_group`` (gloo and NCCL read nothing
-    else), where the user set neither, and are put back at teardown.
+    **Process-wide changes, scoped to the run** (:mod:`~lightning_mpi_env.lightning.process_state`; none on
+    import): the filter for Lightning's "`srun` is available but not used" advice (made here, under a launcher
+    other than ``srun`` only), ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` in ``os.environ`` right before
+    ``init_process_group`` with ``LIGHTNING_MPI_ENV_IFNAME`` (gloo and NCCL read nothing else; where the user set
+    neither), the stall watchdog's thread, the requeue signal handler (chained to the previous one), and the
+    one-line-per-rank display of an error of ours that ends the program (chained to the previous
+    ``sys.excepthook``). :meth:`teardown` puts each back: a Trainer calls it at the end of every run; a Fabric
+    program calls ``environment.teardown()`` at the end of its run, else it happens at interpreter exit.
 
     Args:
         environ: The environment to read; ``os.environ`` by default.
@@ -122,6 +131,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             ``["qsub", "job.sh"]`` where PBS's ``qrerun`` needs a manager).
     """
 
+    @shows_errors_briefly
     def __init__(
         self,
         environ: Mapping[str, str] | None = None,
@@ -134,8 +144,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         stall_timeout: float | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
-        install_excepthook()  # this package's errors as one line per rank; every other error as before
-        silence_srun_not_used()  # the ranks come from the launcher that started them, whichever it is
+        self.changes = ProcessChanges()
+        """What this environment changed process-wide for its run, undone by :meth:`teardown`."""
         self.settings = Settings.from_env(env).with_arguments(
             roll_call=roll_call,
             rendezvous_timeout=rendezvous_timeout,
@@ -144,8 +154,12 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         )
         """The ``LIGHTNING_MPI_ENV_*`` settings, with the arguments given here taking precedence."""
         self._layout, spawned = read_launch(env)
+        launcher = self._layout.launcher
+        if launcher is not None and launcher.key != SLURM.key:
+            # Lightning's advice to prepend `srun` is wrong for ranks another launcher started (and it gives none
+            # under srun); until the end of the run: Lightning gives it while it builds the Trainer and at fit().
+            self.changes.add(Change.SRUN_FILTER, silence_srun_not_used())
         self._fabric = socket_ifname_exports(self.settings.ifname, env)  # checked now, exported before init
-        self._replaced: dict[str, str | None] = {}  # what the fabric's exports replaced, put back at teardown
         if not self.settings.roll_call:  # with the roll call, node ranks become exact before any use
             for warning in self._layout.warnings:
                 warnings.warn(warning, stacklevel=2)
@@ -170,8 +184,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         self.requeue = Requeue.plan(
             env, enabled=self.settings.requeue, requeue_signal=requeue_signal, command=requeue_command
         )
-        if self.requeue is not None:
-            self.requeue.install()  # a signal may come before the first step; the handler only notes it
+        """How this job checkpoints and requeues (``None``: it does not); the handler goes in when training starts."""
 
     @property
     def roll_call(self) -> bool:
@@ -215,6 +228,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     @property
     @override
+    @shows_errors_briefly
     def main_address(self) -> str:
         """Host of rank 0; read right before ``init_process_group``, it first runs the roll call (see compat)."""
         self._meet_when_due()
@@ -222,6 +236,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     @property
     @override
+    @shows_errors_briefly
     def main_port(self) -> int:
         """Port on the main address; read right before ``init_process_group``, it first runs the roll call."""
         self._meet_when_due()
@@ -251,6 +266,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         return self._ranks.global_rank
 
     @override
+    @shows_errors_briefly
     def local_rank(self) -> int:
         if self._ranks.local_rank is not None:
             return self._ranks.local_rank
@@ -271,6 +287,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     # --- what Lightning proposes ---------------------------------------------------------------------------------
 
     @override
+    @shows_errors_briefly
     def set_global_rank(self, rank: int) -> None:
         if self.managed_by_lightning:
             if self._stage is not Stage.MET:
@@ -282,6 +299,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             log.debug(f"Keeping the launcher's global rank {self._ranks.global_rank}; Lightning proposed {rank}.")
 
     @override
+    @shows_errors_briefly
     def set_world_size(self, size: int) -> None:
         # Lightning proposes ranks once while it builds the Trainer or Fabric, then again right before
         # init_process_group (compat): the second proposal arms the roll call.
@@ -305,6 +323,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         """The variable restricting this process's accelerators and the devices it lists, or ``None`` if unset."""
         return self._visible
 
+    @shows_errors_briefly
     def device_for(self, accelerator: str) -> DeviceChoice:
         """The device this rank drives, as an index into the devices it sees; asked by ``"ddp_mpi"``'s root device.
 
@@ -348,6 +367,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     # --- the launch ---------------------------------------------------------------------------------------------
 
     @override
+    @shows_errors_briefly
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Fail at once when the Trainer's ``devices`` x ``num_nodes`` does not match the launched world.
 
@@ -370,11 +390,15 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     @override
     def teardown(self) -> None:
-        """Stop the stall watchdog (a finished rank is not a stalled one); undo the fabric's exports."""
-        if self._watchdog is not None:
-            self._watchdog.stop()
-        restore_environment(self._replaced)
-        self._replaced = {}
+        """The end of the run: put back everything this environment changed process-wide (idempotent).
+
+        The stall watchdog stops (a finished rank is not a stalled one); the fabric's exports, the requeue handler
+        and the srun filter come out; see :mod:`~lightning_mpi_env.lightning.process_state`. A Trainer calls it at
+        the end of every run; a Fabric program calls it at the end of its run (Fabric calls no teardown), else it
+        runs at interpreter exit.
+        """
+        self.changes.undo()
+        restore_excepthook()
 
     # --- progress, for the stall watchdog ----------------------------------------------------------------------
 
@@ -405,15 +429,24 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         if self._stage is Stage.SETTING_UP:
             self._start_meeting()
 
+    @shows_errors_briefly
+    def meet_now(self) -> None:
+        """Run the roll call now, once: ``"ddp_mpi"``'s ``setup_environment`` calls it after proposing the ranks."""
+        if self._stage is not Stage.MET:
+            self._start_meeting()
+
     def _start_meeting(self) -> None:
         """Once per process, right before ``init_process_group``: the fabric's exports, then the roll call.
 
-        At the first read of the address after the last rank proposal, or earlier where ``"ddp_mpi"`` asks for a
-        device that only the roll call can say (:meth:`device_for`): both ways prepare the same.
+        From ``"ddp_mpi"``'s ``setup_environment`` (:meth:`meet_now`); with Lightning's own strategies at the first
+        read of the address after the last rank proposal; or earlier where ``"ddp_mpi"`` asks for a device that only
+        the roll call can say (:meth:`device_for`): all ways prepare the same.
         """
         self._stage = Stage.MET
         settle_collectives_at_exit()  # init_process_group comes next
-        self._replaced = export_fabric(self._fabric)
+        self.changes.add(Change.SETTLE_AT_EXIT, release_collectives_at_exit)
+        replaced = export_fabric(self._fabric)
+        self.changes.add(Change.FABRIC_EXPORTS, lambda: restore_environment(replaced))
         if self.settings.ifname and self.global_rank() == 0:
             check_fabric(self.settings.ifname, self._layout.main_address)
         if self.settings.roll_call:
@@ -450,9 +483,23 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         self._met = meeting.result
         if meeting.watchdog is not None:
             self._watchdog = meeting.watchdog
+            self.changes.add(Change.WATCHDOG, meeting.watchdog.stop)
 
     # --- requeue -------------------------------------------------------------------------------------------------
 
+    def watch_requeue_signal(self) -> None:
+        """Install the requeue signal handler for this run (idempotent; chained to the handler in place).
+
+        The Trainer's callback calls it when training starts (after Lightning set its own handlers, which it puts
+        back at its teardown); a Fabric loop's first :meth:`requeue_requested`, here. :meth:`teardown` takes it out.
+        """
+        plan = self.requeue
+        if plan is None or Change.REQUEUE_HANDLER in self.changes:
+            return
+        plan.install()
+        self.changes.add(Change.REQUEUE_HANDLER, plan.restore)
+
+    @shows_errors_briefly
     def requeue_due(self, finished: int, reduce_boolean_decision: Callable[..., bool]) -> bool:
         """Whether every rank checkpoints and requeues now, after its ``finished``-th step (all ranks ask each step).
 
@@ -473,9 +520,11 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         A Fabric program saves its own checkpoint when this says so, then calls :meth:`requeue_now`. Until the
         signal comes it costs nothing (with the roll call; see :meth:`requeue_due`).
         """
+        self.watch_requeue_signal()
         self._steps_asked += 1
         return self.requeue_due(self._steps_asked, fabric.strategy.reduce_boolean_decision)  # type: ignore[attr-defined]
 
+    @shows_errors_briefly
     def requeue_now(self, fabric: object) -> NoReturn:
         """For a Fabric loop, after the checkpoint: rank 0 requeues the job, then every rank exits.
 

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _received: dict[int, int] = {}  # signal number -> how many times it came; written by the handler only
+_replaced: dict[int, Any] = {}  # signal number -> the handler `install` replaced, for `restore`
 
 
 class Requeue(NamedTuple):
@@ -118,7 +119,16 @@ class Requeue(NamedTuple):
                 previous(signum, frame)
 
         note._lightning_mpi_env = True  # type: ignore[attr-defined]
+        _replaced[int(self.signum)] = previous
         signal.signal(self.signum, note)
+
+    def restore(self) -> None:
+        """Put back the handler :meth:`install` replaced, if this package's is still the one in place."""
+        if threading.current_thread() is not threading.main_thread() or int(self.signum) not in _replaced:
+            return
+        previous = _replaced.pop(int(self.signum))
+        if getattr(signal.getsignal(self.signum), "_lightning_mpi_env", False):
+            signal.signal(self.signum, signal.SIG_DFL if previous is None else previous)
 
     @property
     def requested(self) -> bool:

@@ -3,8 +3,9 @@
 ``DDPStrategy`` is a different class in ``lightning.pytorch``, ``pytorch_lightning``, ``lightning.fabric`` and
 ``lightning_fabric``, so there is one ``MPIDDPStrategy`` per package. Each is made, and registered as ``"ddp_mpi"``
 in that package's strategy registry, right when the package's ``strategies`` module is imported (before or after
-this module). Nothing is restated from Lightning's ``DDPStrategy``: the roll call runs in the cluster environment,
-at the rank proposal every strategy makes right before ``init_process_group``.
+this module). The roll call runs from the strategy's own public ``setup_environment``, right before Lightning's
+``DDPStrategy`` sets up ``torch.distributed`` there, through the cluster environment
+(``MPIClusterEnvironment.meet_now``).
 
 Which class you get:
 
@@ -25,6 +26,7 @@ from typing_extensions import override
 
 from lightning_mpi_env.core.errors import SettingError, StrategyImportError
 from lightning_mpi_env.core.namespaces import NAMESPACES, of_trainer_package
+from lightning_mpi_env.core.report import shows_errors_briefly
 from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT, seconds
 from lightning_mpi_env.lightning.compat import strategy_registry
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
@@ -106,6 +108,7 @@ def _build(package: str, strategies: ModuleType) -> type:
                 ``process_group_backend``, ...).
         """
 
+        @shows_errors_briefly
         def __init__(
             self, *, rendezvous_timeout: float | None = None, cluster_environment: Any = None, **kwargs: Any
         ) -> None:
@@ -121,6 +124,22 @@ def _build(package: str, strategies: ModuleType) -> type:
                 cluster_environment.process_group_backend = kwargs.get("process_group_backend")
                 cluster_environment.api = "Trainer" if trainer_side else "Fabric"
             super().__init__(cluster_environment=cluster_environment, **kwargs)
+
+        @override
+        @shows_errors_briefly
+        def setup_environment(self) -> None:
+            """The roll call, then Lightning's ``setup_environment`` (its device, then ``init_process_group``).
+
+            The ranks are proposed to the environment first, as Lightning's ``DDPStrategy`` proposes them right
+            after (node rank x processes per node + local rank, of nodes x processes per node): where Lightning
+            starts the workers, the roll call needs them.
+            """
+            environment = self.cluster_environment
+            if isinstance(environment, MPIClusterEnvironment):
+                environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+                environment.set_world_size(self.num_nodes * self.num_processes)
+                environment.meet_now()
+            super().setup_environment()
 
         # Lightning hands the strategy its devices and node count through the public setters while it builds the
         # Trainer or Fabric. Values left at their defaults ("auto" devices, one node) follow the launch.

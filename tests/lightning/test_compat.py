@@ -207,14 +207,19 @@ def srun_warnings(silenced):
     slurm = importlib.import_module(FABRIC_PACKAGE + ".plugins.environments").SLURMEnvironment
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        if silenced:
-            compat.silence_srun_not_used()
+        if not silenced:
+            slurm.detect()
+            return [str(warning.message) for warning in caught], []
+        restore = compat.silence_srun_not_used()
         slurm.detect()
-    return [str(warning.message) for warning in caught]
+        during = [str(warning.message) for warning in caught]
+        restore()  # the end of the run: the advice is shown again
+        slurm.detect()
+        return during, [str(warning.message) for warning in caught[len(during):]]
 
 
-facts["srun"] = srun_warnings(silenced=False)  # before anything of ours silences it
-facts["srun_silenced"] = srun_warnings(silenced=True)
+facts["srun"] = srun_warnings(silenced=False)[0]  # before anything of ours silences it
+facts["srun_silenced"], facts["srun_restored"] = srun_warnings(silenced=True)
 
 PORT = free_port()
 ENV = Spy(launch(PORT))
@@ -334,6 +339,7 @@ def test_ddp_meets_in_the_roll_call_before_init_process_group(lightning, package
     # SRUN_NOT_USED: the start of Lightning's own warning text, which the filter then silences.
     assert [message for message in facts["srun"] if message.startswith(compat.SRUN_NOT_USED)], facts["srun"]
     assert not [message for message in facts["srun_silenced"] if message.startswith(compat.SRUN_NOT_USED)]
+    assert [message for message in facts["srun_restored"] if message.startswith(compat.SRUN_NOT_USED)]
 
 
 SHARDED_PROGRAM = (
@@ -594,6 +600,11 @@ compat.settle_collectives_at_exit()
 if sys.argv[1] == "initialized":
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     dist.all_reduce(torch.ones(2))
+# The end of a run: the hook stays while a process group lives, and goes when none does.
+print("RELEASED", compat.release_collectives_at_exit(), flush=True)
+if sys.argv[1] == "never initialized":  # a group the program makes after the run: the hook is gone, none settles
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    dist.all_reduce(torch.ones(2))
 """
 
 
@@ -601,8 +612,10 @@ if sys.argv[1] == "initialized":
 def test_collectives_settle_once_at_exit_while_a_process_group_is_alive(state):
     done = subprocess.run([sys.executable, "-c", SETTLE_PROGRAM, state], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    expected = [f"SETTLED {compat.SETTLE_SECONDS}"] if state == "initialized" else []
-    assert done.stdout.splitlines() == expected
+    if state == "initialized":
+        assert done.stdout.splitlines() == ["RELEASED False", f"SETTLED {compat.SETTLE_SECONDS}"]
+    else:  # released at the end of the run: nothing runs at exit, though a group is alive then
+        assert done.stdout.splitlines() == ["RELEASED True"]
 
 
 # Which test checks each name of compat (a name added to compat without a test here fails this test).
@@ -632,7 +645,8 @@ class Model(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         if batch_idx == 2:
-            print("HANDLER", signal.getsignal(signal.SIGTERM).__qualname__, flush=True)
+            handler = signal.getsignal(signal.SIGTERM)
+            print("HANDLER", getattr(handler, "__qualname__", type(handler).__qualname__), flush=True)
             os.kill(os.getpid(), signal.SIGTERM)  # scancel, or the step's time limit
         return self.layer(batch).sum()
 
@@ -660,9 +674,14 @@ def test_a_trainer_ended_by_sigterm_exits_143(lightning, package):
     )
     assert result.returncode == 143, f"{lightning}: {result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     assert "FINISHED" not in result.stdout
-    # During training, the handler records the signal without Lightning 2.5+'s broadcast (a collective inside a
-    # signal handler hangs ranks signalled a moment apart); the program's own handler still runs, once.
-    assert "HANDLER record_sigterm_without_collective.<locals>.record_sigterm\n" in result.stdout, result.stdout
+    # During training, on Lightning 2.5.2+ (SIGTERM_COLLECTIVE_SINCE: the release of Lightning-AI/pytorch-lightning
+    # #20825, whose handler broadcasts), the handler records the signal without that broadcast (a collective inside a
+    # signal handler hangs ranks signalled a moment apart); on older ones Lightning's own handler, which records the
+    # signal only, stays. The program's own handler still runs, once.
+    runs_collective = _version(lightning.version) >= compat.SIGTERM_COLLECTIVE_SINCE
+    assert runs_collective == (lightning is INSTALLED), "2.6.6 broadcasts in its handler, 2.1.4 does not"
+    handler = "record_sigterm_without_collective.<locals>.record_sigterm" if runs_collective else "_HandlersCompose"
+    assert f"HANDLER {handler}\n" in result.stdout, result.stdout
     assert result.stdout.count("USER HANDLER\n") == 1, result.stdout
     assert "Traceback" not in result.stderr, result.stderr[-4000:]
 
@@ -703,6 +722,10 @@ def test_hpc_resume_path_is_the_file_lightning_resumes_by_itself(lightning, pack
 CHECKED_BY = {
     "HPC_CHECKPOINT": test_ddp_meets_in_the_roll_call_before_init_process_group,
     "SETTLE_SECONDS": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,
+    "SIGTERM_COLLECTIVE_SINCE": test_a_trainer_ended_by_sigterm_exits_143,
+    "lightning_version": test_a_trainer_ended_by_sigterm_exits_143,
+    "release_collectives_at_exit": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,
+    "sigterm_handler_runs_collective": test_a_trainer_ended_by_sigterm_exits_143,
     "SRUN_NOT_USED": test_ddp_meets_in_the_roll_call_before_init_process_group,
     "hpc_checkpoint_name": test_hpc_checkpoint_name_is_lightnings,
     "record_sigterm_without_collective": test_a_trainer_ended_by_sigterm_exits_143,

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from lightning_mpi_env.tools.simcluster import SimulatedCluster, processes_with
+from tests.clusters.lightning_versions import INSTALLED
+from tests.clusters.lightning_versions import oldest_lightning as oldest_lightning  # a fixture, requested by name
 from tests.conftest import TAMPER as TAMPER_PATH
 from tests.conftest import TRAINER_JOB
 
@@ -533,3 +535,81 @@ def test_mpirun_closest_binding_gives_each_rank_its_own_device(tmp_path):
         assert outcome["devices"] == 3  # devices="auto" is the node's 3 ranks, not the 2 GPUs a task sees
     assert "roll call: all 6 ranks met on 2 host(s)" in result.stderr
     assert result.stderr.count("see disjoint GPUs") == 2  # one note per host, from rank 0
+
+
+# "ddp_mpi" runs the roll call from its own setup_environment (MPIClusterEnvironment.meet_now), not at the call order
+# compat states for Lightning's own strategies: no read of main_address ever sees the SETTING_UP stage. On the newest
+# and the oldest supported Lightning, Trainer and Fabric of both namespaces, as the one rank of `mpirun -np 1`.
+SETUP_PROGRAM = """
+import importlib, json, socket, sys
+import torch
+import lightning_mpi_env.lightning.environment as environment
+from lightning_mpi_env import strategy_class
+
+PACKAGE = sys.argv[1]
+events = []
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Spy(environment.MPIClusterEnvironment):
+    def meet_now(self):
+        events.append({"event": "meet_now", "caller": sys._getframe(1).f_code.co_name, "before": self.stage.name})
+        super().meet_now()
+
+    @property
+    def main_address(self):
+        events.append({"event": "main_address", "before": self.stage.name})
+        return environment.MPIClusterEnvironment.main_address.fget(self)
+
+
+ENV = Spy({
+    "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+})
+pl = importlib.import_module(PACKAGE)
+strategy = strategy_class(PACKAGE)(cluster_environment=ENV)
+if PACKAGE in ("lightning.pytorch", "pytorch_lightning"):
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, index):
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.ones(4, 2), batch_size=2)
+
+    pl.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False).fit(Model())
+else:
+    pl.Fabric(strategy=strategy, accelerator="cpu", devices=1).launch()
+print("PROBE " + json.dumps({"events": events, "stage": ENV.stage.name}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"])
+@pytest.mark.parametrize("version", ["installed", "oldest"])
+def test_ddp_mpi_meets_in_its_own_setup_environment(request, package, version):
+    lightning = INSTALLED if version == "installed" else request.getfixturevalue("oldest_lightning")
+    env = lightning.environ({"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")})
+    done = subprocess.run(
+        [sys.executable, "-c", SETUP_PROGRAM, package], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, f"{lightning}: {done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    probe = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("PROBE "))[6:])
+    events = probe["events"]
+    meetings = [event for event in events if event["event"] == "meet_now"]
+    assert meetings[0] == {"event": "meet_now", "caller": "setup_environment", "before": "SETTING_UP"}, events
+    assert probe["stage"] == "MET"
+    # The call-order trigger never fires: no read of the address happens between the proposal and the roll call.
+    assert not [event for event in events if event["event"] == "main_address" and event["before"] == "SETTING_UP"]
+    assert [event for event in events if event["event"] == "main_address" and event["before"] == "MET"], events

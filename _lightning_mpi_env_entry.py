@@ -1,0 +1,39 @@
+"""Lightning's ``callbacks_factory`` entry points for lightning-mpi-env: nothing unless the program uses the package.
+
+Lightning calls every installed ``lightning.pytorch.callbacks_factory`` / ``pytorch_lightning.callbacks_factory``
+entry point in every ``Trainer(...)`` of every program in the environment, including programs that never heard of
+``lightning_mpi_env``. So the entry points name this top-level module, outside the package: importing it imports
+nothing, and its factories return ``[]`` (no callback, no log line, no exception, no import of the package) unless
+the program already imported ``lightning_mpi_env``. Only then do they ask the package
+(:mod:`lightning_mpi_env.lightning.callbacks`), which adds its callback where it has something to do.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+PACKAGE = "lightning_mpi_env"
+"""The package the factories delegate to once the program imported it."""
+
+
+def _factory(name: str) -> list[Any]:
+    if PACKAGE not in sys.modules:  # a program that does not use the package gets exactly Lightning's Trainer
+        return []
+    factory = getattr(importlib.import_module(f"{PACKAGE}.lightning.callbacks"), name)
+    callbacks: list[Any] = factory()
+    return callbacks
+
+
+def unified_callbacks() -> list[Any]:
+    """``lightning.pytorch.callbacks_factory``: the package's callback, only for a program that imported it."""
+    return _factory("unified_callbacks")
+
+
+def standalone_callbacks() -> list[Any]:
+    """``pytorch_lightning.callbacks_factory``: the package's callback, only for a program that imported it."""
+    return _factory("standalone_callbacks")
+
+
+__all__ = ["PACKAGE", "standalone_callbacks", "unified_callbacks"]
