@@ -42,6 +42,11 @@ def main():
     parser.add_argument("--root-dir", help="Trainer(default_root_dir=...): where HPC checkpoints go on a requeue")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument(
+        "--lightning-resume",
+        action="store_true",
+        help="fit(model) with no ckpt_path: leave the resume to Lightning (its own HPC resume under Slurm)",
+    )
+    parser.add_argument(
         "--slow-eval",
         type=float,
         default=0.0,
@@ -135,8 +140,8 @@ def main():
     )
     model = Model()
     print(f"FIT pid={os.getpid()}\n", end="", flush=True)
-    # Lightning resumes from the HPC checkpoint by itself under Slurm only; on every scheduler, say where.
-    trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))
+    # Lightning resumes from the HPC checkpoint by itself under Slurm only, whichever job saved it: say which one.
+    trainer.fit(model, ckpt_path=None if args.lightning_resume else hpc_checkpoint(trainer))
     trained = time.monotonic() - model.first_step_time if model.first_global_step is not None else None
     print(
         "RESULT "

@@ -46,7 +46,7 @@ from lightning_mpi_env.imports.class_check import check_roles
 from lightning_mpi_env.imports.sites import both_namespaces_loaded, mode
 from lightning_mpi_env.lightning.compat import record_sigterm_without_collective
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
-from lightning_mpi_env.lightning.requeue import Requeue, checkpoint_and_requeue
+from lightning_mpi_env.lightning.requeue import Requeue, checkpoint_and_requeue, refuse_another_jobs_resume
 
 _CLASSES: dict[str, type] = {}
 
@@ -153,6 +153,8 @@ def _start_training(trainer: Any) -> None:
     if environment is not None:
         record_sigterm_without_collective(trainer)
         environment.watch_requeue_signal()  # chained to the SIGTERM handler when the requeue signal is SIGTERM
+        if environment.requeue is not None:
+            refuse_another_jobs_resume(trainer, environment.requeue)  # Lightning's own Slurm resume takes any job's
 
 
 def _mark(trainer: Any, phase: int) -> None:

@@ -182,6 +182,44 @@ def hpc_checkpoint(trainer: Any) -> str | None:
     return path
 
 
+def refuse_another_jobs_resume(trainer: Any, plan: Requeue) -> None:
+    """Stop a fit that resumed another job's HPC checkpoint of ``default_root_dir``, before its first step.
+
+    ``fit(model)`` with no ``ckpt_path`` lets Lightning's own Slurm resume take the highest ``hpc_ckpt_<n>.ckpt``
+    of the folder, whichever job saved it; :func:`hpc_checkpoint` is the public way past that. This check, run by the
+    callback when training starts (``trainer.ckpt_path`` is then the file restored), catches the fits that do not
+    pass it: a checkpoint of the folder that is not in this job's record ends the fit with the two jobs named.
+    A file elsewhere, or not named as an HPC checkpoint, is the program's own choice and is left alone.
+
+    Raises:
+        CheckpointError: The fit resumed an HPC checkpoint of ``default_root_dir`` that this job did not save.
+    """
+    resumed = trainer.ckpt_path
+    if not resumed:
+        return
+    directory = str(trainer.default_root_dir)
+    path = str(resumed)
+    name = os.path.basename(path)
+    if checkpoints.checkpoint_number(name) is None or os.path.realpath(os.path.dirname(path)) != os.path.realpath(
+        directory
+    ):
+        return
+    if any(item.file == name for item in checkpoints.read_record(directory, plan.job).saved):
+        return
+    owner = checkpoints.owner_of(directory, name)
+    whose = f"saved by {owner}" if owner is not None else "with no record of the job that saved it"
+    raise CheckpointError(
+        f"{plan.job} resumed {path}, {whose}, not by this job (Lightning's own Slurm resume takes the highest "
+        "hpc_ckpt_<n>.ckpt of default_root_dir, whichever job saved it).",
+        "Resume this job's own checkpoint with trainer.fit(model, ckpt_path=lightning_mpi_env.hpc_checkpoint("
+        "trainer)), and give each job its own default_root_dir, e.g. Trainer(default_root_dir=os.path.join('runs', "
+        f"os.environ['{plan.job.variables[0]}'])).",
+        variable="ckpt_path",
+        value=path,
+        launcher=plan.scheduler.name,
+    )
+
+
 def _refuse_another_jobs(trainer: Any, directory: str, job: SchedulerJob) -> None:
     # fit(ckpt_path=None) lets Lightning take the highest hpc_ckpt_<n>.ckpt under Slurm, whoever saved it.
     hint = (
@@ -327,6 +365,7 @@ __all__ = [
     "Requeue",
     "checkpoint_and_requeue",
     "newest_checkpoint",
+    "refuse_another_jobs_resume",
     "requeue_due",
     "requeue_now",
 ]

@@ -531,13 +531,13 @@ GATED_SAMPLES = 256  # 96 steps of 0.3 s: a job still trains while the other one
 GATED_STEPS = 96
 
 
-def submit_gated(cluster, root, gate) -> str:
+def submit_gated(cluster, root, gate, *extra: str) -> str:
     """The srun example job script (2 nodes, 1 rank each), whose restart waits for the file ``gate``."""
     text = (EXAMPLES_JOBS / "slurm_srun.sbatch").read_text()
     text = "\n".join(line for line in text.splitlines() if "--gpus-per-node" not in line)
     text = text.replace("set -eu\n", "set -eu\n" + GATE)
     train = [sys.executable, str(TRAINER_JOB), "--samples", str(GATED_SAMPLES), "--epochs", "3"]
-    train += ["--step-seconds", "0.3", "--root-dir", str(root)]
+    train += ["--step-seconds", "0.3", "--root-dir", str(root), *extra]
     env = {"TRAIN": " ".join(train), "GATE": str(gate), "OMP_NUM_THREADS": "1"}
     return cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)
 
@@ -609,6 +609,17 @@ def test_slurm_a_new_job_in_a_folder_with_another_job_s_checkpoint_is_refused(sl
     assert "Give each job its own default_root_dir" in output
     assert "FIRST_STEP" not in output
     assert "resuming from" not in output
+    # A program that leaves the resume to Lightning (fit(model), no ckpt_path) gets the first job's checkpoint
+    # restored by Lightning itself: the callback stops it when training starts, before its first step.
+    third = submit_gated(slurm_cluster, root, gate, "--lightning-resume")
+    state = slurm_cluster.wait(third, timeout=SLURM_TIMEOUT)
+    output = slurm_cluster.output(third)
+    assert state == "FAILED", output[-4000:]
+    assert f"Slurm job {third} resumed {root / 'hpc_ckpt_1.ckpt'}, saved by Slurm job {first}, not by this job" in (
+        output
+    ), output[-4000:]
+    assert "ckpt_path=lightning_mpi_env.hpc_checkpoint(trainer)" in output
+    assert "FIRST_STEP" not in output
 
 
 @pytest.mark.mpi
