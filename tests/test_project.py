@@ -111,3 +111,39 @@ def test_only_the_reporters_read_stack_frames_and_no_module_defines_class():
             readers.add(relative)
         assert not re.search(r"def __class__|__class__\s*=", code), relative
     assert readers == set(FRAME_READERS)
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    # Every string constant of the code, docstrings (and the doctests in them) left out: they show the user's view.
+    import ast
+
+    tree = ast.parse(path.read_text())
+    docstrings = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            for statement in body:
+                if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+                    docstrings.add(id(statement.value))  # module, class, function and attribute docstrings
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_torch_and_lightning_variable_names_have_one_home():
+    # Issue 23, item 7: RANK, MASTER_ADDR, ... are spelled in core/torch_names.py only; everything else uses TORCH.
+    from lightning_mpi_env.core.torch_names import TORCH
+
+    home = ROOT / "lightning_mpi_env" / "core" / "torch_names.py"
+    names = set(TORCH)
+    assert {"RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"} <= names
+    spelled = [
+        f"{path.relative_to(ROOT)}:{line}: {value!r}"
+        for path in sorted((ROOT / "lightning_mpi_env").rglob("*.py"))
+        if path != home
+        for line, value in _code_strings(path)
+        if value in names
+    ]
+    assert not spelled, spelled

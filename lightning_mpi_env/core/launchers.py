@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from lightning_mpi_env.core.hostlist import HostList, HostListForm
+from lightning_mpi_env.core.torch_names import TORCH
 
 _NONE: Mapping[str, Mapping[str, str]] = MappingProxyType({})
 _NO_MODES: Mapping[str, str] = MappingProxyType({})
@@ -104,15 +105,15 @@ TORCHRUN = Launcher(
     key="torchrun",
     name="torchrun (TorchElastic)",
     marker="TORCHELASTIC_RUN_ID",
-    rank="RANK",
-    world_size="WORLD_SIZE",
-    local_rank="LOCAL_RANK",
-    local_size="LOCAL_WORLD_SIZE",
-    node_rank="GROUP_RANK",  # "the rank of the worker group": the node's index with one group per node
+    rank=TORCH.rank,
+    world_size=TORCH.world_size,
+    local_rank=TORCH.local_rank,
+    local_size=TORCH.local_world_size,
+    node_rank=TORCH.group_rank,  # "the rank of the worker group": the node's index with one group per node
     job_identity=("TORCHELASTIC_RUN_ID",),
     # A job script may export RANK or WORLD_SIZE by hand: they are not a torchrun launch (from_env refuses them
     # where they disagree with a single process, naming them).
-    inherited=("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"),
+    inherited=(TORCH.rank, TORCH.world_size, TORCH.local_rank, TORCH.local_world_size, TORCH.group_rank),
     launch_hint=(
         "Start the workers with `torchrun` (which sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, "
         "TORCHELASTIC_RUN_ID, MASTER_ADDR and MASTER_PORT itself)."
@@ -291,9 +292,9 @@ PMIX = Launcher(
     rank="PMIX_RANK",
     # A bare PMIx server exports only the rank; the sizes live behind the PMIx API, which we do not link.
     # They can be given with the torchrun names, exported alike to every rank except LOCAL_RANK.
-    world_size="WORLD_SIZE",
-    local_rank="LOCAL_RANK",
-    local_size="LOCAL_WORLD_SIZE",
+    world_size=TORCH.world_size,
+    local_rank=TORCH.local_rank,
+    local_size=TORCH.local_world_size,
     job_identity=("PMIX_NAMESPACE",),
     launch_hint=(
         "A bare PMIx launcher exports only PMIX_RANK. Prefer Open MPI's `mpirun` (which also sets "
@@ -340,6 +341,20 @@ def detect_launcher(env: Mapping[str, str]) -> Launcher | None:
         if launcher.marker in env:
             return launcher
     return None
+
+
+def started_by_launcher(env: Mapping[str, str]) -> bool:
+    """Whether a launcher started this process: the one answer to "is this an MPI (or srun, torchrun) job".
+
+    A launcher's marker (:attr:`Launcher.marker`) decides, by :func:`detect_launcher`, and nothing else does: not
+    ``RANK`` alone (a job script's or Lightning's own workers'), not a batch script's ``SLURM_PROCID`` or
+    ``SLURM_JOB_ID``. ``from_env`` records the same answer as :attr:`RankLayout.launcher`; the Lightning environment's
+    ``detect()``, the callback's entry point, the rank prefix of error lines and the watchdog all ask it here.
+
+    >>> started_by_launcher({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}), started_by_launcher({"PMIX_RANK": "0"})
+    (False, True)
+    """
+    return detect_launcher(env) is not None
 
 
 def end_step_command(launcher: Launcher | None, env: Mapping[str, str]) -> tuple[str, ...] | None:
@@ -410,5 +425,6 @@ __all__ = [
     "detect_launcher",
     "end_step_command",
     "inherited_variables",
+    "started_by_launcher",
     "stray_rank_variables",
 ]

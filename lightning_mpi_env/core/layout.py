@@ -11,7 +11,13 @@ from types import MappingProxyType
 
 from lightning_mpi_env.core.errors import LayoutError, LayoutWarning
 from lightning_mpi_env.core.hostlist import expand_tasks_per_node
-from lightning_mpi_env.core.launchers import TORCHRUN, Launcher, detect_launcher, stray_rank_variables
+from lightning_mpi_env.core.launchers import (
+    TORCHRUN,
+    Launcher,
+    detect_launcher,
+    end_step_command,
+    stray_rank_variables,
+)
 from lightning_mpi_env.core.network import apply_host_template
 from lightning_mpi_env.core.placement import DEALING, Placement, every_rank_here, guess_node, num_nodes_source
 from lightning_mpi_env.core.ports import (
@@ -25,6 +31,7 @@ from lightning_mpi_env.core.ports import (
 from lightning_mpi_env.core.rank_layout import RankLayout
 from lightning_mpi_env.core.schedulers import SCHEDULERS, first_host, read_host_file
 from lightning_mpi_env.core.settings import VARIABLE, host_template
+from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import (
     MAX_LOCAL_SIZE,
     MAX_WORLD_SIZE,
@@ -35,10 +42,10 @@ from lightning_mpi_env.core.values import (
 )
 
 STALE_TORCH_VARIABLES: tuple[tuple[str, str], ...] = (
-    ("RANK", "rank"),
-    ("WORLD_SIZE", "world_size"),
-    ("LOCAL_RANK", "local_rank"),
-    ("LOCAL_WORLD_SIZE", "local_size"),
+    (TORCH.rank, "rank"),
+    (TORCH.world_size, "world_size"),
+    (TORCH.local_rank, "local_rank"),
+    (TORCH.local_world_size, "local_size"),
 )
 """torchrun-style variables that must agree with the launcher when both are present."""
 
@@ -76,7 +83,7 @@ def from_env(
 
 
 SINGLE_PROCESS_TORCH_VALUES: Mapping[str, str] = MappingProxyType(
-    {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    {TORCH.rank: "0", TORCH.world_size: "1", TORCH.local_rank: "0", TORCH.local_world_size: "1"}
 )
 """torchrun's variables as a single process would have them: set alone, they agree with rank 0 of 1."""
 
@@ -85,7 +92,7 @@ def _refuse_torch_variables_without_torchrun(env: Mapping[str, str]) -> None:
     # RANK set, but by no torchrun (no TORCHELASTIC_RUN_ID) and no launcher we know: rank 0 of 1 would be silently
     # wrong, and torch_env()/exec would overwrite the right values. Lightning's own workers set LOCAL_RANK and
     # WORLD_SIZE but never RANK, so RANK is the sign.
-    if "RANK" not in env:
+    if TORCH.rank not in env:
         return
     disagreeing = [name for name, single in SINGLE_PROCESS_TORCH_VALUES.items() if env.get(name, single) != single]
     if not disagreeing:
@@ -129,7 +136,7 @@ def _single_process(env: Mapping[str, str]) -> RankLayout:
     given = given_main_address(env, None)
     address = given or LOOPBACK_ADDRESS
     sources = dict.fromkeys(("world_size", "rank", "local_rank", "local_size", "node_rank", "num_nodes"), "no launcher")
-    sources["main_address"] = "MASTER_ADDR" if given else "single node: loopback"
+    sources["main_address"] = TORCH.master_addr if given else "single node: loopback"
     sources["main_port"] = port_source
     return RankLayout(
         world_size=1,
@@ -193,6 +200,7 @@ class _LayoutParser:
             sources=MappingProxyType(dict(self.sources)),
             warnings=tuple(self.warnings),
             ranks_per_node=self.ranks_per_node,
+            end_step=end_step_command(row, self.env) or (),  # the step's identity, read with the rest of the launch
         )
 
     # --- reading variables -------------------------------------------------------------------------------------
@@ -371,7 +379,7 @@ class _LayoutParser:
     def _main_address(self, num_nodes: int | None, world_size: int, local_size: int) -> str:
         given = given_main_address(self.env, self.launcher)
         if given is not None:
-            self.sources["main_address"] = "MASTER_ADDR"
+            self.sources["main_address"] = TORCH.master_addr
             return given
         if every_rank_here(world_size, local_size):
             # Before the job's host list: one PBS job may run several one-node launches (an ensemble), each on its
@@ -404,7 +412,7 @@ class _LayoutParser:
                 else "."
             )
             + " Under a scheduler, its host list does this for you.",
-            variable="MASTER_ADDR",
+            variable=TORCH.master_addr,
             launcher=self.launcher.name,
         )
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from lightning_mpi_env.core.errors import AddressError
 from lightning_mpi_env.core.schedulers import job_identity
+from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import SHOWN_CHARACTERS, parse_port, shown
 
 if TYPE_CHECKING:
@@ -41,15 +42,15 @@ def given_main_address(env: Mapping[str, str], launcher: Launcher | None) -> str
     >>> given_main_address({"MASTER_ADDR": "fe80::1"}, None), given_main_address({"MASTER_ADDR": "[::1]"}, None)
     ('fe80::1', '::1')
     """
-    value = env.get("MASTER_ADDR")
+    value = env.get(TORCH.master_addr)
     if not value:
         return None
     where = launcher.name if launcher is not None else "no launcher"
     bracketed = value.startswith("[") and value.endswith("]") and value.count(":") >= 2
     if bracketed:
-        return check_host(value[1:-1], variable="MASTER_ADDR", launcher=launcher.name if launcher else None)
+        return check_host(value[1:-1], variable=TORCH.master_addr, launcher=launcher.name if launcher else None)
     if value.count(":") != 1 and not value.startswith("[") and "/" not in value:
-        return check_host(value, variable="MASTER_ADDR", launcher=launcher.name if launcher else None)
+        return check_host(value, variable=TORCH.master_addr, launcher=launcher.name if launcher else None)
     host, _, port = value.rpartition(":")
     host = host.strip("[]") or "<host of rank 0>"
     port = port if port.isascii() and port.isdigit() else "<port>"
@@ -58,7 +59,7 @@ def given_main_address(env: Mapping[str, str], launcher: Launcher | None) -> str
         f"Taken as a host, the main address would be wrong (JAX would get '[{value[:SHOWN_CHARACTERS]}]:port').",
         f"Put the host alone in MASTER_ADDR and the port in MASTER_PORT: `export MASTER_ADDR={host} "
         f"MASTER_PORT={port}`. IPv6 addresses work as they are (`fe80::1`) or in brackets (`[fe80::1]`).",
-        variable="MASTER_ADDR",
+        variable=TORCH.master_addr,
         value=value[:SHOWN_CHARACTERS],
         launcher=launcher.name if launcher is not None else None,
     )
@@ -150,14 +151,14 @@ def check_host(host: str, *, variable: str, launcher: str | None, source: str = 
 def main_port(env: Mapping[str, str], launcher: Launcher | None) -> tuple[int, str]:
     """``MASTER_PORT``; else derived from the launch's or the job's identity; else :data:`DEFAULT_MAIN_PORT`."""
     name = launcher.name if launcher is not None else None
-    if "MASTER_PORT" in env:
+    if TORCH.master_port in env:
         port = parse_port(
-            env["MASTER_PORT"],
-            variable="MASTER_PORT",
+            env[TORCH.master_port],
+            variable=TORCH.master_port,
             launcher=name,
             hint="export MASTER_PORT=<a free port such as 29500>, or unset it to derive one from the job id.",
         )
-        return port, "MASTER_PORT"
+        return port, TORCH.master_port
     if launcher is not None and launcher.job_identity and all(env.get(v) for v in launcher.job_identity):
         identity = "/".join(env[variable] for variable in launcher.job_identity)
         return derive_port(identity), f"derived from {'+'.join(launcher.job_identity)}"

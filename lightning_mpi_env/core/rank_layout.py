@@ -49,6 +49,11 @@ class RankLayout(NamedTuple):
     """Things the user should hear about that do not stop the job, such as an approximate node rank."""
     ranks_per_node: tuple[int, ...] = ()
     """Every node's number of ranks, where the launcher exports them all (``SLURM_STEP_TASKS_PER_NODE``); else empty."""
+    end_step: tuple[str, ...] = ()
+    """The scheduler's command that ends this launch's step, filled from the launch's own variables when they were
+    read (:func:`~lightning_mpi_env.core.launchers.end_step_command`: ``scancel --signal=KILL 42.0`` under ``srun``);
+    empty where the launcher has none or its variables are not ASCII digits. Not compared: it follows from the
+    launch, like :attr:`sources`."""
 
     @property
     def launcher_name(self) -> str:
@@ -124,7 +129,10 @@ class RankLayout(NamedTuple):
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
         # The read-only view of the sources does not pickle (spawned workers get the environment pickled).
-        return (_rebuild_layout, (tuple(self[:10]), dict(self.sources), self.warnings, self.ranks_per_node))
+        return (
+            _rebuild_layout,
+            (tuple(self[:10]), dict(self.sources), self.warnings, self.ranks_per_node, self.end_step),
+        )
 
     def __repr__(self) -> str:
         nodes = "?" if self.num_nodes is None else f"{self.num_nodes}{'' if self.num_nodes_is_exact else '~'}"
@@ -140,8 +148,9 @@ def _rebuild_layout(
     sources: dict[str, str],
     warnings: tuple[LayoutWarning, ...],
     ranks_per_node: tuple[int, ...] = (),
+    end_step: tuple[str, ...] = (),
 ) -> RankLayout:
-    return RankLayout._make((*fields, MappingProxyType(sources), warnings, ranks_per_node))
+    return RankLayout._make((*fields, MappingProxyType(sources), warnings, ranks_per_node, end_step))
 
 
 __all__ = ["RankLayout"]

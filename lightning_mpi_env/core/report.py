@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from lightning_mpi_env.core.errors import MpiEnvError, SettingError
 from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.settings import VARIABLE, switch
+from lightning_mpi_env.core.values import as_count, shown
 
 if TYPE_CHECKING:
     import traceback
@@ -47,12 +48,14 @@ def debugging(environ: Mapping[str, str] | None = None) -> bool:
 def rank_prefix(environ: Mapping[str, str] | None = None) -> str:
     """``"rank 3 on nodeb: "`` under a launcher, else ``""``: whose line it is, when all ranks share one output."""
     env = os.environ if environ is None else environ
-    launcher = detect_launcher(env)
+    launcher = detect_launcher(env)  # started_by_launcher's answer, with the row that names the rank variable
     if launcher is None:
         return ""
     import socket  # Here, not at the top: only an error being shown needs it.
 
-    return f"rank {env.get(launcher.rank, '?')} on {socket.gethostname()}: "
+    value = env.get(launcher.rank)
+    rank = "?" if value is None else value if as_count(value) is not None else shown(value)  # bounded, quoted
+    return f"rank {rank} on {socket.gethostname()}: "
 
 
 def render(error: MpiEnvError, environ: Mapping[str, str] | None = None) -> str | None:

@@ -23,6 +23,7 @@ from lightning_mpi_env.core.hostlist import (
     lsf_pairs_host,
     pe_hostfile_host,
 )
+from lightning_mpi_env.core.torch_names import TORCH
 
 
 class Scheduler(NamedTuple):
@@ -187,7 +188,7 @@ FLUX = Scheduler(
     job_id=("FLUX_ENCLOSING_ID",),
     host_lists=(),  # Flux exports none: `flux hostlist local` prints the job's hosts.
     # What a batch script passes besides the id: Flux lists no hosts, so the script gives the first one.
-    simulated=MappingProxyType({"FLUX_ENCLOSING_ID": "ƒ{job}", "MASTER_ADDR": "{first_host}"}),
+    simulated=MappingProxyType({"FLUX_ENCLOSING_ID": "ƒ{job}", TORCH.master_addr: "{first_host}"}),
     # flux-jobs(1) ID forms: F58 (``ƒ`` or ``f`` and base58), decimal, hexadecimal, dotted hex.
     job_syntax=MappingProxyType(
         {

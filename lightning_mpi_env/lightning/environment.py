@@ -26,11 +26,12 @@ from lightning_mpi_env.core.devices import (
     unknown_device,
     visible_devices,
 )
-from lightning_mpi_env.core.launchers import SLURM, detect_launcher
+from lightning_mpi_env.core.launchers import SLURM, started_by_launcher
 from lightning_mpi_env.core.layout import RankLayout
 from lightning_mpi_env.core.network import socket_ifname_exports
 from lightning_mpi_env.core.report import restore_excepthook, shows_errors_briefly
 from lightning_mpi_env.core.settings import Settings
+from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import parse_count
 from lightning_mpi_env.lightning.compat import (
     release_collectives_at_exit,
@@ -255,7 +256,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     @override
     def detect() -> bool:
         """Whether a supported launcher started this process."""
-        return detect_launcher(os.environ) is not None
+        return started_by_launcher(os.environ)
 
     @override
     def world_size(self) -> int:
@@ -272,8 +273,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             return self._ranks.local_rank
         # ddp_spawn/ddp_fork/ddp_notebook set LOCAL_RANK in each worker after this object was made (and copied
         # into the worker), as Lightning's own LightningEnvironment expects.
-        value = os.environ.get("LOCAL_RANK")
-        return 0 if value is None else parse_count(value, variable="LOCAL_RANK")
+        value = os.environ.get(TORCH.local_rank)
+        return 0 if value is None else parse_count(value, variable=TORCH.local_rank)
 
     @override
     def node_rank(self) -> int:
@@ -474,6 +475,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             ),
             stall_timeout=self.settings.stall_timeout,
             requeue=self.requeue,
+            launch=self._layout,
         )
         if meeting.device is not None:
             self._device = meeting.device

@@ -11,10 +11,8 @@ from enum import Enum
 
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.layout import RankLayout, from_env
+from lightning_mpi_env.core.torch_names import LIGHTNING_SPAWN_VARIABLES, TORCH
 from lightning_mpi_env.core.values import as_count, parse_count
-
-LIGHTNING_SPAWN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
-"""What Lightning's subprocess launcher exports to the local workers it starts (``_call_children_scripts``)."""
 
 
 class LaunchMode(Enum):
@@ -63,8 +61,8 @@ class Ranks:
 def initial_mode_and_ranks(layout: RankLayout, env: Mapping[str, str], spawned: bool) -> tuple[LaunchMode, Ranks]:
     """The launch mode, and this process's ranks before Lightning proposes any."""
     if spawned:
-        local_rank = parse_count(env["LOCAL_RANK"], variable="LOCAL_RANK")
-        world_size = parse_count(env["WORLD_SIZE"], variable="WORLD_SIZE", minimum=1)
+        local_rank = parse_count(env[TORCH.local_rank], variable=TORCH.local_rank)
+        world_size = parse_count(env[TORCH.world_size], variable=TORCH.world_size, minimum=1)
         per_node = world_size // layout.world_size
         return LaunchMode.PER_NODE, Ranks(
             global_rank=layout.rank * per_node + local_rank,
@@ -74,13 +72,13 @@ def initial_mode_and_ranks(layout: RankLayout, env: Mapping[str, str], spawned: 
             num_nodes=layout.world_size,
         )
     if layout.launcher is None:
-        local = env.get("LOCAL_RANK")
-        node = env.get("NODE_RANK") or env.get("GROUP_RANK")
+        local = env.get(TORCH.local_rank)
+        node = env.get(TORCH.node_rank) or env.get(TORCH.group_rank)
         return LaunchMode.NO_LAUNCHER, Ranks(
             global_rank=0,
             world_size=1,
-            local_rank=None if local is None else parse_count(local, variable="LOCAL_RANK"),
-            node_rank=0 if node is None else parse_count(node, variable="NODE_RANK"),
+            local_rank=None if local is None else parse_count(local, variable=TORCH.local_rank),
+            node_rank=0 if node is None else parse_count(node, variable=TORCH.node_rank),
             num_nodes=1,
         )
     return LaunchMode.PER_RANK, Ranks(
@@ -102,7 +100,7 @@ def read_launch(env: Mapping[str, str]) -> tuple[RankLayout, bool]:
     """
     if not all(name in env for name in LIGHTNING_SPAWN_VARIABLES):
         return from_env(env), False
-    layout = from_env({name: value for name, value in env.items() if name not in ("LOCAL_RANK", "WORLD_SIZE")})
+    layout = from_env({name: value for name, value in env.items() if name not in (TORCH.local_rank, TORCH.world_size)})
     if is_lightning_worker(layout, env):
         return layout, True
     return from_env(env), False
@@ -113,7 +111,7 @@ def is_lightning_worker(layout: RankLayout, env: Mapping[str, str]) -> bool:
     launcher = layout.launcher
     if launcher is None or launcher.local_size is None or layout.local_size != 1:
         return False
-    node, local, size = (as_count(env[name]) for name in ("NODE_RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    node, local, size = (as_count(env[name]) for name in (TORCH.node_rank, TORCH.local_rank, TORCH.world_size))
     if node is None or local is None or size is None:
         return False
     per_node, remainder = divmod(size, layout.world_size)

@@ -65,8 +65,11 @@ def meet(
     expected_node: Callable[[int], int] | None,
     stall_timeout: float,
     requeue: Requeue | None,
+    launch: RankLayout,
 ) -> Meeting:
     """Meet every rank in the roll call; rank 0 prints the one-line summary on stderr.
+
+    ``launch`` is the layout read once: the watchdog takes the launcher and the command that ends its step from it.
 
     Raises:
         RendezvousError: A missing, duplicate or disagreeing rank, named.
@@ -95,7 +98,7 @@ def meet(
     stall_watchdog = None
     if stall_timeout > 0 or requeue is not None:
         signalled = None if requeue is None else (lambda: requeue.requested)
-        stall_watchdog = watchdog.watch(result, stall_timeout, signalled)
+        stall_watchdog = watchdog.watch(result, stall_timeout, signalled, launch)
     if claim.rank == 0 and result.summary:
         # One line per job, on stderr with the other diagnostics: stdout stays the program's.
         print(result.summary, file=sys.stderr, flush=True)

@@ -23,6 +23,7 @@ from lightning_mpi_env.core.network import (
     resolve,
 )
 from lightning_mpi_env.core.settings import VARIABLE
+from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.rollcall.verdicts import Claim
 
 FABRIC_HINT = (
@@ -92,7 +93,7 @@ def unreachable_error(
         f"or differ between nodes, the main host's name resolves to another network here than on rank 0's node "
         f"(rank 0's own error lists what it resolved and its interfaces), or a firewall blocks the port. "
         f"{FABRIC_HINT} To wait longer, raise {VARIABLE['rendezvous_timeout']}.",
-        variable="MASTER_ADDR",
+        variable=TORCH.master_addr,
         value=claim.main_address,
     )
 
@@ -114,7 +115,7 @@ def serve_error(claim: Claim, error: BaseException) -> RendezvousError:
             f"({type(error).__name__}: {first_line}).",
             f"Give this job its own port: export MASTER_PORT=<a free port> to every rank, or unset MASTER_PORT to "
             f"derive one from the job id. `ss -ltnp 'sport = :{port}'` on {claim.host} shows which program holds it.",
-            variable="MASTER_PORT",
+            variable=TORCH.master_port,
             value=str(port),
         )
     return RendezvousError(
@@ -122,7 +123,7 @@ def serve_error(claim: Claim, error: BaseException) -> RendezvousError:
         f"({type(error).__name__}: {first_line}).",
         "The port is taken: by another job on this host (give each job its own MASTER_PORT, or unset it to "
         "derive one from the job id), or by a second process that also claims rank 0 here.",
-        variable="MASTER_PORT",
+        variable=TORCH.master_port,
         value=str(port),
     )
 

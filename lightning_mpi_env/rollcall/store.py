@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, NoReturn
 
 from lightning_mpi_env.core.errors import RendezvousError
+from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.rollcall.reach import NetworkView, serve_error, unreachable_error, with_rank_zero_view
 from lightning_mpi_env.rollcall.verdicts import (
     MISSING_CAUSES,
@@ -312,7 +313,7 @@ class _Meeting:
             f"Rank {self.claim.rank} on {self.claim.describe()} lost the rendezvous store at {address}, which "
             f"{who} serves ({type(error).__name__}: {_first_line(error)}).",
             "Rank 0 stopped: look for its error above (a duplicate or missing rank, or a crash). " + MISSING_CAUSES,
-            variable="MASTER_ADDR",
+            variable=TORCH.master_addr,
             value=address,
         )
 

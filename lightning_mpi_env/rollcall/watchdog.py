@@ -47,7 +47,6 @@ from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
 
 from lightning_mpi_env.core.errors import RendezvousError, StallError
-from lightning_mpi_env.core.launchers import detect_launcher, end_step_command
 from lightning_mpi_env.core.report import render
 from lightning_mpi_env.core.settings import DEFAULT_STALL_TIMEOUT, VARIABLE
 from lightning_mpi_env.rollcall.deadline import Deadline, Unanswered
@@ -57,6 +56,7 @@ from lightning_mpi_env.rollcall.wire import Report, read, report_of, stall_verdi
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
 
+    from lightning_mpi_env.core.rank_layout import RankLayout
     from lightning_mpi_env.rollcall.agreement import StopAgreement
     from lightning_mpi_env.rollcall.store import RendezvousResult
 
@@ -342,7 +342,7 @@ def watch(
     result: RendezvousResult,
     timeout: float,
     signalled: Callable[[], bool] | None,
-    environ: Mapping[str, str] | None = None,
+    launch: RankLayout | None = None,
 ) -> Watchdog:
     """This rank's watchdog thread, on the roll call's own client of its store, which the roll call is done with.
 
@@ -351,18 +351,18 @@ def watch(
     carries the requeue's stop agreement when ``signalled`` is given (the job can requeue; it says whether this
     rank's requeue signal came).
 
-    Where the launcher would wait for a frozen rank, the launcher's row says how to end the step
-    (``environ``'s job and step, ``os.environ`` by default); where nothing would end it, rank 0 says at the start
-    what to add to the launch.
+    Where the launcher would wait for a frozen rank, the launch's layout (read once, with its step:
+    :attr:`~lightning_mpi_env.core.rank_layout.RankLayout.end_step`) says how to end the step; where nothing would
+    end it, rank 0 says at the start what to add to the launch. Without a layout, no launcher is known: nothing is
+    said and no step is ended.
     """
     from datetime import timedelta
 
     from lightning_mpi_env.rollcall.agreement import StopAgreement
 
     claim, nodes = result.claim, result.nodes
-    env = os.environ if environ is None else environ
-    launcher = detect_launcher(env)
-    end_step = end_step_command(launcher, env) or ()
+    launcher = None if launch is None else launch.launcher
+    end_step = () if launch is None else launch.end_step
     if end_step and shutil.which(end_step[0]) is None:
         end_step = ()
     if claim.rank == 0 and timeout and launcher is not None and not launcher.ends_on_failure and not end_step:

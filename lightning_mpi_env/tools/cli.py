@@ -25,6 +25,8 @@ from lightning_mpi_env import __version__
 from lightning_mpi_env.core.errors import LayoutError, MpiEnvError
 from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.layout import RankLayout, from_env
+from lightning_mpi_env.core.report import rank_prefix
+from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import as_count, shown
 from lightning_mpi_env.tools.doctor import Level, diagnose
 from lightning_mpi_env.tools.interop import (
@@ -371,7 +373,7 @@ def _exec(args: argparse.Namespace) -> int:
         # Values we are told to replace must not stop the layout from resolving (stale RANK from a job script).
         launcher = detect_launcher(environ)
         owned = launcher.variables if launcher is not None else ()
-        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        for name in (TORCH.rank, TORCH.world_size, TORCH.local_rank, TORCH.local_world_size):
             if name not in owned:
                 environ.pop(name, None)
     layout = from_env(environ)
@@ -425,11 +427,7 @@ def _torchrun_args(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     findings = diagnose(os.environ)
-    launcher = detect_launcher(os.environ)
-    prefix = ""
-    if launcher is not None:  # under mpirun every rank prints: say whose line it is
-        rank = os.environ.get(launcher.rank, "?")
-        prefix = f"rank {rank if as_count(rank) is not None else shown(rank)} on {socket.gethostname()}: "
+    prefix = rank_prefix(os.environ)  # under mpirun every rank prints: say whose line it is
     for finding in findings:
         _emit(f"{prefix}{finding}")
     return EXIT_PROBLEM if any(finding.level is Level.ERROR for finding in findings) else EXIT_OK
@@ -450,7 +448,7 @@ def _simcluster(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="simcluster-") as workdir:
         cluster = SimulatedCluster.of(Path(workdir), nodes=args.nodes, per_node=args.per_node)
         # What a job script exports; the user's -x comes last and wins.
-        export = {"MASTER_ADDR": cluster.hosts[0], **dict(args.export)}
+        export = {TORCH.master_addr: cluster.hosts[0], **dict(args.export)}
         try:
             with signals_raise(STOP_SIGNALS):
                 completed = cluster.run(

@@ -21,6 +21,7 @@ from lightning_mpi_env.core.launchers import LAUNCHERS, detect_launcher, inherit
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.namespaces import NAMESPACES
 from lightning_mpi_env.core.schedulers import first_host
+from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import shown
 
 
@@ -136,7 +137,7 @@ def _launcher_findings(env: Mapping[str, str]) -> list[Finding]:
 
 def _torchrun_findings(env: Mapping[str, str], layout: RankLayout) -> list[Finding]:
     findings = []
-    for variable in ("NODE_RANK", "GROUP_RANK"):
+    for variable in (TORCH.node_rank, TORCH.group_rank):
         value = env.get(variable)
         if value is not None and value != str(layout.node_rank):
             findings.append(
@@ -148,7 +149,7 @@ def _torchrun_findings(env: Mapping[str, str], layout: RankLayout) -> list[Findi
                     f"unset {variable} in the job script, or use `lightning-mpi-env exec --overwrite`.",
                 )
             )
-    address = env.get("MASTER_ADDR")
+    address = env.get(TORCH.master_addr)
     if not address:
         return findings
     try:

@@ -18,16 +18,17 @@ from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, DeviceInde
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.network import socket_ifname_exports
 from lightning_mpi_env.core.settings import interface_name
+from lightning_mpi_env.core.torch_names import TORCH
 
 TORCH_VARIABLES: tuple[str, ...] = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "NODE_RANK",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
+    TORCH.rank,
+    TORCH.local_rank,
+    TORCH.world_size,
+    TORCH.local_world_size,
+    TORCH.node_rank,
+    TORCH.group_rank,
+    TORCH.master_addr,
+    TORCH.master_port,
 )
 """What torchrun exports to each worker and :func:`torch_env` reproduces (``GROUP_RANK`` is torchrun's node rank)."""
 
@@ -58,14 +59,14 @@ def _layout(env: Mapping[str, str] | None) -> tuple[RankLayout, Mapping[str, str
 def torch_layout_env(layout: RankLayout) -> dict[str, str]:
     """The torchrun-style variables for an already resolved layout (see :func:`torch_env`)."""
     return {
-        "RANK": str(layout.rank),
-        "LOCAL_RANK": str(layout.local_rank),
-        "WORLD_SIZE": str(layout.world_size),
-        "LOCAL_WORLD_SIZE": str(layout.local_size),
-        "NODE_RANK": str(layout.node_rank),
-        "GROUP_RANK": str(layout.node_rank),
-        "MASTER_ADDR": layout.main_address,
-        "MASTER_PORT": str(layout.main_port),
+        TORCH.rank: str(layout.rank),
+        TORCH.local_rank: str(layout.local_rank),
+        TORCH.world_size: str(layout.world_size),
+        TORCH.local_world_size: str(layout.local_size),
+        TORCH.node_rank: str(layout.node_rank),
+        TORCH.group_rank: str(layout.node_rank),
+        TORCH.master_addr: layout.main_address,
+        TORCH.master_port: str(layout.main_port),
     }
 
 
@@ -133,7 +134,7 @@ def node_rank_warnings(layout: RankLayout) -> list[ApproximateNodeRankWarning]:
             "init_process_group needs only RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which are exact. Where "
             "your program reads NODE_RANK, launch as many ranks on every node (Open MPI: `--map-by ppr:N:node`), or "
             "use the Lightning plugin, whose roll call makes the node rank exact.",
-            variable="NODE_RANK",
+            variable=TORCH.node_rank,
             value=str(layout.node_rank),
             launcher=layout.launcher_name,
         )
@@ -143,7 +144,7 @@ def node_rank_warnings(layout: RankLayout) -> list[ApproximateNodeRankWarning]:
 def device_warnings(layout: RankLayout, env: Mapping[str, str]) -> list[DeviceIndexWarning]:
     """A warning when ``LOCAL_RANK`` is not this rank's device index (the launcher bound GPUs per task).
 
-    Scripts that call ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` then fail with "invalid device
+    Scripts that call ``torch.cuda.set_device(int(os.environ[TORCH.local_rank]))`` then fail with "invalid device
     ordinal"; the warning names the index to use, by the rule of :func:`local_device_ids`.
     """
     choice = own_device(visible_devices(env), local_rank=layout.local_rank, local_size=layout.local_size)

@@ -21,6 +21,7 @@ from lightning_mpi_env.core.hostfile import host_file_head
 from lightning_mpi_env.core.launchers import FLAVOURS
 from lightning_mpi_env.core.layout import DEALING, LOOPBACK_ADDRESS, Placement, RankLayout, from_env
 from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY
+from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import SHOWN_CHARACTERS
 
 JOB_ID = "12345"
@@ -291,7 +292,7 @@ def _scheduler_environment(scheduler: str, hosts: Sequence[str], ppn: int) -> tu
     """What the job script hands every rank: the scheduler row's host lists and job id (or ``MASTER_ADDR``)."""
     if scheduler == "none":
         # A plain job script: `export MASTER_ADDR=<first host>` and `mpirun -x MASTER_ADDR`.
-        return {"MASTER_ADDR": hosts[0]}, {}
+        return {TORCH.master_addr: hosts[0]}, {}
     files: dict[str, str] = {}
     fields = {
         "job": JOB_ID,

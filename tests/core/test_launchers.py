@@ -184,3 +184,21 @@ def test_captured_uneven_hydra_launch_is_exact_where_it_can_be_and_refused(kind:
         )
         with pytest.raises(LayoutError, match=re.escape(problem)):
             MPIClusterEnvironment(env).validate_settings(num_devices=2, num_nodes=2)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS, ids=lambda row: row.key)
+def test_started_by_launcher_is_the_layouts_answer(launcher):
+    # One answer to "is this a launched job": the layout records the same launcher that started_by_launcher sees.
+    from lightning_mpi_env.core.launchers import started_by_launcher
+    from lightning_mpi_env.core.layout import from_env
+    from tests.layouts import launcher_env
+
+    env = launcher_env(launcher, rank=1, world_size=4, local_rank=1, local_size=2, node=0, num_nodes=2)
+    env |= {"MASTER_ADDR": "nodea"}
+    assert started_by_launcher(env)
+    assert from_env(env).launcher == launcher
+    # What a batch script or a job script alone carries is no launch: the layout is a single process's.
+    alone = {name: "1" if name in (launcher.world_size, launcher.local_size) else "0" for name in launcher.inherited}
+    alone["SLURM_JOB_ID"] = "7"
+    assert not started_by_launcher(alone)
+    assert from_env(alone).launcher is None

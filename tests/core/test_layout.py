@@ -177,6 +177,39 @@ def test_uneven_slurm_task_counts_are_uneven_even_where_the_product_happens_to_m
     assert pickle.loads(pickle.dumps(layout)) == layout
 
 
+@pytest.mark.parametrize(
+    ("job", "step", "end_step"),
+    [
+        ("42", "3", ("scancel", "--signal=KILL", "42.3")),  # scancel(1): job_id[.step_id]
+        ("--partition=evil", "0", ()),  # never an option on a command line
+        ("٤٢", "0", ()),  # ASCII digits only
+    ],
+)
+def test_the_step_that_ends_the_launch_is_read_with_the_layout(job, step, end_step):
+    # Read once with the launch and carried by the layout (the watchdog reads no environment); pickled with it.
+    env = {
+        "SLURM_STEP_ID": step,
+        "SLURM_JOB_ID": job,
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "MASTER_PORT": "29500",
+        **ADDRESS,
+    }
+    layout = from_env(env)
+    assert layout.end_step == end_step
+    assert pickle.loads(pickle.dumps(layout)).end_step == end_step
+    assert (
+        from_env(
+            {**env, "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"}
+            | {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+        ).end_step
+        == ()
+    )  # mpirun ends its job
+
+
 def test_pmix_alone_reads_sizes_from_torch_names():
     env = {"PMIX_RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", **ADDRESS}
     layout = from_env(env)

@@ -89,7 +89,7 @@ def main():
     )
     result = rendezvous(claim, timeout=settings.rendezvous_timeout)
     print(f"MET rank={layout.rank}\n", end="", flush=True)
-    dog = watch(result, settings.stall_timeout, signalled=lambda: False)
+    dog = watch(result, settings.stall_timeout, signalled=lambda: False, launch=layout)
     stop = threading.Event()
     if client is not None:
         threading.Thread(target=forge_while_training, args=(kind, client, stop), daemon=True).start()

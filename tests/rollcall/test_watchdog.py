@@ -474,9 +474,20 @@ def test_the_command_that_ends_the_step_comes_from_the_launchers_row(env, comman
 @pytest.mark.parametrize(
     ("environ", "said"),
     [
-        ({"FLUX_TASK_RANK": "0"}, "Flux may wait for a frozen rank after the others ended on a stall; to end the job "),
-        ({"SLURM_STEP_ID": "0", "SLURM_JOB_ID": "7"}, "add `srun --kill-on-bad-exit=1` (or `scancel` on the compute"),
-        ({"OMPI_COMM_WORLD_RANK": "0"}, None),  # mpirun ends the job itself
+        (
+            {"FLUX_TASK_RANK": "0", "FLUX_JOB_SIZE": "4", "FLUX_TASK_LOCAL_ID": "0", "FLUX_JOB_NNODES": "2"},
+            "Flux may wait for a frozen rank after the others ended on a stall; to end the job ",
+        ),
+        (
+            {"SLURM_STEP_ID": "0", "SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}
+            | {"SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"},
+            "add `srun --kill-on-bad-exit=1` (or `scancel` on the compute",
+        ),
+        (  # mpirun ends the job itself
+            {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}
+            | {"OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
+            None,
+        ),
     ],
 )
 def test_rank_zero_says_at_the_start_what_to_add_where_nothing_would_end_the_job(
@@ -484,6 +495,7 @@ def test_rank_zero_says_at_the_start_what_to_add_where_nothing_would_end_the_job
 ):
     import torch.distributed as dist
 
+    from lightning_mpi_env.core.layout import from_env
     from lightning_mpi_env.rollcall.store import RendezvousResult
     from lightning_mpi_env.rollcall.verdicts import Claim, NodeAssignment
     from lightning_mpi_env.rollcall.watchdog import watch
@@ -491,7 +503,8 @@ def test_rank_zero_says_at_the_start_what_to_add_where_nothing_would_end_the_job
     monkeypatch.setenv("PATH", str(tmp_path))  # no scancel here
     client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
     result = RendezvousResult(client, Claim(0, 4, "a", 0, 1, "a", store_port), NodeAssignment(0, 2, 0, 2))
-    dog = watch(result, 30.0, None, environ)
+    # The launch as read once (its launcher and its step), carried to the watchdog: it reads no environment.
+    dog = watch(result, 30.0, None, from_env({**environ, "MASTER_ADDR": "a"}))
     dog.stop()
     lines = [line for line in capsys.readouterr().err.splitlines() if "stall watchdog:" in line]
     if said is None:
@@ -501,6 +514,32 @@ def test_rank_zero_says_at_the_start_what_to_add_where_nothing_would_end_the_job
         assert said in lines[0]
     assert dog.end_step == ()
     assert not dog.stand_in  # rank 0 ends the step itself; the lowest rank of node 1 stands in for it
+
+
+def test_the_watchdog_ends_the_step_the_layout_read(store_port, capsys, monkeypatch, tmp_path):
+    # The step comes from the layout read once; the environment the watchdog starts in no longer matters.
+    import torch.distributed as dist
+
+    from lightning_mpi_env.core.layout import from_env
+    from lightning_mpi_env.rollcall.store import RendezvousResult
+    from lightning_mpi_env.rollcall.verdicts import Claim, NodeAssignment
+    from lightning_mpi_env.rollcall.watchdog import watch
+
+    scancel = tmp_path / "scancel"
+    scancel.write_text("#!/bin/sh\nexit 0\n")
+    scancel.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "99")  # another job's id in os.environ is not read
+    layout = from_env(
+        {"SLURM_STEP_ID": "2", "SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0"}
+        | {"SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "MASTER_ADDR": "a"}
+    )
+    client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+    result = RendezvousResult(client, Claim(0, 4, "a", 0, 1, "a", store_port), NodeAssignment(0, 2, 0, 2))
+    dog = watch(result, 30.0, None, layout)
+    dog.stop()
+    assert dog.end_step == ("scancel", "--signal=KILL", "7.2")
+    assert "stall watchdog:" not in capsys.readouterr().err  # the step can be ended: nothing to add
 
 
 def test_the_lowest_rank_off_rank_zeros_node_stands_in(store_port):
@@ -517,7 +556,7 @@ def test_the_lowest_rank_off_rank_zeros_node_stands_in(store_port):
         (3, NodeAssignment(1, 2, 1, 2)),
     ]:
         client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
-        dog = watch(RendezvousResult(client, Claim(rank, 4, "a", 0, 1, "a", store_port), nodes), 30.0, None, {})
+        dog = watch(RendezvousResult(client, Claim(rank, 4, "a", 0, 1, "a", store_port), nodes), 30.0, None)
         dog.stop()
         stand_ins.append(dog.stand_in)
     assert stand_ins == [False, True, False]
