@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning_mpi_env.core.errors import MixedImportError, MixedImportWarning, MpiEnvError
-from lightning_mpi_env.core.launchers import detect_launcher
+from lightning_mpi_env.core.launchers import started_by_launcher
 from lightning_mpi_env.core.namespaces import STANDALONE, UNIFIED
 from lightning_mpi_env.core.report import shows_errors_briefly
 from lightning_mpi_env.core.settings import MixedImportMode
@@ -179,7 +179,7 @@ def needed(env: Mapping[str, str]) -> bool:
     if both_namespaces_loaded():
         return True
     try:
-        if detect_launcher(env) is not None:
+        if started_by_launcher(env):
             return True
         return Requeue.plan(env, enabled=True, requeue_signal=None, command=None) is not None
     except MpiEnvError:
