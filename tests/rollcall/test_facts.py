@@ -18,7 +18,7 @@ def test_the_visible_set_is_the_devices_rule():
     for env in ({"CUDA_VISIBLE_DEVICES": "3,1"}, {"ROCR_VISIBLE_DEVICES": "0"}, {}):
         variable, identifiers = visible_set(env, lambda: 2)
         choice = own_device(visible_devices(env), local_rank=0, local_size=1, node_devices=2)
-        assert (variable, identifiers) == (choice.variable, choice.visible)
+        assert (variable, identifiers) == (choice.variable, tuple(choice.visible))
 
 
 def test_a_rank_that_will_drive_gpus_states_its_visible_set():
