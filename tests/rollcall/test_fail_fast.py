@@ -49,8 +49,13 @@ FAULTS = {
         ["--exit"],
         "RendezvousError",
         [
-            f"Rank 3 of 4 never arrived within the rendezvous timeout of {ROLL_CALL_TIMEOUT} s; it was expected on "
-            "node 1 (host 127.0.0.3). 3 rank(s) arrived.",
+            # Rank 3 is named on every line. On a loaded machine a rank still importing torch when the timeout ends
+            # is named beside it ("Ranks 1, 3 of 4 ... they were expected on node 0 (host 127.0.0.2): rank 1; on
+            # node 1 ..."): true of it too, and not what this test is about.
+            re.compile(
+                rf"Ranks? (\d+, )*3 of 4 never arrived within the rendezvous timeout of {ROLL_CALL_TIMEOUT} s; "
+                r"(it was|they were) expected on (.*; on )?node 1 \(host 127\.0\.0\.3\)"
+            ),
             "HINT: Likely causes: MASTER_ADDR/MASTER_PORT differ",
         ],
     ),
@@ -147,7 +152,11 @@ def _results(job: Job) -> list[dict]:
     return [decoder.raw_decode(part)[0] for part in job.text.split("RESULT ")[1:]]
 
 
-def _assert_cause_on_first_screen(job: Job, kind: str, expected: list[str]) -> None:
+def _holds(text: str | re.Pattern[str], line: str) -> bool:
+    return text.search(line) is not None if isinstance(text, re.Pattern) else text in line
+
+
+def _assert_cause_on_first_screen(job: Job, kind: str, expected: list[str | re.Pattern[str]]) -> None:
     """The job failed with ``kind`` named in the first screen, one line per process, without a traceback."""
     assert job.returncode != 0, job.tail()
     assert "RESULT" not in job.text
@@ -161,7 +170,7 @@ def _assert_cause_on_first_screen(job: Job, kind: str, expected: list[str]) -> N
     assert first < FIRST_SCREEN, job.tail()
     for text in expected:
         # Every process stops for the same reason.
-        assert all(text in line for line in shown), f"{text!r} is not in every {kind} line:\n{job.tail()}"
+        assert all(_holds(text, line) for line in shown), f"{text!r} is not in every {kind} line:\n{job.tail()}"
     assert "Traceback (most recent call last)" not in job.text, job.tail()
     assert not PACKAGE_FRAME.search(job.text), job.tail()
     # torch's store client logs two lines each time a wait of its times out: the roll call must not add them.
