@@ -184,7 +184,8 @@ def test_fault_ends_the_job_with_the_cause_on_the_first_screen(cluster, path, fa
     option, kind, expected = FAULTS[fault]
     owner = PATHS[path][2]
     job = _run(cluster, _command(path, fault=option))
-    _assert_cause_on_first_screen(job, kind, [text.format(owner=owner) for text in expected])
+    pieces = [text if isinstance(text, re.Pattern) else text.format(owner=owner) for text in expected]
+    _assert_cause_on_first_screen(job, kind, pieces)
     if fault == "duplicate":
         # Both claimants are named, in whichever order they registered.
         pattern = r"claimed by host (\S+) \(pid \d+, local rank 1\) and by host (\S+) \(pid"
