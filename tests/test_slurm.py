@@ -115,9 +115,14 @@ def test_srun_trains_lightning_on_two_nodes(slurm_cluster: SlurmCluster, strateg
 
 
 def mpirun_command(out: Path, command: list[str]) -> list[str]:
-    """Open MPI's ``mpirun`` from this venv, with no host list: it takes the allocation's nodes from Slurm."""
+    """Open MPI's ``mpirun`` from this venv, with no host list: it takes the allocation's nodes from Slurm.
+
+    Its session directories go to ``out`` rather than the simulated nodes' shared ``/tmp`` (see ``simcluster``).
+    """
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return [find_mpirun(), *root, *probe_command(out, command)]
+    (out / "prte").mkdir(parents=True, exist_ok=True)
+    sessions = ["--prtemca", "prte_tmpdir_base", str(out / "prte")]
+    return [find_mpirun(), *root, *sessions, *probe_command(out, command)]
 
 
 @pytest.fixture(scope="module")

@@ -472,7 +472,8 @@ def run_requeued_slurm_job(
     train += ["--root-dir", str(root), *train_args]
     env = {
         "TRAIN": " ".join(train),
-        "MPIRUN": f"{find_mpirun()} --allow-run-as-root",
+        # Session directories in the test's folder, not the simulated nodes' shared /tmp (see simcluster).
+        "MPIRUN": f"{find_mpirun()} --allow-run-as-root --prtemca prte_tmpdir_base {root}",
         "OMP_NUM_THREADS": "1",
     }
     job = cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)

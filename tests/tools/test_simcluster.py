@@ -86,6 +86,7 @@ def test_mpirun_command_line(tmp_path: Path):
     assert args[args.index("--map-by") + 1] == "node"
     assert args[args.index("-x") + 1] == "A=1"
     assert cluster.hostfile.read_text() == "127.0.0.2 slots=2\n127.0.0.3 slots=2\n"
+    assert args[args.index("prte_tmpdir_base") + 1] == str(tmp_path / "prte")
 
 
 def test_a_node_s_own_etc_hosts_goes_to_the_agent(tmp_path: Path):
@@ -231,3 +232,21 @@ def test_a_stopped_simcluster_leaves_no_process_behind(tmp_path: Path, signum: s
         for left in processes_with(tag):  # after a failure: end what this test started, one by one
             os.kill(int(left.split()[0]), signal.SIGKILL)
         process.wait()
+
+
+@pytest.mark.mpi
+def test_session_directories_stay_in_the_cluster_s_folder(tmp_path: Path):
+    # Open MPI's daemons name their session directory after their pid (/tmp/prted.PID); one killed with its job leaves
+    # it behind, and a later daemon given that pid fails at start. In the cluster's folder, no other job's leftovers
+    # meet this cluster's daemons. The ranks see their daemon's directory as PMIX_SERVER_TMPDIR.
+    cluster = SimulatedCluster(tmp_path)
+    program = "import os, socket; print('RESULT', socket.gethostname(), os.environ['PMIX_SERVER_TMPDIR'])"
+    completed = subprocess.run(
+        cluster.mpirun([sys.executable, "-c", program]), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    lines = [line.split()[1:] for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+    assert sorted(host for host, _ in lines) == ["127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"]
+    for _, directory in lines:
+        assert Path(directory).parent == tmp_path / "prte", directory
+    assert len({directory for _, directory in lines}) == 2  # one daemon per simulated node

@@ -226,6 +226,11 @@ class SimulatedCluster:
         return self.workdir / "hostfile"
 
     @property
+    def session_dirs(self) -> Path:
+        """Where Open MPI's daemons and ranks keep their session directories (``prte_tmpdir_base``), not ``/tmp``."""
+        return self.workdir / "prte"
+
+    @property
     def sge_hostlist(self) -> Path:
         """Where :meth:`job_environment` writes the SGE host list (``$SGE_JOB_HOSTLIST`` on ABCI)."""
         return self.workdir / "sge_hostlist"
@@ -268,6 +273,12 @@ class SimulatedCluster:
             args.append("--allow-run-as-root")
         self.hostfile.write_text("".join(f"{host} slots={self.slots}\n" for host in self.hosts))
         args += ["--mca", "plm_rsh_agent", self._agent(), "--hostfile", str(self.hostfile)]
+        # Every simulated node shares this machine's /tmp, where Open MPI's daemons name their session directory
+        # after their pid (/tmp/prted.PID). A daemon killed with its job leaves its directory behind, and a later
+        # daemon given that pid again fails at start ("A daemon failed to report back"): pids come round every
+        # 32,768 processes here. The cluster's own folder keeps its jobs' session directories apart from any other's.
+        self.session_dirs.mkdir(parents=True, exist_ok=True)
+        args += ["--prtemca", "prte_tmpdir_base", str(self.session_dirs)]
         args += ["-np", str(ranks), "--map-by", map_by]
         for name, value in (export or {}).items():
             args += ["-x", f"{name}={value}"]
