@@ -179,6 +179,35 @@ def _expand_item(parts: list[_Part]) -> Iterator[str]:
     return ("".join(combination) for combination in itertools.product(*pools))
 
 
+def nodelist_position(nodelist: str, host: str, *, variable: str = "SLURM_STEP_NODELIST") -> tuple[int | None, int]:
+    """Where ``host`` is in a Slurm node list, and how many hosts the list names, without expanding it all.
+
+    The list is checked as :func:`expand_nodelist` checks it; hosts are made one at a time up to ``host``.
+
+    Raises:
+        LayoutError: If the list is malformed, or names more than :data:`MAX_HOSTS` hosts.
+
+    >>> nodelist_position("gpu[07-08,10],cpu1", "gpu10"), nodelist_position("a[1-3]", "b")
+    ((2, 4), (None, 3))
+    """
+    items = _parse_nodelist(nodelist, variable)
+    total = sum(_count(parts) for parts in items)
+    index = 0
+    for parts in items:
+        for name in _expand_item(parts):
+            if name == host:
+                return index, total
+            index += 1
+    return None, total
+
+
+def _count(parts: list[_Part]) -> int:
+    count = 1
+    for part in parts:
+        count *= 1 if isinstance(part, str) else sum(high - low + 1 for low, high, _ in part)
+    return count
+
+
 def _nodelist_error(nodelist: str, variable: str, reason: str) -> LayoutError:
     return LayoutError(
         f"{variable}={shown(nodelist)} is not a valid Slurm node list: {reason}.",
@@ -292,6 +321,7 @@ __all__ = [
     "expand_nodelist",
     "expand_tasks_per_node",
     "first_nodelist_host",
+    "nodelist_position",
     "first_word_host",
     "lsf_pairs_host",
     "pe_hostfile_host",
