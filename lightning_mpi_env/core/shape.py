@@ -7,7 +7,10 @@ One answer for every user of it: ``RankLayout.trainer_kwargs()`` (``show``, the 
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
+
+from lightning_mpi_env.core.hostlist import compress_tasks_per_node
 
 if TYPE_CHECKING:
     from lightning_mpi_env.core.layout import RankLayout
@@ -66,7 +69,7 @@ def trainer_arguments(layout: RankLayout) -> TrainerArguments:
     if launcher is None:
         return TrainerArguments(1, 1, exact=True)
     if layout.num_nodes is None or not layout.is_even:
-        counts = f" ({'+'.join(map(str, layout.ranks_per_node))})" if layout.ranks_per_node else ""
+        counts = f" ({describe_counts(layout.ranks_per_node)} per node)" if layout.ranks_per_node else ""
         return TrainerArguments(
             None,
             None,
@@ -109,6 +112,22 @@ def even_launches(world_size: int, nodes: int) -> str:
     )
 
 
+SHOWN_COUNTS = 6
+"""How many runs of equal counts a message shows (:func:`describe_counts`); a hostile list has a million."""
+
+
+def describe_counts(counts: Sequence[int]) -> str:
+    """Every node's count of ranks for a message, in Slurm's compressed form, cut after :data:`SHOWN_COUNTS` runs.
+
+    >>> describe_counts([4, 4, 4, 1]), describe_counts([1, 2] * 500)
+    ('4(x3),1', '1,2,1,2,1,2,... (1000 nodes)')
+    """
+    pieces = compress_tasks_per_node(counts).split(",")
+    if len(pieces) <= SHOWN_COUNTS:
+        return ",".join(pieces)
+    return f"{','.join(pieces[:SHOWN_COUNTS])},... ({len(counts)} nodes)"
+
+
 def layout_as_dict(layout: RankLayout) -> dict[str, object]:
     """The layout as JSON-ready values: ``global_rank`` as in ``simulate --json``, ``trainer_*`` as shown."""
     trainer = trainer_arguments(layout)
@@ -140,6 +159,7 @@ __all__ = [
     "UNEVEN_FIX",
     "UNEVEN_STRATEGY",
     "TrainerArguments",
+    "describe_counts",
     "even_launches",
     "layout_as_dict",
     "trainer_arguments",

@@ -21,7 +21,7 @@ from lightning_mpi_env.core.launchers import LAUNCHERS, detect_launcher, inherit
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.namespaces import NAMESPACES
 from lightning_mpi_env.core.schedulers import first_host
-from lightning_mpi_env.core.shape import UNEVEN_FIX, even_launches
+from lightning_mpi_env.core.shape import UNEVEN_FIX, describe_counts, even_launches
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import shown
 
@@ -112,7 +112,7 @@ def diagnose(
 
 def _uneven_finding(layout: RankLayout) -> Finding:
     # Uneven is not an error: ddp_mpi trains it. Said here because Lightning's own strategies would refuse it.
-    counts = f" ({'+'.join(map(str, layout.ranks_per_node))})" if layout.ranks_per_node else ""
+    counts = f" ({describe_counts(layout.ranks_per_node)} per node)" if layout.ranks_per_node else ""
     nodes = layout.num_nodes if layout.num_nodes is not None and layout.num_nodes_is_exact else None
     on_nodes = f" on {nodes} nodes{counts}" if nodes is not None else ""
     even = f" An even launch: {even_launches(layout.world_size, nodes)}." if nodes is not None else ""

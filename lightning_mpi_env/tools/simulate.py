@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from lightning_mpi_env.core.errors import LayoutError, SettingError
 from lightning_mpi_env.core.hostfile import host_file_head
+from lightning_mpi_env.core.hostlist import compress_tasks_per_node
 from lightning_mpi_env.core.launchers import FLAVOURS
 from lightning_mpi_env.core.layout import DEALING, LOOPBACK_ADDRESS, Placement, RankLayout, from_env
 from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY
@@ -134,23 +135,6 @@ def host_names(nodes: int) -> list[str]:
     """
     width = max(3, len(str(nodes)))
     return [f"node{index + 1:0{width}d}" for index in range(nodes)]
-
-
-def compress_tasks_per_node(counts: Sequence[int]) -> str:
-    """Slurm's compressed per-node task counts, the inverse of ``expand_tasks_per_node``.
-
-    >>> compress_tasks_per_node([4, 4, 3])
-    '4(x2),3'
-    """
-    pieces: list[str] = []
-    index = 0
-    while index < len(counts):
-        run = 1
-        while index + run < len(counts) and counts[index + run] == counts[index]:
-            run += 1
-        pieces.append(f"{counts[index]}(x{run})" if run > 1 else str(counts[index]))
-        index += run
-    return ",".join(pieces)
 
 
 MAX_SIMULATED_RANKS = 1 << 16

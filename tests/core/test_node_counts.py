@@ -53,7 +53,7 @@ def test_slurm_compressed_counts_give_every_node_exactly(rank, node, local_rank,
     assert layout.main_address == "gpu01"
     trainer = layout.trainer_kwargs()
     assert (trainer.devices, trainer.num_nodes) == (None, None)
-    assert trainer.note.endswith(f"(2+2+2+1), not the same number on every node. {UNEVEN_FIX}.")
+    assert trainer.note.endswith(f"(2(x3),1 per node), not the same number on every node. {UNEVEN_FIX}.")
 
 
 @pytest.mark.parametrize(
