@@ -8,9 +8,11 @@ launch the variables prove uneven.
 """
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lightning_mpi_env.core.errors import LayoutError
-from lightning_mpi_env.core.hostlist import nodelist_position
+from lightning_mpi_env.core.hostlist import compress_tasks_per_node, expand_nodelist, nodelist_position
 from lightning_mpi_env.core.layout import Placement, from_env
 from lightning_mpi_env.core.shape import UNEVEN_FIX
 
@@ -194,10 +196,63 @@ def test_heterogeneous_job_needs_master_addr():
     assert "SLURM_JOB_NODELIST_HET_GROUP_0" in raised.value.hint
 
 
+@st.composite
+def het_steps(draw: st.DrawFn) -> list[tuple[str, int]]:
+    """Components of one heterogeneous step, in order: each a list of (host, tasks on it), hosts distinct."""
+    hosts = draw(st.lists(st.sampled_from(["gpu01", "gpu02", "cpu01", "cpu02", "big1", "a7", "z3"]), min_size=2,
+                          max_size=6, unique=True))  # fmt: skip
+    cuts = sorted(draw(st.sets(st.integers(1, len(hosts) - 1), max_size=2)))
+    counts = draw(st.lists(st.integers(1, 4), min_size=len(hosts), max_size=len(hosts)))
+    bounds = [0, *cuts, len(hosts)]
+    return [list(zip(hosts[a:b], counts[a:b], strict=True)) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(het_steps())
+def test_property_every_task_of_a_heterogeneous_step_resolves_to_where_srun_put_it(components):
+    # As slurmstepd and srun set them: SLURM_PROCID and SLURM_NODEID offset component by component, the step's node
+    # list and counts sorted by host name (here Python's order, which stands for hostlist_sort's).
+    nodes = [node for component in components for node in component]
+    listed = sorted(nodes)
+    world = sum(count for _, count in nodes)
+    base = {**HET_JOB, "SLURM_HET_SIZE": str(len(components)), "SLURM_STEP_ID": "0", "SLURM_NTASKS": str(world),
+            "SLURM_STEP_NUM_TASKS": str(world), "SLURM_STEP_NODELIST": ",".join(host for host, _ in listed),
+            "SLURM_STEP_TASKS_PER_NODE": compress_tasks_per_node([count for _, count in listed])}  # fmt: skip
+    rank = 0
+    for node_id, (host, count) in enumerate(nodes):
+        for local_rank in range(count):
+            env = {**base, "SLURM_PROCID": str(rank), "SLURM_NODEID": str(node_id), "SLURM_LOCALID": str(local_rank),
+                   "SLURMD_NODENAME": host}  # fmt: skip
+            layout = from_env(env)
+            assert (layout.rank, layout.local_rank, layout.local_size) == (rank, local_rank, count)
+            assert (layout.node_rank, layout.num_nodes, layout.world_size) == (node_id, len(nodes), world)
+            assert layout.ranks_per_node == tuple(count for _, count in listed)
+            rank += 1
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["n", "gpu", "r1n", ""]), st.integers(0, 30), st.integers(0, 5), st.integers(1, 3)),
+        min_size=1,
+        max_size=4,
+    ),
+    st.data(),
+)
+def test_property_nodelist_position_is_the_first_index_in_the_expanded_list(items, data):
+    nodelist = ",".join(f"{prefix or 'x'}[{str(low).zfill(width)}-{low + span}]" for prefix, low, span, width in items)
+    names = expand_nodelist(nodelist)
+    host = data.draw(st.one_of(st.sampled_from(names), st.sampled_from(["x1", "n031", "gpu", "y0"])))
+    assert nodelist_position(nodelist, host) == (names.index(host) if host in names else None, len(names))
+
+
 def test_nodelist_position_counts_without_expanding():
     assert nodelist_position("cpu[01-02],gpu01", "gpu01") == (2, 3)
     assert nodelist_position("n[000001-999999]", "n999999") == (999998, 999999)
     assert nodelist_position("n[1-3]", "m1") == (None, 3)
+    # Number groups next to digits split more than one way: those items are counted name by name.
+    assert nodelist_position("n[1-2][3-4]", "n24") == (3, 4)
+    assert nodelist_position("n1[0-2]2", "n112") == (1, 3)
+    assert nodelist_position("n[1-3,2-4]", "n2") == (1, 6)  # the first of two
 
 
 # --- Open MPI, MPICH and Intel MPI (Hydra): uneven host files --------------------------------------------------------
