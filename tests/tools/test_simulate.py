@@ -57,6 +57,7 @@ HAND_BUILT_RANK_3 = {
         "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
         "SLURM_STEP_NODELIST": "node[001-002]",
         "SLURM_JOB_ID": "12345",
+        "SLURMD_NODENAME": "node002",  # srun(1): "Name of the node running the task"
     },
     "pals": {
         "PALS_RANKID": "3",
