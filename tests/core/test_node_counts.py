@@ -230,6 +230,7 @@ def test_property_every_task_of_a_heterogeneous_step_resolves_to_where_srun_put_
             rank += 1
 
 
+@settings(deadline=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from(["n", "gpu", "r1n", ""]), st.integers(0, 30), st.integers(0, 5), st.integers(1, 3)),

@@ -1,7 +1,7 @@
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_mpi_env.core.errors import LayoutError
@@ -152,6 +152,7 @@ def test_intelmpi_is_the_hydra_row():
     assert simulate("intelmpi", 2, 2).ranks[2].layout.launcher.key == "mpich"
 
 
+@settings(deadline=None)  # no timing assertion: a loaded login node runs one example in seconds
 @given(
     launcher=st.sampled_from(LAUNCHER_KEYS),
     nodes=st.integers(1, 6),
@@ -165,6 +166,7 @@ def test_full_block_placement_is_always_sound(launcher, nodes, ppn, scheduler):
     assert {row.layout.main_port for row in result.ranks} == {result.ranks[0].layout.main_port}
 
 
+@settings(deadline=None)
 @given(launcher=st.sampled_from(["slurm", "pals"]), nodes=st.integers(1, 5), ppn=st.integers(1, 5), data=st.data())
 def test_launchers_exporting_the_node_id_resolve_any_placement(launcher, nodes, ppn, data):
     np = data.draw(st.integers(1, nodes * ppn))
@@ -302,6 +304,7 @@ def test_place_fills_round_robin_unevenly():
     ]
 
 
+@settings(deadline=None)
 @given(st.lists(st.integers(1, 9), min_size=1, max_size=12))
 def test_compress_tasks_per_node_round_trips(counts):
     assert expand_tasks_per_node(compress_tasks_per_node(counts)) == counts
