@@ -306,3 +306,36 @@ def test_from_env_gives_a_layout_or_one_named_error(extra):
 
     outcome = _bounded(resolve)
     assert isinstance(outcome, MpiEnvError) or outcome.world_size >= 1
+
+
+SRUN_STEP = {
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "2",
+    "SLURM_NTASKS": "4",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "2,1(x2)",
+    "SLURM_STEP_NODELIST": "n[1-3]",
+    "SLURMD_NODENAME": "n2",
+    "SLURM_HET_SIZE": "2",
+    "MASTER_ADDR": "n1",
+}
+"""A task of a heterogeneous srun step (issue 25): its per-node counts are found by SLURMD_NODENAME."""
+SLURM_VARIABLES = [*SRUN_STEP, "SLURM_STEP_NUM_TASKS"]
+SLURM_VALUES = st.one_of(
+    HOSTILE_VALUES,
+    st.sampled_from(["n[1-999999]", "1(x999999)", "n999999", "n[1-2][1-999999]", "0(x5)", "2(x0)", "n[3-1]"]),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(extra=st.dictionaries(st.sampled_from(SLURM_VARIABLES), SLURM_VALUES, min_size=1, max_size=4))
+def test_a_heterogeneous_srun_step_gives_a_layout_or_one_named_error(extra):
+    def resolve():
+        try:
+            return from_env({**SRUN_STEP, **extra})
+        except MpiEnvError as error:
+            return error
+
+    outcome = _bounded(resolve)
+    assert isinstance(outcome, MpiEnvError) or outcome.local_size in outcome.ranks_per_node

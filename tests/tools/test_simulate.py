@@ -238,6 +238,13 @@ def test_check_table_finds_duplicates():
     assert "2 processes resolved to node 0, local rank 0." in problems
 
 
+def test_check_table_finds_a_wrong_node_rank_the_launcher_exports():
+    # SLURM_NODEID is the launcher's own: wrong, it is a problem, not a guess for the roll call to fix.
+    rows = list(simulate("slurm", 2, 2).ranks)
+    rows[2] = replace(rows[2], layout=rows[2].layout._replace(node_rank=0))
+    assert "rank 2 on node002 resolved to node rank 0 (launched on node 1)." in check_table(rows)
+
+
 def test_check_table_leaves_duplicates_of_assumed_node_ranks_to_the_roll_call():
     # Open MPI's node ranks are assumed: a repeated (node, local rank) pair is a guess gone wrong, not a problem.
     rows = list(simulate("openmpi", 2, 2).ranks)
