@@ -16,6 +16,7 @@ from typing import NamedTuple
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.hostlist import expand_tasks_per_node, nodelist_position
 from lightning_mpi_env.core.launchers import Launcher
+from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import MAX_LOCAL_SIZE, SHOWN_CHARACTERS, shown
 
 HET_SIZE = "SLURM_HET_SIZE"
@@ -83,9 +84,11 @@ def slurm_node_counts(env: Mapping[str, str], row: Launcher, world_size: int, no
         raise _sum_mismatch(env, row, row.tasks_per_node, counts, world_size)
     if node >= len(counts):
         raise launch_conflict(
-            row, f"{row.node_rank}={node} but {row.tasks_per_node}={shown(raw)} lists only {len(counts)} node(s).",
-            row.node_rank, str(node),
-        )  # fmt: skip
+            row,
+            f"{row.node_rank}={node} but {row.tasks_per_node}={shown(raw)} lists only {len(counts)} node(s).",
+            row.node_rank,
+            str(node),
+        )
     position, source = node, f"{row.tasks_per_node}[{row.node_rank}]"
     if HET_SIZE in env and len(set(counts)) > 1:
         position, source = _het_position(env, row, len(counts)), f"{row.tasks_per_node}[{NODE_NAME}]"
@@ -142,9 +145,11 @@ def _het_position(env: Mapping[str, str], row: Launcher, nodes: int) -> int:
     if position is None or listed != nodes:
         why = f"does not list {NODE_NAME}={shown(name)}" if position is None else f"lists {listed} node(s)"
         raise launch_conflict(
-            row, f"{STEP_NODELIST}={shown(nodelist)} {why}, and {row.tasks_per_node} counts tasks on {nodes}.",
-            STEP_NODELIST, nodelist,
-        )  # fmt: skip
+            row,
+            f"{STEP_NODELIST}={shown(nodelist)} {why}, and {row.tasks_per_node} counts tasks on {nodes}.",
+            STEP_NODELIST,
+            nodelist,
+        )
     return position
 
 
@@ -157,15 +162,16 @@ def het_step_needs_main_address(env: Mapping[str, str], row: Launcher) -> Layout
     """
     if HET_SIZE not in env or row.tasks_per_node is None:
         return None
+    main = TORCH.master_addr
     return LayoutError(
-        f"{HET_SIZE}={shown(env[HET_SIZE])}: this step belongs to a heterogeneous Slurm job, and MASTER_ADDR is not "
-        f"set. srun sorts the nodes of a step over several components by name ({STEP_NODELIST}="
+        f"{HET_SIZE}={shown(env[HET_SIZE])}: this step belongs to a heterogeneous Slurm job, and {main} is not set. "
+        f"srun sorts the nodes of a step over several components by name ({STEP_NODELIST}="
         f"{shown(env.get(STEP_NODELIST, ''))}), so its first host need not run rank 0, and no variable of one task "
         "says which node does.",
-        "export MASTER_ADDR to the first node of the step's first component before srun, e.g. for "
-        '`srun --het-group=0,1`: export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_0" | '
+        f"export {main} to the first node of the step's first component before srun, e.g. for "
+        f'`srun --het-group=0,1`: export {main}=$(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_0" | '
         "head -n 1) (srun passes the job script's environment to every task).",
-        variable="MASTER_ADDR",
+        variable=TORCH.master_addr,
         launcher=row.name,
     )
 
