@@ -157,6 +157,47 @@ def test_heterogeneous_step_gives_whole_step_ranks_and_each_node_s_own_count(ran
     assert layout.main_address == "gpu01"
 
 
+# Captured on this project's simulated Slurm cluster (Debian's Slurm 22.05, tests/clusters/slurm.py), 2026-11-25:
+# `salloc -N1 -n2 -w node2 : -N1 -n1 -w node1 srun --het-group=0,1 env`. Component 0 runs 2 tasks on node2, component
+# 1 one task on node1; srun listed the step sorted (node1 first) while SLURM_NODEID counts component 0's node2 as 0.
+CAPTURED_HET_STEP = {
+    "SLURM_HET_SIZE": "2",
+    "SLURM_JOB_ID": "1683700",
+    "SLURM_JOB_NODELIST": "node[1-2]",
+    "SLURM_JOB_NODELIST_HET_GROUP_0": "node2",
+    "SLURM_JOB_NODELIST_HET_GROUP_1": "node1",
+    "SLURM_NTASKS": "3",
+    "SLURM_NTASKS_HET_GROUP_0": "2",
+    "SLURM_NTASKS_HET_GROUP_1": "1",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NODELIST": "node[1-2]",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "3",
+    "SLURM_STEP_TASKS_PER_NODE": "1,2",
+    "SLURM_TASKS_PER_NODE": "1,2",
+    "SLURM_TASKS_PER_NODE_HET_GROUP_0": "2",
+    "SLURM_TASKS_PER_NODE_HET_GROUP_1": "1",
+}
+CAPTURED_HET_TASKS = [
+    # SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURMD_NODENAME as each task saw them; and that node's count.
+    ("0", "0", "0", "node2", 2),
+    ("1", "1", "0", "node2", 2),
+    ("2", "0", "1", "node1", 1),
+]
+
+
+@pytest.mark.parametrize(("rank", "local_rank", "node", "name", "local_size"), CAPTURED_HET_TASKS)
+def test_captured_heterogeneous_step_resolves_every_task(rank, local_rank, node, name, local_size):
+    env = {**CAPTURED_HET_STEP, "SLURM_PROCID": rank, "SLURM_LOCALID": local_rank, "SLURM_NODEID": node,
+           "SLURMD_NODENAME": name}  # fmt: skip
+    layout = from_env({**env, "MASTER_ADDR": "node2"})
+    assert (layout.rank, layout.local_rank, layout.local_size) == (int(rank), int(local_rank), local_size)
+    assert (layout.world_size, layout.node_rank, layout.num_nodes, layout.ranks_per_node) == (3, int(node), 2, (1, 2))
+    # Without MASTER_ADDR the step's first host would be node1, which runs rank 2: refused, never guessed.
+    with pytest.raises(LayoutError, match=r"srun sorts the nodes of a step over several components by name"):
+        from_env(env)
+
+
 def test_heterogeneous_step_read_by_node_id_alone_would_be_wrong():
     # The reason for SLURMD_NODENAME: rank 1 is local rank 1 of 2 on gpu01, but SLURM_NODEID=0 points at cpu01's 1.
     env = het_task(1, 0, 1, "gpu01")
