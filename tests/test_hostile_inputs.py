@@ -103,6 +103,11 @@ HOSTILE = [
      "it lists more than 1000000 hosts"),
     ("show, first of login1,n[1-999999]", (*CLI, "show"), {**OPEN_MPI, "SLURM_JOB_NODELIST": "login1,n[1-999999]"},
      0, "main_address=login1 (SLURM_JOB_NODELIST (first host))"),
+    ("show, heterogeneous step of 999999 nodes, this one last", (*CLI, "show"), {"SLURM_STEP_ID": "0",
+     "SLURM_PROCID": "999999", "SLURM_NTASKS": "1000000", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+     "SLURM_STEP_TASKS_PER_NODE": "1(x999998),2", "SLURM_STEP_NODELIST": "n[1-999999]", "SLURMD_NODENAME": "n999999",
+     "SLURM_HET_SIZE": "2", "MASTER_ADDR": "n1"}, 0,
+     "local_size=2 (SLURM_STEP_TASKS_PER_NODE[SLURMD_NODENAME])"),
     ("show, PBS_NODEFILE FIFO", (*CLI, "show"), {**OPEN_MPI, "PBS_NODEFILE": "{fifo}"}, 1,
      "is a FIFO, not a regular file"),
     ("show, PBS_NODEFILE /dev/zero", (*CLI, "show"), {**OPEN_MPI, "PBS_NODEFILE": "/dev/zero"}, 1,
@@ -301,3 +306,36 @@ def test_from_env_gives_a_layout_or_one_named_error(extra):
 
     outcome = _bounded(resolve)
     assert isinstance(outcome, MpiEnvError) or outcome.world_size >= 1
+
+
+SRUN_STEP = {
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "2",
+    "SLURM_NTASKS": "4",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "2,1(x2)",
+    "SLURM_STEP_NODELIST": "n[1-3]",
+    "SLURMD_NODENAME": "n2",
+    "SLURM_HET_SIZE": "2",
+    "MASTER_ADDR": "n1",
+}
+"""A task of a heterogeneous srun step (issue 25): its per-node counts are found by SLURMD_NODENAME."""
+SLURM_VARIABLES = [*SRUN_STEP, "SLURM_STEP_NUM_TASKS"]
+SLURM_VALUES = st.one_of(
+    HOSTILE_VALUES,
+    st.sampled_from(["n[1-999999]", "1(x999999)", "n999999", "n[1-2][1-999999]", "0(x5)", "2(x0)", "n[3-1]"]),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(extra=st.dictionaries(st.sampled_from(SLURM_VARIABLES), SLURM_VALUES, min_size=1, max_size=4))
+def test_a_heterogeneous_srun_step_gives_a_layout_or_one_named_error(extra):
+    def resolve():
+        try:
+            return from_env({**SRUN_STEP, **extra})
+        except MpiEnvError as error:
+            return error
+
+    outcome = _bounded(resolve)
+    assert isinstance(outcome, MpiEnvError) or outcome.local_size in outcome.ranks_per_node

@@ -6,7 +6,7 @@ Which scheduler uses which format, and under which variable, is in :mod:`lightni
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from enum import Enum
 from functools import cache
 from typing import TYPE_CHECKING, NamedTuple
@@ -179,6 +179,72 @@ def _expand_item(parts: list[_Part]) -> Iterator[str]:
     return ("".join(combination) for combination in itertools.product(*pools))
 
 
+def nodelist_position(nodelist: str, host: str, *, variable: str = "SLURM_STEP_NODELIST") -> tuple[int | None, int]:
+    """Where ``host`` is first in a Slurm node list, and how many hosts the list names, without expanding it.
+
+    The list is checked as :func:`expand_nodelist` checks it; each item is matched by arithmetic on its ranges, in
+    time linear in the list's text (an item whose number groups touch other digits is expanded, up to
+    :data:`MAX_HOSTS` names).
+
+    Raises:
+        LayoutError: If the list is malformed, or names more than :data:`MAX_HOSTS` hosts.
+
+    >>> nodelist_position("gpu[07-08,10],cpu1", "gpu10"), nodelist_position("a[1-3]", "b")
+    ((2, 4), (None, 3))
+    """
+    items = _parse_nodelist(nodelist, variable)
+    total = sum(_count(parts) for parts in items)
+    offset = 0
+    for parts in items:
+        index = _item_index(parts, host)
+        if index is not None:
+            return offset + index, total
+        offset += _count(parts)
+    return None, total
+
+
+def _item_index(parts: list[_Part], host: str) -> int | None:
+    """``host``'s first index among the names of one item, or ``None`` when the item does not name it."""
+    import re  # as in _pattern: only parsing a Slurm list needs it
+
+    groups = [part for part in parts if not isinstance(part, str)]
+    texts = [*parts[1:], ""]
+    if any(
+        not isinstance(part, str) and (not isinstance(after, str) or after[:1].isdigit())
+        for part, after in zip(parts, texts, strict=True)
+    ):
+        # A number group next to another or to a digit: its digits do not split one way; count the names instead.
+        return next((index for index, name in enumerate(_expand_item(parts)) if name == host), None)
+    pattern = "".join(re.escape(part) if isinstance(part, str) else "([0-9]+)" for part in parts)
+    match = re.fullmatch(pattern, host)
+    if match is None:
+        return None
+    index = 0
+    for digits, ranges in zip(match.groups(), groups, strict=True):
+        position = _range_position(digits, ranges)
+        if position is None:
+            return None
+        index = index * sum(high - low + 1 for low, high, _ in ranges) + position
+    return index
+
+
+def _range_position(digits: str, ranges: tuple[_Range, ...]) -> int | None:
+    number = as_count(digits)
+    before = 0
+    for low, high, width in ranges:
+        if number is not None and low <= number <= high and str(number).zfill(width) == digits:
+            return before + number - low
+        before += high - low + 1
+    return None
+
+
+def _count(parts: list[_Part]) -> int:
+    count = 1
+    for part in parts:
+        count *= 1 if isinstance(part, str) else sum(high - low + 1 for low, high, _ in part)
+    return count
+
+
 def _nodelist_error(nodelist: str, variable: str, reason: str) -> LayoutError:
     return LayoutError(
         f"{variable}={shown(nodelist)} is not a valid Slurm node list: {reason}.",
@@ -214,6 +280,23 @@ def expand_tasks_per_node(counts: str, *, variable: str = "SLURM_STEP_TASKS_PER_
             )
         expanded.extend([count] * repeat)
     return expanded
+
+
+def compress_tasks_per_node(counts: Sequence[int]) -> str:
+    """Slurm's compressed per-node task counts, the inverse of :func:`expand_tasks_per_node`.
+
+    >>> compress_tasks_per_node([4, 4, 3])
+    '4(x2),3'
+    """
+    pieces: list[str] = []
+    index = 0
+    while index < len(counts):
+        run = 1
+        while index + run < len(counts) and counts[index + run] == counts[index]:
+            run += 1
+        pieces.append(f"{counts[index]}(x{run})" if run > 1 else str(counts[index]))
+        index += run
+    return ",".join(pieces)
 
 
 def first_word_host(text: str) -> str | None:
@@ -289,9 +372,11 @@ __all__ = [
     "MAX_HOSTS",
     "HostList",
     "HostListForm",
+    "compress_tasks_per_node",
     "expand_nodelist",
     "expand_tasks_per_node",
     "first_nodelist_host",
+    "nodelist_position",
     "first_word_host",
     "lsf_pairs_host",
     "pe_hostfile_host",

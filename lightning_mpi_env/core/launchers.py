@@ -52,9 +52,9 @@ class Launcher(NamedTuple):
     flavours: Mapping[str, Mapping[str, str]] = _NONE
     """``simulate`` keys playing this row, each with the further variables that flavour exports, as templates.
 
-    Template fields: ``rank``, ``local_rank``, ``world_size``, ``node``, ``job``, ``first_host``, ``step_nodelist``,
-    ``step_num_nodes``, ``distribution``, ``uuid`` (one per launch); ``{file:launch_slots}`` is a host file with a
-    launch node first, then one line per slot.
+    Template fields: ``rank``, ``local_rank``, ``world_size``, ``node``, ``host``, ``job``, ``first_host``,
+    ``step_nodelist``, ``step_num_nodes``, ``distribution``, ``uuid`` (one per launch); ``{file:launch_slots}`` is a
+    host file with a launch node first, then one line per slot.
     """
     scheduler: str | None = None
     """The scheduler this launcher comes with, if any (``srun``: Slurm); ``simulate`` runs it under that one."""
@@ -226,6 +226,7 @@ SLURM = Launcher(
                     "SLURM_STEP_NODELIST": "{step_nodelist}",
                     "SLURM_DISTRIBUTION": "{distribution}",
                     "SLURM_JOB_ID": "{job}",
+                    "SLURMD_NODENAME": "{host}",  # srun(1): "Name of the node running the task"
                 }
             )
         }

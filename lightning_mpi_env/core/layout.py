@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from lightning_mpi_env.core.errors import LayoutError, LayoutWarning
-from lightning_mpi_env.core.hostlist import expand_tasks_per_node
 from lightning_mpi_env.core.launchers import (
     TORCHRUN,
     Launcher,
@@ -19,6 +18,13 @@ from lightning_mpi_env.core.launchers import (
     stray_rank_variables,
 )
 from lightning_mpi_env.core.network import apply_host_template
+from lightning_mpi_env.core.node_counts import (
+    EVEN_SHARE,
+    flux_local_size,
+    het_step_needs_main_address,
+    launch_conflict,
+    slurm_node_counts,
+)
 from lightning_mpi_env.core.placement import DEALING, Placement, every_rank_here, guess_node, num_nodes_source
 from lightning_mpi_env.core.ports import (
     DEFAULT_MAIN_PORT,
@@ -243,54 +249,21 @@ class _LayoutParser:
         if row.local_size is not None:
             return self._integer(row.local_size, "local_size", minimum=1, maximum=MAX_LOCAL_SIZE)
         if row.tasks_per_node is not None and row.node_rank is not None:
-            return self._local_size_from_task_counts(world_size)
-        # The launcher exports the node count but not the ranks per node: derive them for an even layout.
+            # Slurm: every node's count, compressed (`2(x3),1`), and this node's place among them.
+            node_counts = slurm_node_counts(self.env, row, world_size, self._integer(row.node_rank, "node_rank"))
+            self.sources["local_size"] = node_counts.source
+            self.ranks_per_node = node_counts.counts
+            return node_counts.local_size
+        # Flux: the node count, but not the ranks per node; divided out, assumed even (an uneven job is refused).
         assert row.num_nodes is not None
         nodes = self._integer(row.num_nodes, "num_nodes", minimum=1)
-        if world_size % nodes:
-            raise LayoutError(
-                f"{row.name} started {row.world_size}={world_size} ranks on {row.num_nodes}={nodes} nodes, which "
-                f"is not the same number on every node, and it does not export how many run on this one.",
-                f"Launch the same number of ranks on every node (e.g. `flux run -N {nodes} "
-                f"--tasks-per-node={max(1, world_size // nodes)}`).",
-                variable=row.world_size,
-                value=str(world_size),
-                launcher=row.name,
-            )
-        self.sources["local_size"] = f"{row.world_size} / {row.num_nodes}"
-        return world_size // nodes
-
-    def _local_size_from_task_counts(self, world_size: int) -> int:
-        # Slurm: the count for this node out of the step's compressed per-node counts.
-        row = self.launcher
-        assert row.tasks_per_node is not None
-        assert row.node_rank is not None
-        counts = expand_tasks_per_node(self.env[row.tasks_per_node], variable=row.tasks_per_node)
-        node = self._integer(row.node_rank, "node_rank")
-        if node >= len(counts):
-            raise self._conflict(
-                f"{row.node_rank}={node} but {row.tasks_per_node}={shown(self.env[row.tasks_per_node])} lists only "
-                f"{len(counts)} node(s).",
-                row.node_rank,
-                str(node),
-            )
-        if sum(counts) != world_size:
-            raise self._conflict(
-                f"{row.tasks_per_node}={shown(self.env[row.tasks_per_node])} adds up to {sum(counts)} tasks but "
-                f"{row.world_size}={world_size}.",
-                row.tasks_per_node,
-                self.env[row.tasks_per_node],
-            )
-        if counts[node] > MAX_LOCAL_SIZE:
-            raise self._conflict(
-                f"{row.tasks_per_node}={shown(self.env[row.tasks_per_node])} gives node {node} {counts[node]} "
-                f"tasks, more than the {MAX_LOCAL_SIZE} ranks on one node this package accepts.",
-                row.tasks_per_node,
-                self.env[row.tasks_per_node],
-            )
-        self.sources["local_size"] = f"{row.tasks_per_node}[{row.node_rank}]"
-        self.ranks_per_node = tuple(counts)
-        return counts[node]
+        local_rank = self._integer(row.local_rank, "local_rank")
+        local_size = flux_local_size(row, world_size, nodes, local_rank)
+        every_rank_on_one_node = nodes == 1
+        self.sources["local_size"] = f"{row.world_size} / {row.num_nodes}" + (
+            "" if every_rank_on_one_node else f" ({EVEN_SHARE})"
+        )
+        return local_size
 
     def _check_bounds(self, variable: str, value: int, size_variable: str, size: int) -> None:
         if value >= size:
@@ -304,13 +277,7 @@ class _LayoutParser:
             )
 
     def _conflict(self, problem: str, variable: str, value: str) -> LayoutError:
-        return LayoutError(
-            f"{self.launcher.name}: {problem}",
-            f"The variables disagree, so they were not all set by one launch. {self.launcher.launch_hint}",
-            variable=variable,
-            value=value[:SHOWN_CHARACTERS],
-            launcher=self.launcher.name,
-        )
+        return launch_conflict(self.launcher, problem, variable, value)
 
     # --- node rank --------------------------------------------------------------------------------------------
 
@@ -329,16 +296,9 @@ class _LayoutParser:
         assert row.node_rank is not None
         node = self._integer(row.node_rank, "node_rank")
         if row.tasks_per_node is not None:
-            counts = self.ranks_per_node or tuple(
-                expand_tasks_per_node(self.env[row.tasks_per_node], variable=row.tasks_per_node)
-            )  # read already where the local size came from the same counts
-            num_nodes: int | None = len(counts)
+            # Read with the local size, which came from the same counts (and checked this node index against them).
             self.sources["num_nodes"] = f"len({row.tasks_per_node})"
-            if num_nodes is not None and node >= num_nodes:
-                raise self._conflict(
-                    f"{row.node_rank}={node} but the job has only {num_nodes} node(s).", row.node_rank, str(node)
-                )
-            return node, num_nodes, Placement.LAUNCHER
+            return node, len(self.ranks_per_node), Placement.LAUNCHER
         # Nodes 0 to node-1 run a rank each at least, and this one local_size: more than that cannot be one launch.
         if node + local_size > world_size:
             raise self._conflict(
@@ -386,6 +346,9 @@ class _LayoutParser:
             # own node, and the first line of $PBS_NODEFILE is another launch's node.
             self.sources["main_address"] = "single node: loopback"
             return LOOPBACK_ADDRESS
+        het = het_step_needs_main_address(self.env, self.launcher)
+        if het is not None:
+            raise het
         found = first_host(self.env, self.read_text, launch=(self.launcher.host_lists, self.launcher.name))
         if found is not None:
             host, variable = found

@@ -48,7 +48,10 @@ class RankLayout(NamedTuple):
     warnings: tuple[LayoutWarning, ...] = ()
     """Things the user should hear about that do not stop the job, such as an approximate node rank."""
     ranks_per_node: tuple[int, ...] = ()
-    """Every node's number of ranks, where the launcher exports them all (``SLURM_STEP_TASKS_PER_NODE``); else empty."""
+    """Every node's number of ranks, where the launcher exports them all (``SLURM_STEP_TASKS_PER_NODE``); else empty.
+
+    In the order of the launcher's host list (``SLURM_STEP_NODELIST``), which is :attr:`node_rank`'s order except in
+    a heterogeneous Slurm step, where srun sorts the list by host name (:mod:`~lightning_mpi_env.core.node_counts`)."""
     end_step: tuple[str, ...] = ()
     """The scheduler's command that ends this launch's step, filled from the launch's own variables when they were
     read (:func:`~lightning_mpi_env.core.launchers.end_step_command`: ``scancel --signal=KILL 42.0`` under ``srun``);

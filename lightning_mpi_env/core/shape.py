@@ -7,7 +7,10 @@ One answer for every user of it: ``RankLayout.trainer_kwargs()`` (``show``, the 
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
+
+from lightning_mpi_env.core.hostlist import compress_tasks_per_node
 
 if TYPE_CHECKING:
     from lightning_mpi_env.core.layout import RankLayout
@@ -32,11 +35,30 @@ class TrainerArguments(NamedTuple):
         return call if self.exact else f"{call} {self.note}"
 
 
+UNEVEN_STRATEGY = "ddp_mpi"
+"""The strategy that trains on any layout the launch proves: its world, ranks, devices and sampler come from it."""
+
+STRATEGIES_NEEDING_EVEN_NODES: tuple[str, ...] = ("ddp", "fsdp", "deepspeed")
+"""Lightning's own strategies that ``simulate --strategy`` can ask about: each needs the same number of ranks on
+every node (``world_size = num_nodes * num_processes``, ``global_rank = node_rank * num_processes + local_rank``)."""
+
+STRATEGIES: tuple[str, ...] = (UNEVEN_STRATEGY, *STRATEGIES_NEEDING_EVEN_NODES)
+"""Every strategy name ``simulate --strategy`` takes, the default first."""
+
+UNEVEN_FIX = (
+    f'Trainer(strategy="{UNEVEN_STRATEGY}") trains it as launched, with no devices or num_nodes; Lightning\'s own '
+    f"{', '.join(STRATEGIES_NEEDING_EVEN_NODES)} need the same number on every node"
+)
+"""What works on an uneven launch and what does not, said wherever one is found (``show``, ``doctor``, ``simulate``)."""
+
+
 def trainer_arguments(layout: RankLayout) -> TrainerArguments:
     """The ``Trainer(devices=..., num_nodes=...)`` (or ``Fabric``) that matches the launch ``layout`` comes from.
 
-    Exact when the launcher exports the number of nodes (``srun``, Flux) or there is none; under launchers that
-    export only this node's count (Open MPI, Hydra, ...) the numbers assume every node runs as many ranks as this one.
+    Exact when the launcher exports every node's count (``srun``) or there is one node; under launchers that export
+    only this node's count (Open MPI, Hydra, ...) or only the node count (Flux) the numbers assume every node runs
+    as many ranks as this one. An uneven launch has none: ``strategy="ddp_mpi"`` needs neither, and Lightning's own
+    strategies cannot train it (:data:`UNEVEN_FIX`).
 
     >>> from lightning_mpi_env.core.layout import from_env
     >>> trainer_arguments(from_env({"SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "8",
@@ -47,24 +69,63 @@ def trainer_arguments(layout: RankLayout) -> TrainerArguments:
     if launcher is None:
         return TrainerArguments(1, 1, exact=True)
     if layout.num_nodes is None or not layout.is_even:
+        counts = f" ({describe_counts(layout.ranks_per_node)} per node)" if layout.ranks_per_node else ""
         return TrainerArguments(
             None,
             None,
             exact=True,
-            note=f"no devices/num_nodes fits: {launcher.name} launched {layout.describe_world()}, not the same "
-            "number on every node, and Lightning needs the same",
+            note=f"no devices/num_nodes fits: {launcher.name} launched {layout.describe_world()}{counts}, not the "
+            f"same number on every node. {UNEVEN_FIX}.",
         )
-    # Only a launcher that exports the node count (or every node's ranks) lets one process know the whole layout.
-    counts_nodes = launcher.tasks_per_node is not None or launcher.num_nodes is not None
-    if counts_nodes:
+    # Only every node's count (srun's), or one node, lets one process know the whole layout.
+    if launcher.tasks_per_node is not None or layout.world_size == layout.local_size:
         return TrainerArguments(layout.local_size, layout.num_nodes, exact=True)
+    plural = "s" if layout.local_size != 1 else ""
+    exports = "no node count" if launcher.num_nodes is None else "no ranks per node"
     return TrainerArguments(
         layout.local_size,
         layout.num_nodes,
         exact=False,
-        note=f"if every node runs {layout.local_size} rank{'s' if layout.local_size != 1 else ''} like this one "
-        f"({launcher.name} exports no node count)",
+        note=f"if every node runs {layout.local_size} rank{plural} like this one ({launcher.name} exports {exports}; "
+        f'strategy="{UNEVEN_STRATEGY}" needs neither)',
     )
+
+
+def even_launches(world_size: int, nodes: int) -> str:
+    """The even launches nearest to ``world_size`` ranks on ``nodes`` nodes, as ``mpirun``/``srun`` options.
+
+    >>> even_launches(6, 2)
+    '`mpirun -np 6 --map-by ppr:3:node` (Open MPI) or `srun -N 2 --ntasks-per-node=3`'
+    >>> even_launches(4, 3)
+    '`mpirun -np 3 --map-by ppr:1:node` or `-np 6 --map-by ppr:2:node` (Open MPI), or `srun -N 3 --ntasks-per-node=1` or `=2`'
+    """  # noqa: E501
+    share, rest = divmod(world_size, nodes)
+    if not rest:
+        return (
+            f"`mpirun -np {world_size} --map-by ppr:{share}:node` (Open MPI) or `srun -N {nodes} "
+            f"--ntasks-per-node={share}`"
+        )
+    low, high = max(1, share), share + 1
+    return (
+        f"`mpirun -np {low * nodes} --map-by ppr:{low}:node` or `-np {high * nodes} --map-by ppr:{high}:node` "
+        f"(Open MPI), or `srun -N {nodes} --ntasks-per-node={low}` or `={high}`"
+    )
+
+
+SHOWN_COUNTS = 6
+"""How many runs of equal counts a message shows (:func:`describe_counts`); a hostile list has a million."""
+
+
+def describe_counts(counts: Sequence[int]) -> str:
+    """Every node's count of ranks for a message, in Slurm's compressed form, cut after :data:`SHOWN_COUNTS` runs.
+
+    >>> describe_counts([4, 4, 4, 1]), describe_counts([1, 2] * 500)
+    ('4(x3),1', '1,2,1,2,1,2,... (1000 nodes)')
+    """
+    pieces = compress_tasks_per_node(counts).split(",")
+    if len(pieces) <= SHOWN_COUNTS:
+        return ",".join(pieces)
+    return f"{','.join(pieces[:SHOWN_COUNTS])},... ({len(counts)} nodes)"
 
 
 def layout_as_dict(layout: RankLayout) -> dict[str, object]:
@@ -92,4 +153,14 @@ def layout_as_dict(layout: RankLayout) -> dict[str, object]:
     }
 
 
-__all__ = ["TrainerArguments", "layout_as_dict", "trainer_arguments"]
+__all__ = [
+    "STRATEGIES",
+    "STRATEGIES_NEEDING_EVEN_NODES",
+    "UNEVEN_FIX",
+    "UNEVEN_STRATEGY",
+    "TrainerArguments",
+    "describe_counts",
+    "even_launches",
+    "layout_as_dict",
+    "trainer_arguments",
+]

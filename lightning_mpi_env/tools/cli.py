@@ -26,6 +26,7 @@ from lightning_mpi_env.core.errors import LayoutError, MpiEnvError
 from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.report import rank_prefix
+from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_FIX, UNEVEN_STRATEGY
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import as_count, shown
 from lightning_mpi_env.tools.doctor import Level, diagnose
@@ -45,7 +46,7 @@ from lightning_mpi_env.tools.simcluster import (
     SimulatedCluster,
     signals_raise,
 )
-from lightning_mpi_env.tools.simulate import LAUNCHER_KEYS, SCHEDULERS, MapBy, Simulation, simulate
+from lightning_mpi_env.tools.simulate import LAUNCHER_KEYS, SCHEDULERS, MapBy, Simulation, describe_spread, simulate
 
 PROG = "lightning-mpi-env"
 
@@ -123,7 +124,9 @@ def _build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="resolve every rank of a launch that has not happened, and check the rank table",
         description="Build every rank's environment as LAUNCHER would, resolve each with the plugin's own code, "
-        "print the rank table and exit 1 on problems (duplicate ranks, wrong node ranks, uneven nodes).",
+        "print the rank table and exit 1 on problems (refused variables, duplicate or wrong ranks, and uneven "
+        f'nodes under a strategy that needs even ones). Uneven nodes are fine for strategy="{UNEVEN_STRATEGY}", '
+        "the default.",
     )
     sim.add_argument("--nodes", type=_positive, required=True, help="number of nodes")
     sim.add_argument(
@@ -137,6 +140,13 @@ def _build_parser() -> argparse.ArgumentParser:
         choices=SCHEDULERS,
         help="whose host list and job id the ranks inherit (default: slurm for slurm, pbs for pals, else none: "
         "MASTER_ADDR exported by the job script)",
+    )
+    sim.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default=UNEVEN_STRATEGY,
+        help=f"the Lightning strategy to check the launch for (default: {UNEVEN_STRATEGY}, which trains uneven "
+        "launches; Lightning's own need the same number of ranks on every node)",
     )
     sim.add_argument("--json", action="store_true", help="print a JSON list, one object per rank")
 
@@ -301,7 +311,15 @@ def _simulate(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--np {args.np} is more than --nodes {args.nodes} x --ppn {args.ppn} = {args.nodes * args.ppn}."
         )
-    result = simulate(args.launcher, args.nodes, args.ppn, np=args.np, map_by=args.map_by, scheduler=args.scheduler)
+    result = simulate(
+        args.launcher,
+        args.nodes,
+        args.ppn,
+        np=args.np,
+        map_by=args.map_by,
+        scheduler=args.scheduler,
+        strategy=args.strategy,
+    )
     if args.json:
         print(json.dumps([row.as_dict() for row in result.ranks], indent=1))
     else:
@@ -350,7 +368,12 @@ def _print_table(result: Simulation) -> None:
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-    print(f"# {'OK' if result.ok else f'{len(result.problems)} problem(s)'}")
+    print(f"# {'OK' if result.ok else f'{len(result.problems)} problem(s)'} for strategy={result.strategy!r}")
+    if not result.is_even:
+        # Not a problem for ddp_mpi, but what an HPC user wants to hear about before Lightning's own strategies;
+        # where a rank is refused (Flux cannot say its node's count), no strategy trains it.
+        resolved = all(row.layout is not None for row in result.ranks)
+        print(f"# uneven: {describe_spread(result.ranks_per_node)}." + (f" {UNEVEN_FIX}." if resolved else ""))
 
 
 # --- exec ---------------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from lightning_mpi_env.core.launchers import LAUNCHERS, detect_launcher, inherit
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.namespaces import NAMESPACES
 from lightning_mpi_env.core.schedulers import first_host
+from lightning_mpi_env.core.shape import UNEVEN_FIX, describe_counts, even_launches
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import shown
 
@@ -98,6 +99,8 @@ def diagnose(
         layout = None
     if layout is not None:
         findings.append(Finding(Level.OK, "layout", repr(layout)))
+        if layout.launcher is not None and (layout.num_nodes is None or not layout.is_even):
+            findings.append(_uneven_finding(layout))
         findings.extend(Finding(Level.WARN, "layout", warning.problem, warning.hint) for warning in layout.warnings)
         findings.extend(_torchrun_findings(env, layout))
     findings.extend(_package_findings(module_available, sys.modules if loaded_modules is None else loaded_modules))
@@ -105,6 +108,21 @@ def diagnose(
         findings.extend(_gpu_findings(env, layout, gpu_count()))
         findings.extend(_network_findings(layout, resolve, bind))
     return findings
+
+
+def _uneven_finding(layout: RankLayout) -> Finding:
+    # Uneven is not an error: ddp_mpi trains it. Said here because Lightning's own strategies would refuse it.
+    counts = f" ({describe_counts(layout.ranks_per_node)} per node)" if layout.ranks_per_node else ""
+    nodes = layout.num_nodes if layout.num_nodes is not None and layout.num_nodes_is_exact else None
+    on_nodes = f" on {nodes} nodes{counts}" if nodes is not None else ""
+    even = f" An even launch: {even_launches(layout.world_size, nodes)}." if nodes is not None else ""
+    return Finding(
+        Level.INFO,
+        "uneven",
+        f"{layout.launcher_name} launched {layout.world_size} ranks{on_nodes}, {layout.local_size} on this node: not "
+        "the same number on every node.",
+        f"{UNEVEN_FIX}.{even}",
+    )
 
 
 def _launcher_findings(env: Mapping[str, str]) -> list[Finding]:

@@ -18,9 +18,11 @@ from typing import NamedTuple
 
 from lightning_mpi_env.core.errors import LayoutError, SettingError
 from lightning_mpi_env.core.hostfile import host_file_head
+from lightning_mpi_env.core.hostlist import compress_tasks_per_node
 from lightning_mpi_env.core.launchers import FLAVOURS
 from lightning_mpi_env.core.layout import DEALING, LOOPBACK_ADDRESS, Placement, RankLayout, from_env
 from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY
+from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_FIX, UNEVEN_STRATEGY, even_launches
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import SHOWN_CHARACTERS
 
@@ -101,9 +103,23 @@ class Simulation:
     map_by: MapBy
     ranks: tuple[SimulatedRank, ...]
     problems: tuple[str, ...] = field(default=())
-    """What makes the launch wrong: refused environments, duplicate or wrong ranks, disagreement, uneven nodes."""
+    """What makes the launch wrong: refused environments, duplicate or wrong ranks, disagreement, and uneven nodes
+    under a strategy that needs even ones."""
     warnings: tuple[str, ...] = field(default=())
-    """What the plugin would warn about at run time (an approximate node rank), when the table is still right."""
+    """What the plugin would warn about at run time (an approximate node rank, right or not: the roll call
+    resolves node ranks by host names), when the table is still right."""
+    strategy: str = UNEVEN_STRATEGY
+    """The Lightning strategy asked about (:data:`~lightning_mpi_env.core.shape.STRATEGIES`)."""
+
+    @property
+    def ranks_per_node(self) -> dict[str, int]:
+        """How many ranks each host runs, as launched."""
+        return dict(sorted(Counter(row.host for row in self.ranks).items()))
+
+    @property
+    def is_even(self) -> bool:
+        """Whether every node runs the same number of ranks."""
+        return len(set(self.ranks_per_node.values())) <= 1
 
     @property
     def ok(self) -> bool:
@@ -119,23 +135,6 @@ def host_names(nodes: int) -> list[str]:
     """
     width = max(3, len(str(nodes)))
     return [f"node{index + 1:0{width}d}" for index in range(nodes)]
-
-
-def compress_tasks_per_node(counts: Sequence[int]) -> str:
-    """Slurm's compressed per-node task counts, the inverse of ``expand_tasks_per_node``.
-
-    >>> compress_tasks_per_node([4, 4, 3])
-    '4(x2),3'
-    """
-    pieces: list[str] = []
-    index = 0
-    while index < len(counts):
-        run = 1
-        while index + run < len(counts) and counts[index + run] == counts[index]:
-            run += 1
-        pieces.append(f"{counts[index]}(x{run})" if run > 1 else str(counts[index]))
-        index += run
-    return ",".join(pieces)
 
 
 MAX_SIMULATED_RANKS = 1 << 16
@@ -391,14 +390,17 @@ def simulate(
     np: int | None = None,
     map_by: MapBy | str = "slot",
     scheduler: str | None = None,
+    strategy: str = UNEVEN_STRATEGY,
 ) -> Simulation:
     """Launch nothing, but resolve every rank's environment as the plugin would and check the rank table.
 
-    The table has a problem when a rank's environment is refused, when global ranks or (node, local rank) pairs
-    repeat, when the resolved node or local rank differs from where the launcher put the rank, when ranks
+    The table has a problem when a rank's environment is refused, when global ranks repeat, when the resolved
+    local rank, or a node rank the launcher exports, differs from where the launcher put the rank, when ranks
     disagree on the world size or the main address and port, when the main address is not rank 0's host, or when
-    nodes run different numbers of ranks (which Lightning refuses). Run-time warnings of a still correct table
-    (an approximate node rank that happens to be right) are kept apart in :attr:`Simulation.warnings`.
+    nodes run different numbers of ranks and ``strategy`` is one of Lightning's own (``ddp``, ``fsdp``,
+    ``deepspeed``), which need the same on every node. Under ``"ddp_mpi"`` (the default) an uneven launch is fine.
+    Run-time warnings of a still correct table are kept apart in :attr:`Simulation.warnings`: an approximate node
+    rank, right or wrong (the roll call resolves node ranks by host names).
 
     Args:
         launcher: One of :data:`LAUNCHER_KEYS`.
@@ -407,17 +409,23 @@ def simulate(
         np: Number of ranks; every slot by default.
         map_by: Block (``slot``) or round-robin (``node``) placement.
         scheduler: One of :data:`SCHEDULERS`.
+        strategy: The Lightning strategy to check the launch for, one of
+            :data:`~lightning_mpi_env.core.shape.STRATEGIES`.
 
     Returns:
         The rank table and its problems.
 
     Raises:
-        ValueError: On an unknown launcher or scheduler; impossible counts, or more than
+        ValueError: On an unknown launcher, scheduler or strategy; impossible counts, or more than
             :data:`MAX_SIMULATED_RANKS` slots, are a :class:`~lightning_mpi_env.core.errors.SettingError`.
 
     >>> simulate("openmpi", nodes=2, ppn=2, map_by="node").ok
     True
+    >>> simulate("slurm", nodes=2, ppn=4, np=6).ok, simulate("slurm", nodes=2, ppn=4, np=6, strategy="ddp").ok
+    (True, False)
     """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}.")
     map_by = MapBy(map_by)
     scheduler = scheduler or DEFAULT_SCHEDULER.get(launcher, "none")
     slots, hosts, environments, files = launch_environments(
@@ -438,6 +446,7 @@ def simulate(
             ranks.append(SimulatedRank(slot, hosts[slot.node], env, from_env(env, read_text=read_text)))
         except LayoutError as error:
             ranks.append(SimulatedRank(slot, hosts[slot.node], env, None, error.one_line()))
+    problems, assumed = _check_table(ranks, strategy)
     return Simulation(
         launcher=launcher,
         scheduler=scheduler,
@@ -446,27 +455,40 @@ def simulate(
         np=len(slots),
         map_by=map_by,
         ranks=tuple(ranks),
-        problems=tuple(check_table(ranks)),
+        problems=tuple(problems),
         warnings=tuple(
             f"rank {row.slot.rank} on {row.host}: {warning}"
             for row in ranks
             if row.layout is not None
             for warning in row.layout.warnings
-        ),
+        )
+        + tuple(assumed),
+        strategy=strategy,
     )
 
 
-def check_table(ranks: Sequence[SimulatedRank]) -> list[str]:
-    """The problems in a rank table, one sentence each (empty when the table is sound)."""
+def check_table(ranks: Sequence[SimulatedRank], strategy: str = UNEVEN_STRATEGY) -> list[str]:
+    """The problems in a rank table, one sentence each (empty when the table is sound for ``strategy``)."""
+    return _check_table(ranks, strategy)[0]
+
+
+def _check_table(ranks: Sequence[SimulatedRank], strategy: str) -> tuple[list[str], list[str]]:
+    """The problems in a rank table, and the assumed node ranks that are wrong (warnings).
+
+    The roll call resolves node ranks by host names, so only a node rank the launcher exports must be right.
+    """
     problems = [f"rank {row.slot.rank} on {row.host}: {row.error}" for row in ranks if row.error is not None]
+    assumed: list[str] = []
     resolved = [(row, row.layout) for row in ranks if row.layout is not None]
     repeated = sorted(rank for rank, n in Counter(layout.rank for _, layout in resolved).items() if n > 1)
     if repeated:
         problems.append(f"global rank(s) {repeated} resolved on more than one process.")
     pairs = Counter((layout.node_rank, layout.local_rank) for _, layout in resolved)
+    exact_pairs = {(layout.node_rank, layout.local_rank) for _, layout in resolved if layout.node_rank_is_exact}
     for (node, local), count in sorted(pairs.items()):
         if count > 1:
-            problems.append(f"{count} processes resolved to node {node}, local rank {local}.")
+            said = f"{count} processes resolved to node {node}, local rank {local}."
+            (problems if (node, local) in exact_pairs else assumed).append(said)
     # Nodes that run no rank are not part of the job: index the others in order.
     node_index = {node: index for index, node in enumerate(sorted({row.slot.node for row in ranks}))}
     for row, layout in resolved:
@@ -475,12 +497,20 @@ def check_table(ranks: Sequence[SimulatedRank]) -> list[str]:
             for name, got, want in (
                 ("global rank", layout.rank, row.slot.rank),
                 ("local rank", layout.local_rank, row.slot.local_rank),
-                ("node rank", layout.node_rank, node_index[row.slot.node]),
             )
             if got != want
         ]
         if wrong:
             problems.append(f"rank {row.slot.rank} on {row.host} resolved to {', '.join(wrong)}.")
+        if layout.node_rank != node_index[row.slot.node]:
+            said = f"node rank {layout.node_rank} (launched on node {node_index[row.slot.node]})"
+            if layout.node_rank_is_exact:
+                problems.append(f"rank {row.slot.rank} on {row.host} resolved to {said}.")
+            else:
+                assumed.append(
+                    f"rank {row.slot.rank} on {row.host}: {said} is assumed from {layout.sources.get('node_rank')}; "
+                    "the roll call of ddp_mpi/MPIClusterEnvironment finds the true one by host names."
+                )
     for name in ("world_size", "main_address", "main_port"):
         values = sorted({str(getattr(layout, name)) for _, layout in resolved})
         if len(values) > 1:
@@ -491,10 +521,21 @@ def check_table(ranks: Sequence[SimulatedRank]) -> list[str]:
     if main is not None and main != rank_zero[0].host and not (one_host and main == LOOPBACK_ADDRESS):
         problems.append(f"the main address {main} is not {rank_zero[0].host}, the host of rank 0.")
     per_node = Counter(row.host for row in ranks)
-    if len(set(per_node.values())) > 1:
-        spread = ", ".join(f"{host}: {count}" for host, count in sorted(per_node.items()))
-        problems.append(f"nodes run different numbers of ranks ({spread}); Lightning needs the same on every node.")
-    return problems
+    if len(set(per_node.values())) > 1 and strategy != UNEVEN_STRATEGY:
+        problems.append(
+            f"nodes run different numbers of ranks ({describe_spread(per_node)}); Lightning's own strategy "
+            f'"{strategy}" needs the same on every node: use strategy="{UNEVEN_STRATEGY}", which trains it.'
+        )
+    return problems, assumed
+
+
+def describe_spread(per_node: Mapping[str, int]) -> str:
+    """Each host's count of ranks, for messages.
+
+    >>> describe_spread({"node002": 2, "node001": 4})
+    'node001: 4, node002: 2'
+    """
+    return ", ".join(f"{host}: {count}" for host, count in sorted(per_node.items()))
 
 
 def require_ok(simulation: Simulation) -> None:
@@ -504,9 +545,18 @@ def require_ok(simulation: Simulation) -> None:
         LayoutError: Listing every problem.
     """
     if not simulation.ok:
+        used = len(simulation.ranks_per_node)
+        if simulation.is_even:
+            hint = "Fix what each problem names; `lightning-mpi-env doctor` on a rank shows where its values came from."
+        else:
+            hint = (
+                f"{UNEVEN_FIX}. Or launch the same number on each of the {used} node(s): "
+                f"{even_launches(simulation.np, used)}."
+            )
         raise LayoutError(
             f"Simulated {simulation.launcher} launch of {simulation.np} ranks on {simulation.nodes} node(s) x "
-            f"{simulation.ppn} (--map-by {simulation.map_by.value}) has problems: " + " ".join(simulation.problems),
-            "Launch the same number of ranks on every node (`--map-by ppr:N:node`, `srun --ntasks-per-node=N`).",
+            f"{simulation.ppn} (--map-by {simulation.map_by.value}, strategy={simulation.strategy!r}) has problems: "
+            + " ".join(simulation.problems),
+            hint,
             launcher=simulation.launcher,
         )

@@ -18,7 +18,7 @@ Sources of the bindings below:
 """
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_mpi_env.core.devices import (
@@ -223,6 +223,7 @@ def _bindings(draw):
     return gpus, [socket_list[r % sockets] for r in range(sockets * ranks_per_socket)]
 
 
+@settings(deadline=None)
 @given(_bindings())
 def test_every_documented_binding_gives_each_rank_a_device_of_its_own(binding):
     gpus, lists = binding
@@ -241,6 +242,7 @@ def test_every_documented_binding_gives_each_rank_a_device_of_its_own(binding):
     assert len(set(devices)) == len(views)
 
 
+@settings(deadline=None)
 @given(_bindings())
 def test_an_index_called_exact_is_the_roll_calls(binding):
     # The exactness rule: what one rank decides alone and calls exact is what the roll call finds.

@@ -4,7 +4,7 @@ import re
 import tracemalloc
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_mpi_env.core.errors import LayoutError
@@ -156,6 +156,7 @@ def test_first_nodelist_host_checks_the_whole_list(nodelist):
         first_nodelist_host(nodelist)
 
 
+@settings(deadline=None)
 @given(st.lists(st.tuples(st.text("ab-", max_size=3), st.integers(0, 30), st.integers(0, 5)), min_size=1, max_size=5))
 def test_first_nodelist_host_agrees_with_the_expansion(items):
     nodelist = ",".join(f"{prefix}x[{low}-{low + span}]" for prefix, low, span in items)

@@ -149,7 +149,8 @@ SLURM_RANK_5 = {
         (
             {**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0"},
             (1, 8, False),
-            "Trainer(devices=1, num_nodes=8) if every node runs 1 rank like this one (Open MPI exports no node count)",
+            "Trainer(devices=1, num_nodes=8) if every node runs 1 rank like this one (Open MPI exports no node count; "
+            'strategy="ddp_mpi" needs neither)',
         ),
         # 7 ranks with 4 here: no even split exists, whatever the other nodes run.
         (
@@ -163,13 +164,17 @@ SLURM_RANK_5 = {
             {**SLURM_RANK_5, "SLURM_NTASKS": "5", "SLURM_PROCID": "4", "SLURM_LOCALID": "0",
              "SLURM_STEP_TASKS_PER_NODE": "4,1"},
             (None, None, True),
-            "Trainer: no devices/num_nodes fits: Slurm srun launched 5 ranks, 1 on this node",
+            "Trainer: no devices/num_nodes fits: Slurm srun launched 5 ranks, 1 on this node (4,1 per node), not the "
+            'same number on every node. Trainer(strategy="ddp_mpi") trains it as launched, with no devices or '
+            "num_nodes; Lightning's own ddp, fsdp, deepspeed need the same number on every node.\n",
         ),
         (
             {"FLUX_TASK_RANK": "3", "FLUX_JOB_SIZE": "4", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_NNODES": "2",
              "MASTER_ADDR": "nodea"},
-            (2, 2, True),
-            "; Trainer(devices=2, num_nodes=2)\n",
+            # FLUX_JOB_NNODES is exact, the ranks per node divided out of FLUX_JOB_SIZE are not.
+            (2, 2, False),
+            "; Trainer(devices=2, num_nodes=2) if every node runs 2 ranks like this one (Flux exports no ranks per "
+            'node; strategy="ddp_mpi" needs neither)\n',
         ),
         ({}, (1, 1, True), "; Trainer(devices=1, num_nodes=1)\n"),
     ],
@@ -249,7 +254,7 @@ def test_simulate_table(capsys, environ):
         "host", "global_rank", "node_rank", "local_rank", "world_size", "local_size", "main", "placement",
     ]  # fmt: skip
     assert out[3].split()[:4] == ["node002", "1", "1", "0"]
-    assert out[-1] == "# OK"
+    assert out[-1] == "# OK for strategy='ddp_mpi'"
 
 
 def test_simulate_json(capsys, environ):
@@ -260,11 +265,43 @@ def test_simulate_json(capsys, environ):
     ]
 
 
-def test_simulate_problems_exit_1(capsys, environ):
-    assert main(["simulate", "--nodes", "2", "--ppn", "4", "--np", "6", "--launcher", "intelmpi"]) == 1
+def test_simulate_uneven_is_fine_for_ddp_mpi_and_said(capsys, environ):
+    # Intel MPI, 4 + 2 ranks: ddp_mpi trains it (exit 0); the table says it is uneven and what refuses it.
+    assert main(["simulate", "--nodes", "2", "--ppn", "4", "--np", "6", "--launcher", "intelmpi"]) == 0
     captured = capsys.readouterr()
-    assert captured.out.splitlines()[-1] == "# 3 problem(s)"
-    assert "problem: nodes run different numbers of ranks (node001: 4, node002: 2)" in captured.err
+    assert captured.out.splitlines()[-2:] == [
+        "# OK for strategy='ddp_mpi'",
+        '# uneven: node001: 4, node002: 2. Trainer(strategy="ddp_mpi") trains it as launched, with no devices or '
+        "num_nodes; Lightning's own ddp, fsdp, deepspeed need the same number on every node.",
+    ]
+    # Hydra exports no node index: node002's node rank is assumed (2, as if 3 x 2), a warning the roll call fixes.
+    assert "warning: rank 4 on node002: node rank 2 (launched on node 1) is assumed from PMI_RANK" in captured.err
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed"])
+def test_simulate_uneven_is_a_problem_for_lightning_s_own_strategies(strategy, capsys, environ):
+    argv = ["simulate", "--nodes", "2", "--ppn", "4", "--np", "6", "--launcher", "intelmpi", "--strategy", strategy]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-2] == f"# 1 problem(s) for strategy='{strategy}'"
+    assert (
+        "problem: nodes run different numbers of ranks (node001: 4, node002: 2); Lightning's own strategy "
+        f'"{strategy}" needs the same on every node: use strategy="ddp_mpi", which trains it.'
+    ) in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_simulate_rejects_an_unknown_strategy(capsys, environ):
+    assert main(["simulate", "--nodes", "2", "--ppn", "2", "--strategy", "ddp_spawn"]) == 2
+    assert "argument --strategy: invalid choice: 'ddp_spawn'" in capsys.readouterr().err
+
+
+def test_simulate_uneven_flux_is_refused_with_the_even_launches_near_it(capsys, environ):
+    # Flux exports no per-node count (flux-environment(7)): 5 tasks on 2 nodes cannot be resolved by any rank.
+    assert main(["simulate", "--nodes", "2", "--ppn", "3", "--np", "5", "--launcher", "flux"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1] == "# uneven: node001: 3, node002: 2."  # no strategy trains it
+    assert "`flux run -N 2 --tasks-per-node=2` (4 tasks) or `--tasks-per-node=3` (6 tasks)" in captured.err
 
 
 def test_simulate_warnings_do_not_fail(capsys, environ):

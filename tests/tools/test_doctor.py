@@ -204,3 +204,42 @@ def test_no_host_file_is_opened_while_master_addr_is_set(tmp_path):
     assert not _by_topic(findings, "stale variable")  # the host list that comes first is a file: not compared
     findings = _diagnose({**OPEN_MPI_RANK_0, "SLURM_JOB_NODELIST": "gpu[01-02]"})
     assert "overrides the scheduler's first host 'gpu01'" in _by_topic(findings, "stale variable")[0].message
+
+
+# --- uneven launches (issue 25) ------------------------------------------------------------------------------------
+
+
+def test_uneven_slurm_launch_is_an_info_with_what_trains_it():
+    # srun -n5 over 2 nodes: SLURM_STEP_TASKS_PER_NODE=4,1 proves it uneven (srun(1)).
+    env = {
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "4",
+        "SLURM_NTASKS": "5",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "4,1",
+        "SLURM_STEP_NODELIST": "n[1-2]",
+    }
+    (finding,) = _by_topic(_diagnose(env), "uneven")
+    assert finding.level is Level.INFO  # not an error: ddp_mpi trains it
+    assert finding.message == (
+        "Slurm srun launched 5 ranks on 2 nodes (4,1 per node), 1 on this node: not the same number on every node."
+    )
+    assert finding.fix.startswith('Trainer(strategy="ddp_mpi") trains it as launched')
+    # The even launches near this one, for Lightning's own strategies: 2 or 3 per node, never one rank in all.
+    assert finding.fix.endswith(
+        "An even launch: `mpirun -np 4 --map-by ppr:2:node` or `-np 6 --map-by ppr:3:node` (Open MPI), or "
+        "`srun -N 2 --ntasks-per-node=2` or `=3`."
+    )
+
+
+def test_uneven_open_mpi_launch_names_no_node_count_it_cannot_know():
+    # 7 ranks, 4 here: surely uneven, but Open MPI exports no node count, so no even launch is suggested.
+    env = {**OPEN_MPI_RANK_0, "OMPI_COMM_WORLD_SIZE": "7", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    (finding,) = _by_topic(_diagnose(env), "uneven")
+    assert finding.message == "Open MPI launched 7 ranks, 4 on this node: not the same number on every node."
+    assert "An even launch" not in finding.fix
+
+
+def test_even_launch_has_no_uneven_finding():
+    assert _by_topic(_diagnose(OPEN_MPI_RANK_0), "uneven") == []
