@@ -214,6 +214,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--as-object", action="store_true", help="pass the ddp_mpi strategy object, not its name")
     args = parser.parse_args()
+    # float64 throughout: Fabric's "64-true" converts a module's output to the default dtype (float32 otherwise),
+    # which would put float32 rounding (~1e-9 here) between the job and the reference.
+    torch.set_default_dtype(torch.float64)
     import lightning_mpi_env  # noqa: F401  (registers "ddp_mpi")
 
     fabric = args.namespace in ("lightning.fabric", "lightning_fabric")
