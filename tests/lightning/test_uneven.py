@@ -298,6 +298,30 @@ def test_srun_three_tasks_on_two_nodes_train_as_one_process(slurm_cluster, tmp_p
 
 @pytest.mark.mpi
 @pytest.mark.slurm
+def test_srun_heterogeneous_step_trains_as_one_process(slurm_cluster, tmp_path):
+    # `srun -N1 -n2 : -N1 -n1 ...` (https://slurm.schedmd.com/heterogeneous_jobs.html): a heterogeneous job of two
+    # components and one step over both, "combined into one MPI_COMM_WORLD with non-overlapping task IDs". Slurm
+    # exports the step's whole layout (SLURM_PROCID 0-2, SLURM_NTASKS=3, SLURM_STEP_TASKS_PER_NODE=2,1) beside
+    # SLURM_HET_SIZE (Debian's Slurm also SLURM_PACK_SIZE and SLURM_*_PACK_GROUP_<n>, the older names).
+    out = tmp_path / "probes"
+    out.mkdir()
+    job = [sys.executable, str(JOB), "--length", str(LENGTH), "--batch", str(BATCH), "--steps", str(STEPS)]
+    command = probe_command(out, [*job, "--as-object"])
+    completed = slurm_cluster.run(["srun", "-N1", "-n2", *command, ":", "-N1", "-n1", *command], timeout=JOB_TIMEOUT)
+    records = read_probes(out)
+    assert len(records) == 3, completed.stdout[-2000:] + completed.stderr[-4000:]
+    for record in records:
+        assert record["returncode"] == 0, record["stderr"][-4000:]
+        said = record["launcher"]
+        assert (said["SLURM_HET_SIZE"], said["SLURM_NTASKS"], said["SLURM_STEP_TASKS_PER_NODE"]) == ("2", "3", "2,1")
+    results = sorted(printed_results(records), key=lambda r: r["global_rank"])
+    first, second = slurm_cluster.hosts[:2]
+    difference = assert_trained_as_one_process(results, [first, first, second], "Trainer")
+    print(f"FIGURE srun -N1 -n2 : -N1 -n1 (heterogeneous): max |weights - reference| = {difference:.3g}")
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
 def test_srun_uneven_step_with_the_plugin_names_ddp_mpi_on_every_task(slurm_cluster, tmp_path):
     # srun waits for every task: each one stops by itself, with the same diagnosis (Slurm exports every node's count).
     command = [sys.executable, str(JOB), "--strategy", "plugin"]
