@@ -180,6 +180,12 @@ def settings_mismatch(
             f' where Lightning\'s own strategies drive cuda:<local rank>: use strategy="ddp_mpi", which drives '
             "each rank's own device."
         )
+    wanted = num_devices * num_nodes
+    relaunch = ""
+    if wanted > 1:  # one rank in all is what devices/num_nodes left out say, hardly what a launch of many meant
+        relaunch = (
+            f", or launch {wanted} ranks with {num_devices} per node ({even_launch(layout, wanted, num_devices)})"
+        )
     guessed, maybe_uneven = "", ""
     if not layout.num_nodes_is_exact:
         # The per-node figures are this node's: another node may run another number of ranks.
@@ -193,9 +199,7 @@ def settings_mismatch(
         f"{layout.sources['world_size']}={layout.world_size}, {layout.sources['local_size']}="
         f"{layout.local_size}), but {api}(devices={num_devices}, num_nodes={num_nodes}) expects "
         f"{num_devices * num_nodes} ranks, {num_devices} per node.{guessed}",
-        f"Use {api}(devices={layout.local_size}, num_nodes={layout.num_nodes}), or launch "
-        f"{num_devices * num_nodes} ranks with {num_devices} per node "
-        f"({even_launch(layout, num_devices * num_nodes, num_devices)}).{maybe_uneven}{bound}",
+        f"Use {api}(devices={layout.local_size}, num_nodes={layout.num_nodes}){relaunch}.{maybe_uneven}{bound}",
         variable=layout.sources["world_size"],
         value=str(layout.world_size),
         launcher=layout.launcher.name,
