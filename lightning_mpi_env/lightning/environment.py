@@ -44,9 +44,12 @@ from lightning_mpi_env.lightning.launch import (
     Ranks,
     Stage,
     check_fabric,
+    devices_against_launch,
     export_fabric,
     find_free_port,
     initial_mode_and_ranks,
+    known_node_count,
+    nodes_against_launch,
     read_launch,
     restore_environment,
     settings_mismatch,
@@ -79,7 +82,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     Three ways to run (:class:`LaunchMode`):
 
     - **One launcher process per rank** (``mpirun -np 8`` with ``Trainer(devices=4, num_nodes=2)``): the launcher's
-      ranks are the truth; Lightning's proposals (``set_global_rank``/``set_world_size``) are ignored.
+      ranks are the truth; Lightning's proposals (``set_global_rank``/``set_world_size``) are ignored. With Lightning's
+      own strategies every node must run ``devices`` ranks; with ``"ddp_mpi"`` (:attr:`any_layout`) nodes may differ.
     - **One launcher process per node** (``mpirun -npernode 1`` with ``Trainer(devices=N, num_nodes=M)``, M = the
       launcher's world size): Lightning starts the N local workers itself; node rank = the launcher's rank, world =
       M x N. The workers are recognised by the launcher's variables with a local size of 1 plus Lightning's own
@@ -170,6 +174,10 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         self._device: DeviceChoice | None = None  # the device this rank drives, once "ddp_mpi" asked or it met
         self._stage = Stage.CONFIGURED
         self._expected: tuple[int, int] | None = None  # (devices, num_nodes) the launcher was given
+        self.any_layout = False
+        """Whether the strategy takes the world size, every rank's rank and device and the data sampler from the
+        launch (``"ddp_mpi"`` says so), so that nodes may run different numbers of ranks. Lightning's own
+        strategies take ``devices x num_nodes``: with them an uneven launch is refused."""
         self.api = "Trainer/Fabric"
         """Who takes ``devices``/``num_nodes``, for the messages: the ``"ddp_mpi"`` strategy says which (a plugin
         is never told whether a Trainer or a Fabric holds it)."""
@@ -372,6 +380,11 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Fail at once when the Trainer's ``devices`` x ``num_nodes`` does not match the launched world.
 
+        With ``"ddp_mpi"`` (:attr:`any_layout`) any layout trains: ``devices`` must be this node's number of ranks
+        (every launcher exports it), and ``num_nodes`` the number of nodes where the launcher proves it (else the
+        roll call's host names check it, in the strategy). With Lightning's own strategies, every node must run
+        ``devices`` ranks.
+
         Raises:
             LayoutError: Naming the launched world, the Trainer's settings and the fix.
         """
@@ -379,15 +392,33 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         layout = self._layout
         if layout.launcher is None or self._mode is LaunchMode.PER_NODE:
             return
-        if layout.local_size == 1 and num_devices > 1 and num_nodes == layout.world_size:
+        per_node_launch = layout.local_size == 1 and num_devices > 1 and num_nodes == layout.world_size
+        if per_node_launch and layout.is_even:
             # One launcher process per node: Lightning starts the `num_devices` workers on each node itself.
             self._mode = LaunchMode.PER_NODE
             self._ranks = replace(self._ranks, node_rank=layout.rank, local_rank=None, num_nodes=layout.world_size)
+            return
+        if self.any_layout:
+            self._validate_any_layout(num_devices, num_nodes)
             return
         if not layout.is_even:
             raise uneven_layout(layout, self.api, num_devices, num_nodes)
         if (num_devices, num_nodes) != (layout.local_size, layout.num_nodes):
             raise settings_mismatch(self._layout, self.api, num_devices, num_nodes, self._visible)
+
+    def _validate_any_layout(self, num_devices: int, num_nodes: int) -> None:
+        """``"ddp_mpi"``'s check: what this rank can prove; the node count otherwise waits for the roll call."""
+        layout = self._layout
+        if num_devices != layout.local_size:
+            if not layout.is_even:
+                raise devices_against_launch(layout, self.api, num_devices)
+            raise settings_mismatch(layout, self.api, num_devices, num_nodes, self._visible)
+        nodes = known_node_count(layout)
+        if nodes is not None and num_nodes != nodes:
+            raise nodes_against_launch(layout, self.api, num_nodes, nodes, layout.sources["num_nodes"])
+        if nodes is None and not self.settings.roll_call and layout.is_even and num_nodes != layout.num_nodes:
+            # No roll call will count the hosts: hold the given value to this node's reckoning, as before.
+            raise settings_mismatch(layout, self.api, num_devices, num_nodes, self._visible)
 
     @override
     def teardown(self) -> None:
@@ -461,7 +492,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             local_rank=self.local_rank(),
             main_address=self._layout.main_address,
             main_port=self._port(),
-            expected=self._expected,
+            # Under "ddp_mpi" each rank's devices is its own node's count: nothing to compare between ranks.
+            expected=None if self.any_layout else self._expected,
             backend=self.process_group_backend,
             accelerator=self.accelerator,
             device=self._device,
@@ -476,6 +508,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             stall_timeout=self.settings.stall_timeout,
             requeue=self.requeue,
             launch=self._layout,
+            any_layout=self.any_layout,
         )
         if meeting.device is not None:
             self._device = meeting.device

@@ -118,13 +118,59 @@ def is_lightning_worker(layout: RankLayout, env: Mapping[str, str]) -> bool:
     return node == layout.rank and remainder == 0 and per_node > 1 and local < per_node
 
 
+EVEN_LAUNCH: Mapping[str, str] = {
+    "openmpi": "mpirun -np {world} --map-by ppr:{per}:node",
+    "mpich": "mpiexec -n {world} -ppn {per}",
+    "slurm": "srun --ntasks={world} --ntasks-per-node={per}",
+}
+"""How each launcher (by its key) starts ``{world}`` ranks, ``{per}`` on every node: the hints' examples."""
+
+_EVEN_ANY = "{world} ranks, {per} on every node"
+
+
+def even_launch(layout: RankLayout, world: int | str, per: int | str) -> str:
+    """``mpirun -np 4 --map-by ppr:2:node`` in the launcher's own words (``world`` ranks, ``per`` on each node).
+
+    >>> from lightning_mpi_env.core.layout import from_env
+    >>> even_launch(from_env({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0",
+    ...     "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "2,1", "MASTER_ADDR": "a"}), 4, 2)
+    '`srun --ntasks=4 --ntasks-per-node=2`'
+    """
+    key = layout.launcher.key if layout.launcher is not None else ""
+    template = EVEN_LAUNCH.get(key)
+    if template is None:
+        return _EVEN_ANY.format(world=world, per=per)
+    return f"`{template.format(world=world, per=per)}`"
+
+
+def known_node_count(layout: RankLayout) -> int | None:
+    """The number of nodes where the launcher proves it (also for an uneven launch); else ``None``."""
+    if layout.ranks_per_node:
+        return len(layout.ranks_per_node)
+    if layout.num_nodes is not None and layout.num_nodes_is_exact:
+        return layout.num_nodes
+    return None
+
+
+def _even_alternatives(layout: RankLayout) -> str:
+    """Even launches that fit the nodes of this one, in the launcher's words, for an uneven launch's hint."""
+    nodes = known_node_count(layout)
+    if nodes is None or nodes < 2:
+        return f"the same number N of ranks on every node, e.g. {even_launch(layout, '<nodes x N>', 'N')}"
+    fewer, more = layout.world_size // nodes, -(-layout.world_size // nodes)
+    options = [even_launch(layout, nodes * per, per) for per in dict.fromkeys((more, fewer)) if per >= 1]
+    return f"the same number of ranks on each of the {nodes} nodes, e.g. {' or '.join(options)}"
+
+
 def settings_mismatch(
     layout: RankLayout, api: str, num_devices: int, num_nodes: int, visible: tuple[str, list[str]] | None = None
 ) -> LayoutError:
     """``devices``/``num_nodes`` of the Trainer or Fabric (``api``) that do not fit the launch.
 
     ``visible`` is the rank's device variable and list: a list shorter than the ranks per node is per-task GPU
-    binding, under which Lightning's own strategies would drive ``cuda:<local rank>``.
+    binding, under which Lightning's own strategies would drive ``cuda:<local rank>``. Where the launcher exports
+    no node count, the launch may also be uneven (another node may run another number of ranks): the message says
+    so, and names ``"ddp_mpi"``, rather than presenting a guess as the launch.
     """
     assert layout.launcher is not None
     bound = ""
@@ -134,14 +180,26 @@ def settings_mismatch(
             f' where Lightning\'s own strategies drive cuda:<local rank>: use strategy="ddp_mpi", which drives '
             "each rank's own device."
         )
+    wanted = num_devices * num_nodes
+    relaunch = ""
+    if wanted > 1:  # one rank in all is what devices/num_nodes left out say, hardly what a launch of many meant
+        relaunch = (
+            f", or launch {wanted} ranks with {num_devices} per node ({even_launch(layout, wanted, num_devices)})"
+        )
+    guessed, maybe_uneven = "", ""
+    if not layout.num_nodes_is_exact:
+        # The per-node figures are this node's: another node may run another number of ranks.
+        guessed = f" ({layout.launcher.name} exports no node count: the node count assumes every node runs as many.)"
+        maybe_uneven = (
+            " If nodes run different numbers of ranks (an uneven launch), no devices/num_nodes fits: use "
+            'strategy="ddp_mpi" and pass neither.'
+        )
     return LayoutError(
         f"{layout.launcher.name} launched {layout.describe_world()} ({layout.num_nodes} node(s); "
         f"{layout.sources['world_size']}={layout.world_size}, {layout.sources['local_size']}="
         f"{layout.local_size}), but {api}(devices={num_devices}, num_nodes={num_nodes}) expects "
-        f"{num_devices * num_nodes} ranks, {num_devices} per node.",
-        f"Use {api}(devices={layout.local_size}, num_nodes={layout.num_nodes}), or launch "
-        f"{num_devices * num_nodes} ranks with {num_devices} per node "
-        f"(`mpirun -np {num_devices * num_nodes} --map-by ppr:{num_devices}:node`).{bound}",
+        f"{num_devices * num_nodes} ranks, {num_devices} per node.{guessed}",
+        f"Use {api}(devices={layout.local_size}, num_nodes={layout.num_nodes}){relaunch}.{maybe_uneven}{bound}",
         variable=layout.sources["world_size"],
         value=str(layout.world_size),
         launcher=layout.launcher.name,
@@ -149,18 +207,54 @@ def settings_mismatch(
 
 
 def uneven_layout(layout: RankLayout, api: str, num_devices: int, num_nodes: int) -> LayoutError:
-    """A launch whose nodes run different numbers of ranks, which no ``devices``/``num_nodes`` of ``api`` fits."""
+    """A launch whose nodes run different numbers of ranks, under a strategy of Lightning's own (the plugin).
+
+    Lightning's ``DDPStrategy`` (and FSDP, DeepSpeed, ModelParallel) takes ``global rank = node rank x devices +
+    local rank`` and a world of ``devices x num_nodes``: no ``devices``/``num_nodes`` describes such a launch.
+    ``"ddp_mpi"`` takes them from the launch.
+    """
     assert layout.launcher is not None
     return LayoutError(
-        f"{layout.launcher.name} placed ranks unevenly: this node runs "
-        f"{layout.sources['local_size']}={layout.local_size} of {layout.world_size} ranks, which is not the "
-        f"same on every node. Lightning needs the same number of ranks on every node "
-        f"({api}(devices={num_devices}, num_nodes={num_nodes})).",
-        f"Launch exactly {num_devices} ranks per node, e.g. `mpirun -np {num_devices * num_nodes} "
-        f"--map-by ppr:{num_devices}:node` (Open MPI) or `srun --ntasks-per-node={num_devices}`.",
+        f"{layout.launcher.name} placed ranks unevenly: this node runs {layout.sources['local_size']}="
+        f"{layout.local_size} of {layout.world_size} ranks ({layout.sources['world_size']}), and other nodes "
+        f"run another number. Lightning's own strategies (ddp, fsdp, deepspeed, ...) take the same number on every "
+        f"node (global rank = node rank x devices + local rank), so no {api}(devices=..., num_nodes=...) describes "
+        f"this launch ({api}(devices={num_devices}, num_nodes={num_nodes}) was given).",
+        'Use strategy="ddp_mpi" with no devices/num_nodes: it takes the world size, each rank\'s rank and device '
+        "and the data sampler from the launch, so it trains on any layout. Strategies whose device mesh needs the "
+        "same number of ranks on every node (FSDP hybrid sharding, ModelParallel) need an even launch: "
+        f"{_even_alternatives(layout)}.",
         variable=layout.sources["local_size"],
         value=str(layout.local_size),
         launcher=layout.launcher.name,
+    )
+
+
+def devices_against_launch(layout: RankLayout, api: str, num_devices: int) -> LayoutError:
+    """``devices`` given to ``"ddp_mpi"`` that is not this node's number of ranks, on a launch that may be uneven."""
+    assert layout.launcher is not None
+    return LayoutError(
+        f"{api}(devices={num_devices}) was given, but {layout.launcher.name} started "
+        f"{layout.sources['local_size']}={layout.local_size} rank(s) on this node, of {layout.world_size} "
+        f"({layout.sources['world_size']}); nodes run different numbers of ranks, so no one devices value fits.",
+        'Leave devices (and num_nodes) out: strategy="ddp_mpi" takes each node\'s number of ranks from the launch.',
+        variable=layout.sources["local_size"],
+        value=str(layout.local_size),
+        launcher=layout.launcher.name,
+    )
+
+
+def nodes_against_launch(layout: RankLayout, api: str, given: int, found: int, source: str) -> LayoutError:
+    """``num_nodes`` given to ``"ddp_mpi"`` that is not the number of nodes the launch used.
+
+    ``source`` says how that number is known: the roll call's host names, or the launcher's variable.
+    """
+    return LayoutError(
+        f"{api}(num_nodes={given}) was given, but the {layout.world_size} ranks {layout.launcher_name} launched run "
+        f"on {found} node(s) ({source}).",
+        f'Leave num_nodes out: strategy="ddp_mpi" takes it from the launch (or pass num_nodes={found}).',
+        value=str(given),
+        launcher=layout.launcher_name,
     )
 
 
@@ -238,11 +332,16 @@ __all__ = [
     "LaunchMode",
     "Ranks",
     "Stage",
+    "EVEN_LAUNCH",
     "check_fabric",
+    "devices_against_launch",
+    "even_launch",
     "export_fabric",
     "find_free_port",
     "initial_mode_and_ranks",
     "is_lightning_worker",
+    "known_node_count",
+    "nodes_against_launch",
     "read_launch",
     "restore_environment",
     "settings_mismatch",

@@ -41,6 +41,8 @@ def expected_node(
     if managed_by_lightning:
         per_node = max(1, world_size // max(1, num_nodes or 1))
         return lambda rank: rank // per_node
+    if not layout.is_even:
+        return None  # nodes of different sizes: neither rule below holds
     if layout.placement is Placement.BLOCK:
         return lambda rank: rank // layout.local_size
     if layout.placement is Placement.ROUND_ROBIN and layout.num_nodes:
@@ -66,10 +68,12 @@ def meet(
     stall_timeout: float,
     requeue: Requeue | None,
     launch: RankLayout,
+    any_layout: bool = False,
 ) -> Meeting:
     """Meet every rank in the roll call; rank 0 prints the one-line summary on stderr.
 
     ``launch`` is the layout read once: the watchdog takes the launcher and the command that ends its step from it.
+    ``any_layout``: the strategy takes any layout the launch gives (``"ddp_mpi"``), so nodes may differ in size.
 
     Raises:
         RendezvousError: A missing, duplicate or disagreeing rank, named.
@@ -83,6 +87,7 @@ def meet(
         main_address=main_address,
         main_port=main_port,
         expected=expected,
+        any_layout=any_layout,
         **facts.local_facts(
             backend,
             accelerator=accelerator,

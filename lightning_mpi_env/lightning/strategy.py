@@ -30,9 +30,10 @@ from lightning_mpi_env.core.report import shows_errors_briefly
 from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT, seconds
 from lightning_mpi_env.lightning.compat import strategy_registry
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
+from lightning_mpi_env.lightning.launch import nodes_against_launch
 
 if TYPE_CHECKING:
-    from lightning_mpi_env.core.shape import TrainerArguments
+    from lightning_mpi_env.core.layout import RankLayout
 
 STRATEGY_NAME = "ddp_mpi"
 """The name under which the strategy is registered in every namespace."""
@@ -93,10 +94,14 @@ def _build(package: str, strategies: ModuleType) -> type:
         """Lightning's ``DDPStrategy`` with ``MPIClusterEnvironment``: the roll call before ``init_process_group``.
 
         ``devices`` and ``num_nodes`` left at their defaults in ``Trainer(...)``/``Fabric(...)`` come from the launch:
-        the ranks on each node and the number of nodes. Lightning hands them over through the public
+        this node's ranks and the number of nodes. Lightning hands them over through the public
         ``parallel_devices`` and ``num_nodes`` setters, which keep no record of what was typed, so a value equal to
         the default's counts as left out (``num_nodes=1``; ``devices`` equal to what ``"auto"`` gives). Other values
         must match the launch, or the job stops saying so.
+
+        Any layout the launch gives trains, also nodes that run different numbers of ranks: the world size and the
+        global ranks are the launcher's, each node's devices its own count, the node count the roll call's, and the
+        sampler deals over every rank (:attr:`distributed_sampler_kwargs`), never ``num_nodes x devices``.
 
         Args:
             rendezvous_timeout: Seconds to wait for every rank in the roll call; else
@@ -123,6 +128,8 @@ def _build(package: str, strategies: ModuleType) -> type:
                 # the right class.
                 cluster_environment.process_group_backend = kwargs.get("process_group_backend")
                 cluster_environment.api = "Trainer" if trainer_side else "Fabric"
+                # World, ranks, devices and sampler come from the launch here: any layout trains.
+                cluster_environment.any_layout = True
             super().__init__(cluster_environment=cluster_environment, **kwargs)
 
         @override
@@ -131,15 +138,43 @@ def _build(package: str, strategies: ModuleType) -> type:
             """The roll call, then Lightning's ``setup_environment`` (its device, then ``init_process_group``).
 
             The ranks are proposed to the environment first, as Lightning's ``DDPStrategy`` proposes them right
-            after (node rank x processes per node + local rank, of nodes x processes per node): where Lightning
-            starts the workers, the roll call needs them.
+            after: where Lightning starts the workers (node rank x processes per node + local rank, of nodes x
+            processes per node), the roll call needs them; where the launcher started every rank, its ranks are
+            the truth, whatever each node runs. A ``num_nodes`` given that the roll call's hosts contradict stops
+            every rank here.
             """
             environment = self.cluster_environment
             if isinstance(environment, MPIClusterEnvironment):
-                environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-                environment.set_world_size(self.num_nodes * self.num_processes)
+                if environment.managed_by_lightning:
+                    environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+                    environment.set_world_size(self.num_nodes * self.num_processes)
+                else:
+                    environment.set_global_rank(environment.global_rank())
+                    environment.set_world_size(environment.world_size())
                 environment.meet_now()
+                self._check_nodes_met(environment)
             super().setup_environment()
+
+        def _check_nodes_met(self, environment: MPIClusterEnvironment) -> None:
+            """A ``num_nodes`` given must be the number of hosts the roll call met (one launch, one rank per slot)."""
+            given = int(base.num_nodes.fget(self))
+            met = environment.num_nodes
+            if environment.managed_by_lightning or not environment.roll_call or given == 1 or met is None:
+                return
+            if given != met:
+                raise nodes_against_launch(environment.layout, environment.api, given, met, "the roll call's hosts")
+
+        @property
+        @override
+        def distributed_sampler_kwargs(self) -> Any:
+            """Every rank the launch started and this rank's place among them, whatever each node runs.
+
+            Not ``num_nodes x`` this node's devices, which Lightning's ``DDPStrategy`` takes: on an uneven launch
+            that product differs from node to node, and the ranks' shares would overlap or miss samples.
+            """
+            if not isinstance(self.cluster_environment, MPIClusterEnvironment):
+                return base.distributed_sampler_kwargs.fget(self)
+            return {"num_replicas": self.world_size, "rank": self.global_rank}
 
         # Lightning hands the strategy its devices and node count through the public setters while it builds the
         # Trainer or Fabric. Values left at their defaults ("auto" devices, one node) follow the launch.
@@ -162,33 +197,38 @@ def _build(package: str, strategies: ModuleType) -> type:
         @property
         @override
         def num_nodes(self) -> int:
-            # Read here rather than set: Fabric stores its value without the public setter.
+            # Read here rather than set: Fabric stores its value without the public setter. Left at 1, it is the
+            # launch's: the roll call's count of hosts once it ran (from the start of fit), before that the
+            # launcher's where it exports one or this node's reckoning; unknown yet (an uneven launch under a
+            # launcher that exports no node count), it stays 1 until the roll call.
             num_nodes = int(base.num_nodes.fget(self))
-            launch = self._launch()
-            if launch is not None and num_nodes == 1 and launch.num_nodes is not None:
-                return launch.num_nodes
+            environment = self.__dict__.get("cluster_environment")
+            if num_nodes == 1 and isinstance(environment, MPIClusterEnvironment) and environment.layout.launcher:
+                return environment.num_nodes or num_nodes
             return num_nodes
 
         @num_nodes.setter
         def num_nodes(self, num_nodes: int) -> None:
             base.num_nodes.fset(self, num_nodes)
 
-        def _launch(self) -> TrainerArguments | None:
-            """The ``devices``/``num_nodes`` of the launch, with this strategy's own environment under a launcher."""
+        def _launch_layout(self) -> RankLayout | None:
+            """The launch's layout, with this strategy's own environment under a launcher; else ``None``."""
             environment = self.__dict__.get("cluster_environment")
             if not isinstance(environment, MPIClusterEnvironment) or environment.layout.launcher is None:
                 return None
-            return environment.layout.trainer_kwargs()
+            return environment.layout
 
         def _devices_from_launch(self, devices: Any) -> Any:
-            launch = self._launch()
-            if devices is None or launch is None or launch.devices is None or len(devices) == launch.devices:
+            layout = self._launch_layout()
+            if devices is None or layout is None:
                 return devices
-            if launch.devices == 1:  # one launcher process per node: Lightning starts the workers on its devices
+            per_node = layout.local_size  # this node's ranks: every launcher says, whatever the other nodes run
+            if len(devices) == per_node:
+                return devices
+            if per_node == 1 and layout.is_even:  # one launcher process per node: Lightning starts the workers
                 return devices
             if not self._as_if_auto(devices):
                 return devices  # given, and not the launch: the settings check names both
-            per_node = launch.devices
             if len(devices) == 1:  # one device visible (CPU, or a GPU bound to each rank): each rank drives it
                 return list(devices) * per_node
             if len(devices) > per_node:  # all of the node's GPUs visible: local rank i drives the i-th

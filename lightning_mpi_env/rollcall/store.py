@@ -259,7 +259,7 @@ class _Meeting:
             self._conclude(collision)
         hosts = [claim.host for claim in claims]
         try:
-            assignments = assign_all(hosts)
+            assignments = assign_all(hosts, any_layout=all(claim.any_layout for claim in claims))
         except RendezvousError as error:
             self._conclude(error)
         mismatch = expectation_mismatch(claims, assignments[0])

@@ -62,6 +62,9 @@ class Claim:
     """The variable that lists :attr:`visible_set`; empty when none is set."""
     device_index: int | None = None
     """The index into :attr:`visible_set` this rank already drives; ``None`` when the roll call is to say."""
+    any_layout: bool = False
+    """Whether this rank's strategy trains on any layout the launch gives (``"ddp_mpi"``): nodes may then run
+    different numbers of ranks. The hosts may differ in size only when every rank says so."""
 
     @classmethod
     def here(
@@ -105,7 +108,7 @@ class NodeAssignment:
     local_rank: int
     """Position of this process among the ranks on its host, in global rank order."""
     local_size: int
-    """Number of ranks on each host."""
+    """Number of ranks on this process's host (the same on every host, unless the ranks take any layout)."""
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
@@ -125,36 +128,38 @@ def format_ranks(ranks: Iterable[int]) -> str:
     return f"{'rank' if len(ordered) == 1 else 'ranks'} {', '.join(parts)}"
 
 
-def assign_nodes(hosts: Sequence[str], rank: int) -> NodeAssignment:
+def assign_nodes(hosts: Sequence[str], rank: int, *, any_layout: bool = False) -> NodeAssignment:
     """Number hosts by their lowest global rank, and place ``rank`` on its host.
 
     Args:
         hosts: The host name of every rank, by global rank.
         rank: The rank to place.
+        any_layout: Whether hosts may run different numbers of ranks (every rank runs ``"ddp_mpi"``).
 
     Raises:
-        RendezvousError: If the hosts run different numbers of ranks.
+        RendezvousError: If the hosts run different numbers of ranks and ``any_layout`` is not set.
 
     >>> assign_nodes(["b", "a", "b", "a"], 3)
     NodeAssignment(node_rank=1, num_nodes=2, local_rank=1, local_size=2)
+    >>> assign_nodes(["a", "b", "a", "a"], 3, any_layout=True)
+    NodeAssignment(node_rank=0, num_nodes=2, local_rank=2, local_size=3)
     """
-    ranks_by_host = _ranks_by_host(hosts)
-    sizes = {len(ranks) for ranks in ranks_by_host.values()}
-    if len(sizes) != 1:
-        counts = ", ".join(f"{host}: {format_ranks(ranks)}" for host, ranks in ranks_by_host.items())
-        raise RendezvousError(
-            f"Ranks are spread unevenly over the hosts ({counts}); Lightning needs the same number of ranks on "
-            "every node.",
-            "Launch the same number of ranks on every node, e.g. `mpirun --map-by ppr:<ranks per node>:node` "
-            "(Open MPI) or `srun --ntasks-per-node=<ranks per node>`.",
-        )
-    order = list(ranks_by_host)  # dicts keep insertion order: by the lowest rank on each host
-    host = hosts[rank]
-    return NodeAssignment(
-        node_rank=order.index(host),
-        num_nodes=len(order),
-        local_rank=ranks_by_host[host].index(rank),
-        local_size=sizes.pop(),
+    return assign_all(hosts, any_layout=any_layout)[rank]
+
+
+def uneven_hosts(ranks_by_host: Mapping[str, Sequence[int]]) -> RendezvousError:
+    """The error for hosts that run different numbers of ranks, under a strategy that needs the same on each."""
+    counts = ", ".join(f"{host}: {format_ranks(ranks)}" for host, ranks in ranks_by_host.items())
+    world = sum(len(ranks) for ranks in ranks_by_host.values())
+    return RendezvousError(
+        f"The launch placed {world} ranks unevenly over {len(ranks_by_host)} hosts ({counts}): one launch, with "
+        "nodes that run different numbers of ranks. Lightning's own strategies (ddp, fsdp, deepspeed, ...) assume "
+        "the same number on every node: their global ranks, world size and data sampler would be wrong.",
+        'Use strategy="ddp_mpi" with no devices/num_nodes: it takes the world size, each rank\'s rank and device '
+        "and the data sampler from the launch, so it trains on any layout. Strategies whose device mesh needs the "
+        "same number of ranks on every node (FSDP hybrid sharding, ModelParallel) need an even launch: the same "
+        "number of ranks on every host.",
+        value=counts,
     )
 
 
@@ -191,6 +196,7 @@ def disagreement_message(reference: Claim, other: Claim) -> RendezvousError | No
         expects.append(f"world size {other.world_size} (rank 0 says {reference.world_size})")
     if other.main_port != reference.main_port:
         expects.append(f"main port {other.main_port} (rank 0 says {reference.main_port})")
+    settings_only = not expects
     if other.expected is not None and reference.expected is not None and other.expected != reference.expected:
         expects.append(
             f"Trainer(devices={other.expected[0]}, num_nodes={other.expected[1]}) (rank 0 has "
@@ -208,6 +214,9 @@ def disagreement_message(reference: Claim, other: Claim) -> RendezvousError | No
     known = other.visible_devices is not None and reference.visible_devices is not None
     if gpus and known and other.visible_devices != reference.visible_devices:
         uses.append(f"{other.visible_devices} visible GPU(s) (rank 0 sees {reference.visible_devices})")
+    if other.any_layout != reference.any_layout:
+        theirs, ours = (_strategy_kind(claim) for claim in (other, reference))
+        uses.append(f"{theirs} (rank 0 uses {ours})")
     phrases = [
         f"{verb} {' and '.join(items)}"
         for verb, items in (("expects", expects), ("runs", runs), ("uses", uses))
@@ -215,13 +224,27 @@ def disagreement_message(reference: Claim, other: Claim) -> RendezvousError | No
     ]
     if not phrases:
         return None
+    where = f"Rank {other.rank} on {other.describe()} {'; it '.join(phrases)}; rank 0 runs on {reference.describe()}."
+    if settings_only and not runs and not uses:
+        # Only Trainer(devices, num_nodes) differ: one launch whose ranks were given (or computed) different values,
+        # as a script that reads its own node's rank count does on an uneven launch.
+        return RendezvousError(
+            f"{where} The ranks were given different devices/num_nodes: a script that computes them from its own "
+            "node (e.g. its launcher's local size) gets different values on nodes that run different numbers of "
+            "ranks.",
+            "Pass the same devices/num_nodes to every rank. Where nodes run different numbers of ranks, no "
+            'devices/num_nodes fits: use strategy="ddp_mpi" and pass neither; it takes them from the launch.',
+        )
     return RendezvousError(
-        f"Rank {other.rank} on {other.describe()} {'; it '.join(phrases)}; rank 0 runs on {reference.describe()}. "
-        "The processes were not started by one launch with one environment.",
+        f"{where} The processes were not started by one launch with one environment.",
         "Start every rank with one launcher command and one software environment (the same Python, torch and "
         "Lightning on every node), and pass the same WORLD_SIZE/MASTER_PORT (or none) and the same Trainer "
         "arguments to all of them.",
     )
+
+
+def _strategy_kind(claim: Claim) -> str:
+    return 'strategy="ddp_mpi"' if claim.any_layout else 'a strategy other than "ddp_mpi"'
 
 
 def missing_message(
@@ -340,16 +363,27 @@ def devices_of(claims: Sequence[Claim]) -> tuple[dict[int, int | None], list[str
     return assign_devices(views), lost_peer_links(views)
 
 
-def assign_all(hosts: Sequence[str]) -> list[NodeAssignment]:
-    """:func:`assign_nodes` for every rank at once (linear in the number of ranks)."""
+def assign_all(hosts: Sequence[str], *, any_layout: bool = False) -> list[NodeAssignment]:
+    """The node assignment of every rank at once (linear in the number of ranks); hosts by their lowest rank.
+
+    Args:
+        hosts: The host name of every rank, by global rank.
+        any_layout: Whether hosts may run different numbers of ranks (every rank runs ``"ddp_mpi"``); each
+            assignment's ``local_size`` is then its own host's count.
+
+    Raises:
+        RendezvousError: If the hosts run different numbers of ranks and ``any_layout`` is not set
+            (:func:`uneven_hosts`).
+    """
     ranks_by_host = _ranks_by_host(hosts)
-    sizes = {len(ranks) for ranks in ranks_by_host.values()}
-    if len(sizes) != 1:
-        assign_nodes(hosts, 0)  # raises the uneven-hosts error
-    local_size = sizes.pop()
+    if not any_layout and len({len(ranks) for ranks in ranks_by_host.values()}) > 1:
+        raise uneven_hosts(ranks_by_host)
     node_of = {host: index for index, host in enumerate(ranks_by_host)}
     local_of = {rank: index for ranks in ranks_by_host.values() for index, rank in enumerate(ranks)}
-    return [NodeAssignment(node_of[host], len(node_of), local_of[rank], local_size) for rank, host in enumerate(hosts)]
+    return [
+        NodeAssignment(node_of[host], len(node_of), local_of[rank], len(ranks_by_host[host]))
+        for rank, host in enumerate(hosts)
+    ]
 
 
 __all__ = [
@@ -368,4 +402,5 @@ __all__ = [
     "local_rank_collision",
     "missing_message",
     "summary",
+    "uneven_hosts",
 ]

@@ -116,6 +116,12 @@ def _text(value: object, name: str, limit: int = MAX_TEXT) -> str:
     return value
 
 
+def _flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise Malformed(f"{name} is {_kind(value)}, not true or false")
+    return value
+
+
 def _texts(value: object, name: str) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise Malformed(f"{name} is {_kind(value)}, not a list")
@@ -191,6 +197,7 @@ def claim_of(rank: int | None) -> Callable[[object], Claim]:
             visible_set=visible_set,
             visible_variable=_text(fields.get("visible_variable", ""), "visible_variable", 64),
             device_index=_optional_integer(fields.get("device_index"), "device_index", 0, max(high, 0)),
+            any_layout=_flag(fields.get("any_layout", False), "any_layout"),
         )
 
     return parse
@@ -241,7 +248,11 @@ def node_of(claim: Claim) -> Callable[[object], tuple[NodeAssignment, int | None
         node_rank = _integer(data[0], "node_rank", 0, num_nodes - 1)
         local_size = _integer(data[3], "local_size", 1, world)
         local_rank = _integer(data[2], "local_rank", 0, local_size - 1)
-        if num_nodes * local_size != world:
+        if claim.any_layout:
+            # Nodes may differ in size, but each of the others runs at least one rank.
+            if local_size + num_nodes - 1 > world:
+                raise Malformed(f"{local_size} rank(s) here and {num_nodes - 1} other node(s) exceed the {world} ranks")
+        elif num_nodes * local_size != world:
             raise Malformed(f"{num_nodes} node(s) of {local_size} rank(s) are not the {world} ranks of this job")
         devices = len(claim.visible_set or ())
         if data[4] is not None and not devices:
@@ -338,9 +349,7 @@ def report_of(rank: int | None) -> Callable[[object], Report]:
         reported = _integer(fields["rank"], "rank", 0, MAX_RANKS)
         if rank is not None and reported != rank:
             raise Malformed(f"it reports rank {reported} under the key of rank {rank}")
-        left = fields.get("left", False)
-        if not isinstance(left, bool):
-            raise Malformed(f"left is {_kind(left)}, not true or false")
+        left = _flag(fields.get("left", False), "left")
         return Report(
             rank=reported,
             host=_text(fields["host"], "host", 255),

@@ -109,29 +109,80 @@ def test_the_device_is_not_the_local_rank_under_per_task_gpus():
     assert (environment.local_rank(), choice.index, choice.device_id, choice.exact) == (1, 0, "3", True)
 
 
-def test_validate_settings_refuses_uneven_ranks_per_node():
-    env = {
-        "SLURM_STEP_ID": "0",
-        "SLURM_PROCID": "8",
-        "SLURM_NTASKS": "11",
-        "SLURM_LOCALID": "0",
-        "SLURM_NODEID": "2",
-        "SLURM_STEP_TASKS_PER_NODE": "4(x2),3",
-        **ADDRESS,
-    }
-    environment = MPIClusterEnvironment(env)
+SLURM_UNEVEN = {
+    # srun -N3 -n11 (https://slurm.schedmd.com/srun.html, SLURM_STEP_TASKS_PER_NODE: "the number of tasks per node,
+    # in the same order as SLURM_STEP_NODELIST", counts compressed as "2(x3),1"): 4 + 4 + 3; this is the third node.
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "8",
+    "SLURM_NTASKS": "11",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "4(x2),3",
+    **ADDRESS,
+}
+
+
+def test_validate_settings_refuses_uneven_ranks_per_node_naming_ddp_mpi():
+    # The plugin with Lightning's own strategies (ddp, fsdp, deepspeed): devices x num_nodes cannot describe it.
+    environment = MPIClusterEnvironment(SLURM_UNEVEN)
     assert environment.layout.launcher is SLURM
-    with pytest.raises(
-        LayoutError, match=r"Slurm srun placed ranks unevenly.*SLURM_STEP_TASKS_PER_NODE\[SLURM_NODEID\]=3"
-    ):
+    with pytest.raises(LayoutError) as raised:
         environment.validate_settings(num_devices=4, num_nodes=3)
+    text = str(raised.value)
+    assert "Slurm srun placed ranks unevenly: this node runs SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID]=3 of 11" in text
+    assert 'HINT: Use strategy="ddp_mpi" with no devices/num_nodes' in text
+    assert "(FSDP hybrid sharding, ModelParallel) need an even launch" in text
+    # Fitting even launches on these 3 nodes, in srun's words: 4 per node (12 ranks) or 3 per node (9 ranks).
+    assert "`srun --ntasks=12 --ntasks-per-node=4` or `srun --ntasks=9 --ntasks-per-node=3`" in text
+
+
+def test_validate_settings_under_open_mpi_uneven_hint_has_no_wrong_count():
+    # 3 + 1 slots with --map-by slot, seen from the node with 3: no node count is exported, so no number is made up
+    # (the issue's "-np 1" for a four-rank job).
+    environment = MPIClusterEnvironment(open_mpi(rank=2, world_size=4, local_size=3))
+    with pytest.raises(LayoutError) as raised:
+        environment.validate_settings(num_devices=1, num_nodes=1)
+    text = str(raised.value)
+    assert "Open MPI placed ranks unevenly: this node runs OMPI_COMM_WORLD_LOCAL_SIZE=3 of 4 ranks" in text
+    assert "`mpirun -np <nodes x N> --map-by ppr:N:node`" in text
+    assert "-np 1 " not in text
+
+
+def test_validate_settings_under_ddp_mpi_takes_uneven_launches():
+    # "ddp_mpi" sets any_layout: its world, ranks, devices and sampler come from the launch.
+    environment = MPIClusterEnvironment(SLURM_UNEVEN)
+    environment.any_layout = True
+    environment.validate_settings(num_devices=3, num_nodes=3)  # this node's count; Slurm's node count
+    assert environment.num_nodes == 3
+    lone = MPIClusterEnvironment(open_mpi(rank=3, world_size=4, local_size=1))  # 3 + 1: the node with 1
+    lone.any_layout = True
+    lone.validate_settings(num_devices=1, num_nodes=4)  # its own reckoning: the roll call counts the hosts
+    lone.validate_settings(num_devices=1, num_nodes=2)  # given, and true: not refused on a guess
+
+
+def test_validate_settings_under_ddp_mpi_refuses_what_the_launch_contradicts():
+    environment = MPIClusterEnvironment(SLURM_UNEVEN, roll_call=False)
+    environment.any_layout = True
+    with pytest.raises(LayoutError, match=r"Trainer/Fabric\(devices=4\) was given, but Slurm srun started "):
+        environment.validate_settings(num_devices=4, num_nodes=3)
+    with pytest.raises(
+        LayoutError,
+        match=r"(?s)num_nodes=2\) was given, but the 11 ranks Slurm srun launched run on 3 node\(s\) "
+        r"\(len\(SLURM_STEP_TASKS_PER_NODE\)\).*HINT: Leave num_nodes out",
+    ):
+        environment.validate_settings(num_devices=3, num_nodes=2)
 
 
 def test_validate_settings_catches_the_uneven_node_that_looks_even():
-    # 1 + 1 + 2 ranks: the last node alone looks like half of an even 2 x 2 job, the others do not.
+    # 1 + 1 + 2 ranks: the last node alone looks like half of an even 2 x 2 job, the others do not. What it says is
+    # this node's reckoning, and the hint names the uneven case.
     lone = MPIClusterEnvironment(open_mpi(rank=0, world_size=4, local_size=1))
-    with pytest.raises(LayoutError, match=r"launched 4 ranks, 1 per node"):
+    with pytest.raises(LayoutError) as raised:
         lone.validate_settings(num_devices=2, num_nodes=2)
+    text = str(raised.value)
+    assert "launched 4 ranks, 1 per node" in text
+    assert "Open MPI exports no node count: the node count assumes every node runs as many" in text
+    assert 'an uneven launch), no devices/num_nodes fits: use strategy="ddp_mpi" and pass neither' in text
 
 
 def test_approximate_node_rank_warns_once_at_construction_without_the_roll_call():

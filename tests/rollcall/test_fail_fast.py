@@ -41,9 +41,8 @@ PATHS = {
     "fabric-ddp_mpi": (FABRIC_JOB, "ddp_mpi", "Fabric"),
 }
 # Rank 3 is tampered with (tamper.py). Each fault: tamper.py's option, the error's class, and pieces of the error that
-# hold whichever rank reports it. A rank that claims another world size stops by itself before the roll call, as
-# devices x num_nodes cannot fit it: the roll call's "expects world size 5 (rank 0 says 4)" needs a rank whose own
-# settings fit its world, which tests/rollcall/test_rendezvous.py covers without Lightning.
+# hold whichever rank reports it. With the plugin, a rank that claims another world size stops by itself before the
+# roll call, as devices x num_nodes cannot fit it; under "ddp_mpi" the roll call names it (DDP_MPI_FAULTS).
 FAULTS = {
     "missing": (
         ["--exit"],
@@ -71,7 +70,19 @@ FAULTS = {
             "LayoutError: rank 3 on 127.0.0.3: ",
             "this node runs OMPI_COMM_WORLD_LOCAL_SIZE=2 of 5 ranks",
             "{owner}(devices=2, num_nodes=2)",
-            "HINT: Launch exactly 2 ranks per node",
+            'HINT: Use strategy="ddp_mpi"',
+        ],
+    ),
+}
+# "ddp_mpi" takes any layout, so a rank that claims another world size is no uneven launch to it: the roll call,
+# which compares every rank's claim with rank 0's, names the disagreement on every rank.
+DDP_MPI_FAULTS = {
+    "world-size": (
+        "RendezvousError",
+        [
+            "Rank 3 on host 127.0.0.3",
+            "expects world size 5 (rank 0 says 4)",
+            "HINT: Start every rank with one launcher command",
         ],
     ),
 }
@@ -182,6 +193,8 @@ def _assert_cause_on_first_screen(job: Job, kind: str, expected: list[str | re.P
 @pytest.mark.parametrize("path", PATHS)
 def test_fault_ends_the_job_with_the_cause_on_the_first_screen(cluster, path, fault):
     option, kind, expected = FAULTS[fault]
+    if PATHS[path][1] == "ddp_mpi" and fault in DDP_MPI_FAULTS:
+        kind, expected = DDP_MPI_FAULTS[fault]
     owner = PATHS[path][2]
     job = _run(cluster, _command(path, fault=option))
     pieces = [text if isinstance(text, re.Pattern) else text.format(owner=owner) for text in expected]

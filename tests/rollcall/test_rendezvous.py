@@ -106,9 +106,43 @@ def test_assign_nodes_gives_every_rank_a_unique_place(num_nodes, per_node, round
     assert all(p.num_nodes == num_nodes and p.local_size == per_node for p in places)
 
 
-def test_assign_nodes_rejects_uneven_hosts():
-    with pytest.raises(RendezvousError, match=r"(?s)unevenly over the hosts \(a: ranks 0-2, b: rank 3\).*HINT: Launch"):
+def test_assign_nodes_refuses_uneven_hosts_naming_ddp_mpi():
+    # Lightning's own strategies take devices x num_nodes: the launch is named as one launch, and the fix is
+    # "ddp_mpi" (never "not started by one launch", never a rank count that does not fit).
+    with pytest.raises(
+        RendezvousError,
+        match=r"(?s)placed 4 ranks unevenly over 2 hosts \(a: ranks 0-2, b: rank 3\): one launch.*"
+        r'HINT: Use strategy="ddp_mpi" with no devices/num_nodes.*FSDP hybrid sharding, ModelParallel',
+    ):
         assign_nodes(["a", "a", "a", "b"], 0)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "expected"),
+    [
+        # 3 + 1 slots, block (mpirun --map-by slot) and round-robin (--map-by node).
+        ("aaab", [(0, 0, 3), (0, 1, 3), (0, 2, 3), (1, 0, 1)]),
+        ("abaa", [(0, 0, 3), (1, 0, 1), (0, 1, 3), (0, 2, 3)]),
+        # 2 + 1 + 1 slots, block and round-robin.
+        ("aabc", [(0, 0, 2), (0, 1, 2), (1, 0, 1), (2, 0, 1)]),
+        ("abca", [(0, 0, 2), (1, 0, 1), (2, 0, 1), (0, 1, 2)]),
+    ],
+)
+def test_assign_nodes_under_ddp_mpi_takes_uneven_hosts(hosts, expected):
+    # Under "ddp_mpi" every node keeps its own count: local_size is this host's, num_nodes the hosts met.
+    places = [assign_nodes(list(hosts), rank, any_layout=True) for rank in range(len(hosts))]
+    assert [(p.node_rank, p.local_rank, p.local_size) for p in places] == expected
+    assert {p.num_nodes for p in places} == {len(set(hosts))}
+
+
+@given(st.lists(st.sampled_from("abcd"), min_size=1, max_size=40))
+def test_assign_nodes_under_ddp_mpi_places_every_rank_once(hosts):
+    places = [assign_nodes(hosts, rank, any_layout=True) for rank in range(len(hosts))]
+    # Every (node, local rank) once; each node's local ranks are 0..its size-1; node 0 holds rank 0.
+    assert len({(p.node_rank, p.local_rank) for p in places}) == len(hosts)
+    for place in places:
+        assert 0 <= place.local_rank < place.local_size == hosts.count(hosts[places.index(place)])
+    assert places[0].node_rank == 0
 
 
 def _claim(rank, *, host="a", pid=100, world_size=4, port=29500):
@@ -223,11 +257,49 @@ def test_rendezvous_world_size_disagreement():
         assert "Rank 2 on host a (pid 1002, local rank 0) expects world size 5 (rank 0 says 4)" in str(result)
 
 
-def test_rendezvous_uneven_hosts():
+def test_rendezvous_uneven_hosts_under_lightning_s_own_strategies():
     results = _meet(_claims([0, 1, 2, 3], hosts="aaab"), timeout=20)
     for result in results.values():
         assert isinstance(result, RendezvousError)
-        assert "spread unevenly" in str(result)
+        assert "placed 4 ranks unevenly over 2 hosts (a: ranks 0-2, b: rank 3)" in str(result)
+        assert 'Use strategy="ddp_mpi"' in str(result)
+
+
+def test_rendezvous_uneven_hosts_under_ddp_mpi_meet():
+    claims = [dataclasses.replace(claim, any_layout=True) for claim in _claims([0, 1, 2, 3], hosts="aaab")]
+    results = _meet(claims, timeout=20)
+    nodes = {index: result.nodes for index, result in results.items()}  # type: ignore[attr-defined]
+    # _claims deals hosts a, a, a, b to ranks 0-3: block placement of 3 + 1.
+    assert nodes == {
+        0: NodeAssignment(0, 2, 0, 3),
+        1: NodeAssignment(0, 2, 1, 3),
+        2: NodeAssignment(0, 2, 2, 3),
+        3: NodeAssignment(1, 2, 0, 1),
+    }
+
+
+def test_rendezvous_one_rank_not_under_ddp_mpi_is_named():
+    claims = [dataclasses.replace(claim, any_layout=True) for claim in _claims([0, 1, 2, 3], hosts="aaab")]
+    claims[3] = dataclasses.replace(claims[3], any_layout=False)
+    for result in _meet(claims, timeout=20).values():
+        assert isinstance(result, RendezvousError)
+        assert 'Rank 3 on host b (pid 1003, local rank 0) uses a strategy other than "ddp_mpi" (rank 0 uses ' in str(
+            result
+        )
+
+
+def test_disagreement_on_trainer_settings_alone_is_not_called_two_launches():
+    # An uneven launch whose script computes devices from its own node: one launch, different settings.
+    zero = dataclasses.replace(_claim(0), expected=(3, 1))
+    three = dataclasses.replace(_claim(3), expected=(1, 4))
+    text = str(disagreement_message(zero, three))
+    assert "expects Trainer(devices=1, num_nodes=4) (rank 0 has devices=3, num_nodes=1)" in text
+    assert "were given different devices/num_nodes" in text
+    assert "not started by one launch" not in text
+    assert 'use strategy="ddp_mpi" and pass neither' in text
+    # With another difference too, it is two launches again.
+    four = dataclasses.replace(three, world_size=5)
+    assert "not started by one launch" in str(disagreement_message(zero, four))
 
 
 def _bound(claims, lists):

@@ -28,6 +28,7 @@ CLAIM = Claim(1, 4, "nodea", 1, 4242, "nodea", 29500, versions={"torch": "2.13.0
 GPU_CLAIM = Claim(
     1, 4, "nodea", 1, 4242, "nodea", 29500, visible_set=("2", "3"), visible_variable="CUDA_VISIBLE_DEVICES"
 )
+UNEVEN_CLAIM = Claim(1, 4, "nodea", 1, 4242, "nodea", 29500, any_layout=True)  # "ddp_mpi": nodes may differ
 REPORT = Report(2, "nodeb", 9, 2, 1, 5, "train.py:7 in training_step")
 
 
@@ -35,6 +36,8 @@ def test_good_values_round_trip():
     assert read("k", CLAIM.to_json(), claim_of(1)) == CLAIM
     assert read("k", GPU_CLAIM.to_json(), claim_of(1)) == GPU_CLAIM
     assert read("k", "[0, 2, 1, 2, 1]", node_of(GPU_CLAIM)) == (NodeAssignment(0, 2, 1, 2), 1)
+    assert read("k", UNEVEN_CLAIM.to_json(), claim_of(1)) == UNEVEN_CLAIM
+    assert read("k", "[0, 2, 1, 3, null]", node_of(UNEVEN_CLAIM)) == (NodeAssignment(0, 2, 1, 3), None)  # 3 + 1
     assert read("k", REPORT.to_json(), report_of(2)) == REPORT
     assert read("k", '{"summary": "met", "notes": ["a"]}', roll_call_verdict).notes == ("a",)
     assert read("k", '{"problem": "p", "hint": "h", "value": null}', roll_call_verdict).error().problem == "p"
@@ -78,6 +81,21 @@ MALFORMED = {
         claim_of(1),
         json.dumps({**json.loads(GPU_CLAIM.to_json()), "device_index": 2}),
         "device_index=2 is outside 0..1",
+    ),
+    "claim any_layout not a flag": (
+        claim_of(1),
+        json.dumps({**json.loads(UNEVEN_CLAIM.to_json()), "any_layout": 1}),
+        "any_layout is 1, not true or false",
+    ),
+    "uneven nodes past the world": (
+        node_of(UNEVEN_CLAIM),
+        "[0, 2, 1, 4, null]",
+        "4 rank(s) here and 1 other node(s) exceed the 4 ranks",
+    ),
+    "uneven sizes for a rank that takes even ones": (
+        node_of(CLAIM),
+        "[0, 2, 1, 3, null]",
+        "2 node(s) of 3 rank(s) are not the 4 ranks of this job",
     ),
     "node index past the nodes": (node_of(CLAIM), "[7, 3, 0, 2, null]", "node_rank=7 is outside 0..2"),
     "node count that is not the world": (node_of(CLAIM), "[0, 3, 0, 2, null]", "are not the 4 ranks of this job"),

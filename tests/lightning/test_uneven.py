@@ -1,0 +1,334 @@
+"""Uneven launches (nodes that run different numbers of ranks): ``"ddp_mpi"`` trains on them, the plugin refuses them.
+
+``"ddp_mpi"`` takes the world size and every rank's global rank from the launcher, each node's size from the
+launcher and the roll call, and deals the data sampler over every rank; Lightning's own strategies take ``devices x
+num_nodes`` and ``node rank x devices + local rank``, which no uneven launch fits.
+
+The launchers' variables these jobs rely on, as documented:
+
+- Open MPI (https://docs.open-mpi.org/en/v5.0.x/tuning-apps/environment-var.html): ``OMPI_COMM_WORLD_SIZE`` "the
+  number of processes in this process's MPI_COMM_WORLD", ``OMPI_COMM_WORLD_RANK`` "the MPI rank of this process",
+  ``OMPI_COMM_WORLD_LOCAL_SIZE`` "the number of ranks from this job that are running on this node" (no variable
+  gives another node's count: the roll call counts the hosts). ``mpirun --hostfile`` lines ``HOST slots=N`` and
+  ``--map-by slot`` (fill a node's slots first) / ``--map-by node`` (one rank per node in turn) are in ``mpirun(1)``
+  (https://docs.open-mpi.org/en/v5.0.x/man-openmpi/man1/mpirun.1.html).
+- Slurm srun (https://slurm.schedmd.com/srun.html): ``SLURM_PROCID`` "the MPI rank (or relative process ID) of the
+  current process", ``SLURM_NTASKS`` the number of tasks, ``SLURM_LOCALID`` "node local task ID",
+  ``SLURM_NODEID`` "the relative node ID of the current node", ``SLURM_STEP_TASKS_PER_NODE`` "number of processes
+  per node within the step" in the compressed form ``2(x3),1``. ``srun -N2 -n3`` places 2 + 1 (block distribution).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_mpi_env.tools.simcluster import RSH_AGENT, find_mpirun
+from tests.clusters.hydra import printed_results, probe_command, read_probes
+from tests.clusters.slurm import SlurmCluster
+from tests.conftest import JOBS
+
+JOB = JOBS / "uneven_train.py"
+LENGTH = 163  # samples: not a multiple of 4 or 3, so the sampler pads, and each rank's share is ceil(len / N)
+BATCH = 2
+STEPS = 20
+TOLERANCE = 1e-6
+JOB_TIMEOUT = 400  # four Lightning processes on two busy cores; a bound on a hang, not a speed target
+
+A, B, C = "127.0.0.2", "127.0.0.3", "127.0.0.4"
+SLOTS = {"3+1": {A: 3, B: 1}, "2+1+1": {A: 2, B: 1, C: 1}}
+"""The host files: each simulated node's ``slots=``."""
+PLACED = {
+    # Where mpirun -np 4 puts each rank: --map-by slot fills a node's slots first, --map-by node deals in turn
+    # (skipping full nodes).
+    ("3+1", "slot"): [A, A, A, B],
+    ("3+1", "node"): [A, B, A, A],
+    ("2+1+1", "slot"): [A, A, B, C],
+    ("2+1+1", "node"): [A, B, C, A],
+}
+
+
+def mpirun_uneven(tmp_path: Path, slots: dict[str, int], map_by: str, command: list[str]) -> list[str]:
+    """``mpirun -np <slots> --map-by <map_by>`` over simulated nodes with these slots (a host file of uneven lines).
+
+    ``SimulatedCluster`` writes equal slots; its agent (:data:`RSH_AGENT`) starts the daemons of any host file. The
+    first host runs rank 0 under either placement: it is ``MASTER_ADDR``, as a job script would export it.
+    """
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{host} slots={count}\n" for host, count in slots.items()))
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [
+        find_mpirun(),
+        *root,
+        *("--mca", "plm_rsh_agent", str(RSH_AGENT), "--hostfile", str(hostfile)),
+        *("-np", str(sum(slots.values())), "--map-by", map_by, "-x", f"MASTER_ADDR={next(iter(slots))}"),
+        *command,
+    ]
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=JOB_TIMEOUT, check=False)
+
+
+def _results(stdout: str) -> list[dict]:
+    decoder = json.JSONDecoder()
+    return sorted((decoder.raw_decode(part)[0] for part in stdout.split("RESULT ")[1:]), key=lambda r: r["global_rank"])
+
+
+def assert_trained_as_one_process(results: list[dict], hosts: list[str], api: str) -> float:
+    """Every rank's counts are the launch's, the batches are the reference's, the weights the reference's.
+
+    Returns:
+        The largest difference between any rank's weights and the single-process reference's.
+    """
+    world = len(hosts)
+    assert [r["global_rank"] for r in results] == list(range(world))
+    order = list(dict.fromkeys(hosts))  # nodes numbered by their lowest rank
+    for r in results:
+        rank = r["global_rank"]
+        on_host = [other for other, host in enumerate(hosts) if host == hosts[rank]]
+        assert r["api"] == api
+        assert r["launcher_rank"] == rank  # the launcher's, not node rank x devices + local rank
+        assert r["hostname"] == hosts[rank]
+        assert (r["world_size"], r["num_nodes"]) == (world, len(order))
+        assert r["num_devices"] == len(on_host)  # this node's ranks
+        assert (r["node_rank"], r["local_rank"]) == (order.index(hosts[rank]), on_host.index(rank))
+        # The sampler, as the job asserted it too: every rank an equal share of the padded data. Lightning's Trainer
+        # shuffles the training data it deals (seeded); Fabric keeps the loader's shuffle=False.
+        share = math.ceil(LENGTH / world)
+        assert r["sampler"] == {
+            "num_replicas": world,
+            "rank": rank,
+            "share": share,
+            "shuffle": api == "Trainer",
+            "seed": 0,
+        }
+        assert len(r["steps"]) == STEPS
+    # The ranks' k-th batches together are the k-th batch of world x BATCH of one process.
+    batches = results[0]["reference_batches"]
+    assert len(batches) == STEPS
+    for step in range(STEPS):
+        together = sorted(index for r in results for index in r["steps"][step])
+        assert together == sorted(batches[step])
+        if api == "Fabric":  # no shuffle: the indices in order
+            assert together == list(range(step * world * BATCH, (step + 1) * world * BATCH))
+    taken = [index for batch in batches for index in batch]
+    assert len(set(taken)) == len(taken) == STEPS * world * BATCH  # no sample twice: the padding is past the steps
+    reference, initial = results[0]["reference"], results[0]["initial"]
+    assert max(abs(a - b) for a, b in zip(reference, initial, strict=True)) > 1e-2  # training moved the weights
+    difference = max(abs(a - b) for r in results for a, b in zip(r["weights"], reference, strict=True))
+    assert difference < TOLERANCE, difference
+    return difference
+
+
+# --- zero config on an uneven launch, without a job ------------------------------------------------------------------
+
+BUILT = """
+import json, os, sys
+os.environ.update(json.loads(sys.argv[1]))
+import lightning_mpi_env
+import {namespace} as L
+runner = L.{entry}(strategy="ddp_mpi", accelerator="cpu"{logger})
+strategy = runner.strategy
+print(json.dumps({{"devices": len(strategy.parallel_devices), "num_nodes": strategy.num_nodes,
+                   "world_size": strategy.world_size, "global_rank": strategy.global_rank,
+                   "root_device": str(strategy.root_device), "sampler": strategy.distributed_sampler_kwargs}}))
+"""
+
+OPEN_MPI_3_1 = {
+    # mpirun -np 4 --map-by slot over slots 3 + 1: rank 2 (the third on the node of 3), rank 3 (alone).
+    2: {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "3"},
+    3: {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"},
+}
+SLURM_2_1 = {
+    # srun -N2 -n3 (2 + 1): task 2, alone on the second node.
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "2",
+    "SLURM_NTASKS": "3",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "2,1",
+}
+
+
+def _built(namespace: str, entry: str, env: dict[str, str]) -> dict:
+    code = BUILT.format(namespace=namespace, entry=entry, logger=", logger=False" if entry == "Trainer" else "")
+    environment = {**env, "MASTER_ADDR": "nodea", "MASTER_PORT": "29611"}
+    result = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(environment)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+NAMESPACES = [
+    ("lightning.pytorch", "Trainer"),
+    ("pytorch_lightning", "Trainer"),
+    ("lightning.fabric", "Fabric"),
+    ("lightning_fabric", "Fabric"),
+]
+
+
+@pytest.mark.parametrize(("namespace", "entry"), NAMESPACES)
+def test_zero_config_on_the_node_of_three(namespace, entry):
+    # Before the roll call no variable says how many nodes there are (Open MPI exports this node's count only): the
+    # node count stays 1 until the roll call counts the hosts. Devices, ranks and sampler are the launch's already.
+    shape = _built(namespace, entry, {"OMPI_COMM_WORLD_SIZE": "4", **OPEN_MPI_3_1[2]})
+    assert shape == {
+        "devices": 3,
+        "num_nodes": 1,
+        "world_size": 4,
+        "global_rank": 2,
+        "root_device": "cpu",
+        "sampler": {"num_replicas": 4, "rank": 2},  # not num_nodes x devices (3 here, 1 on the other node)
+    }
+
+
+@pytest.mark.parametrize(("namespace", "entry"), NAMESPACES[::3])
+def test_zero_config_on_the_lone_rank_of_an_uneven_slurm_step(namespace, entry):
+    # SLURM_NTASKS_PER_NODE: srun -N2 -n3 --ntasks-per-node=2 (without it Lightning's own SLURMEnvironment, made
+    # while the Trainer/Fabric is built from a strategy's name, refuses `--ntasks`; see the srun jobs below).
+    shape = _built(namespace, entry, {**SLURM_2_1, "SLURM_NTASKS_PER_NODE": "2"})
+    assert shape == {
+        "devices": 1,
+        "num_nodes": 2,  # Slurm exports every node's count
+        "world_size": 3,
+        "global_rank": 2,
+        "root_device": "cpu",
+        "sampler": {"num_replicas": 3, "rank": 2},
+    }
+
+
+# --- real mpirun jobs on uneven host files -----------------------------------------------------------------------
+
+CASES = [
+    # (slots, placement, namespace): every host file and placement with the Trainer and with Fabric, the namespaces
+    # dealt among them.
+    ("3+1", "slot", "lightning.pytorch"),
+    ("3+1", "slot", "lightning_fabric"),
+    ("3+1", "node", "pytorch_lightning"),
+    ("3+1", "node", "lightning.fabric"),
+    ("2+1+1", "slot", "lightning.fabric"),
+    ("2+1+1", "slot", "pytorch_lightning"),
+    ("2+1+1", "node", "lightning_fabric"),
+    ("2+1+1", "node", "lightning.pytorch"),
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("slots", "map_by", "namespace"), CASES)
+def test_mpirun_uneven_launch_trains_as_one_process(tmp_path, slots, map_by, namespace):
+    command = [sys.executable, str(JOB), "--namespace", namespace, "--length", str(LENGTH)]
+    command += ["--batch", str(BATCH), "--steps", str(STEPS)]
+    result = _run(mpirun_uneven(tmp_path, SLOTS[slots], map_by, command))
+    assert result.returncode == 0, result.stderr[-4000:]
+    api = "Fabric" if "fabric" in namespace else "Trainer"
+    difference = assert_trained_as_one_process(_results(result.stdout), PLACED[slots, map_by], api)
+    print(f"FIGURE {slots} --map-by {map_by} {namespace}: max |weights - reference| = {difference:.3g}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("slots", "map_by", "namespace"), [("3+1", "slot", "lightning.pytorch"), ("2+1+1", "node", "lightning.fabric")]
+)
+def test_mpirun_uneven_launch_with_the_plugin_names_ddp_mpi(tmp_path, slots, map_by, namespace):
+    # Lightning's own DDPStrategy with MPIClusterEnvironment and no devices/num_nodes, as a user would try first: it
+    # stops when fit()/launch() starts, before the roll call and before any step.
+    command = [sys.executable, str(JOB), "--namespace", namespace, "--strategy", "plugin"]
+    result = _run(mpirun_uneven(tmp_path, SLOTS[slots], map_by, command))
+    assert result.returncode != 0
+    assert "RESULT" not in result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("LayoutError: rank ")]
+    assert errors, result.stderr[-4000:]
+    for line in errors:
+        # Whichever rank reports first: a rank on a node of 2 or 3 knows the launch is uneven; a lone rank sees a
+        # node of 1 (as in an even launch of 1 per node) and says its node count is a guess. Both name the fix.
+        assert "ddp_mpi" in line, line
+        assert "not started by one launch" not in line
+        assert "-np 1 " not in line, line
+        assert "ppr:1:node" not in line, line
+    print("FIGURE plugin refusal: " + errors[0][:400])
+
+
+# --- the simulated Slurm cluster -----------------------------------------------------------------------------------
+
+
+def _srun(cluster: SlurmCluster, out: Path, srun_args: list[str], command: list[str]) -> list[dict]:
+    out.mkdir()
+    completed = cluster.run(["srun", *srun_args, *probe_command(out, command)], timeout=JOB_TIMEOUT)
+    records = read_probes(out)
+    assert records, completed.stdout[-2000:] + completed.stderr[-4000:]
+    return records
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+@pytest.mark.parametrize(
+    ("namespace", "srun_args", "as_object"),
+    [
+        # The strategy object brings its own cluster environment: Lightning makes no SLURMEnvironment, which would
+        # refuse `--ntasks` while it is made (by name, `strategy="ddp_mpi"`, it does: docs/troubleshooting.md).
+        ("lightning_fabric", ["-N2", "-n3"], True),
+        ("pytorch_lightning", ["-N2", "-n3"], True),
+    ],
+)
+def test_srun_three_tasks_on_two_nodes_train_as_one_process(slurm_cluster, tmp_path, namespace, srun_args, as_object):
+    command = [sys.executable, str(JOB), "--namespace", namespace, "--length", str(LENGTH)]
+    command += ["--batch", str(BATCH), "--steps", str(STEPS), *(["--as-object"] if as_object else [])]
+    records = _srun(slurm_cluster, tmp_path / "probes", srun_args, command)
+    for record in records:
+        assert record["returncode"] == 0, record["stderr"][-4000:]
+        assert record["launcher"]["SLURM_STEP_TASKS_PER_NODE"] == "2,1"
+    results = sorted(printed_results(records), key=lambda r: r["global_rank"])
+    first, second = slurm_cluster.hosts[:2]
+    api = "Fabric" if "fabric" in namespace else "Trainer"
+    difference = assert_trained_as_one_process(results, [first, first, second], api)
+    print(f"FIGURE srun {' '.join(srun_args)} {namespace}: max |weights - reference| = {difference:.3g}")
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_srun_heterogeneous_step_trains_as_one_process(slurm_cluster, tmp_path):
+    # `srun -N1 -n2 : -N1 -n1 ...` (https://slurm.schedmd.com/heterogeneous_jobs.html): a heterogeneous job of two
+    # components and one step over both, "combined into one MPI_COMM_WORLD with non-overlapping task IDs". Slurm
+    # exports the step's whole layout (SLURM_PROCID 0-2, SLURM_NTASKS=3, SLURM_STEP_TASKS_PER_NODE=2,1) beside
+    # SLURM_HET_SIZE (Debian's Slurm also SLURM_PACK_SIZE and SLURM_*_PACK_GROUP_<n>, the older names).
+    out = tmp_path / "probes"
+    out.mkdir()
+    job = [sys.executable, str(JOB), "--length", str(LENGTH), "--batch", str(BATCH), "--steps", str(STEPS)]
+    command = probe_command(out, [*job, "--as-object"])
+    completed = slurm_cluster.run(["srun", "-N1", "-n2", *command, ":", "-N1", "-n1", *command], timeout=JOB_TIMEOUT)
+    records = read_probes(out)
+    assert len(records) == 3, completed.stdout[-2000:] + completed.stderr[-4000:]
+    for record in records:
+        assert record["returncode"] == 0, record["stderr"][-4000:]
+        said = record["launcher"]
+        assert (said["SLURM_HET_SIZE"], said["SLURM_NTASKS"], said["SLURM_STEP_TASKS_PER_NODE"]) == ("2", "3", "2,1")
+    results = sorted(printed_results(records), key=lambda r: r["global_rank"])
+    first, second = slurm_cluster.hosts[:2]
+    difference = assert_trained_as_one_process(results, [first, first, second], "Trainer")
+    print(f"FIGURE srun -N1 -n2 : -N1 -n1 (heterogeneous): max |weights - reference| = {difference:.3g}")
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_srun_uneven_step_with_the_plugin_names_ddp_mpi_on_every_task(slurm_cluster, tmp_path):
+    # srun waits for every task: each one stops by itself, with the same diagnosis (Slurm exports every node's count).
+    command = [sys.executable, str(JOB), "--strategy", "plugin"]
+    records = _srun(slurm_cluster, tmp_path / "probes", ["-N2", "-n3", "--ntasks-per-node=2"], command)
+    assert len(records) == 3
+    for record in records:
+        assert record["returncode"] != 0
+        assert "RESULT" not in record["stdout"]
+        assert "Slurm srun placed ranks unevenly" in record["stderr"], record["stderr"][-3000:]
+        assert 'Use strategy="ddp_mpi"' in record["stderr"]
+        # Even launches that fit these 2 nodes, in srun's words.
+        assert "`srun --ntasks=4 --ntasks-per-node=2` or `srun --ntasks=2 --ntasks-per-node=1`" in record["stderr"]
