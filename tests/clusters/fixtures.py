@@ -7,6 +7,7 @@ root, no network) the tests skip saying why, and ``conftest.py`` turns such a sk
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clusters import hydra
+from tests.clusters import deepspeed_venv, hydra
 from tests.clusters.locks import file_lock
 from tests.clusters.slurm import ClusterBusyError, SlurmCluster
 
@@ -116,4 +117,21 @@ def jax_python() -> Path:
     return bin_dir / "python"
 
 
-__all__ = ["JAX_REQUIREMENT", "hydra_cluster", "jax_python", "real_launch_lock", "slurm_cluster"]
+@pytest.fixture(scope="session")
+def deepspeed() -> deepspeed_venv.DeepSpeed:
+    """DeepSpeed from PyPI, in a venv of its own over this venv's torch and Lightning (:mod:`.deepspeed_venv`).
+
+    Installed on first use (the install builds DeepSpeed's CPU collectives op: minutes on a loaded machine; once per
+    checkout). Outside CI it skips when that cannot be done (no network, no C++ compiler); with ``CI`` set that is a
+    failure, as for the oldest Lightning.
+    """
+    try:
+        return deepspeed_venv.ensure_venv()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        reason = f"cannot install deepspeed {deepspeed_venv.VERSION} into {deepspeed_venv.VENV_DIR}: {error}"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI={os.environ['CI']!r}: DeepSpeed must be tested for real. {reason}")
+        pytest.skip(reason)
+
+
+__all__ = ["JAX_REQUIREMENT", "deepspeed", "hydra_cluster", "jax_python", "real_launch_lock", "slurm_cluster"]

@@ -13,10 +13,10 @@ CPU-backed subclass of Lightning's ``CUDAAccelerator`` under the name ``"cuda"``
 the strategy is then exactly Lightning's class, built by Lightning's own ``Trainer``/``Fabric`` from its registered
 name, and everything from ``fit()``/``launch()`` down to ``init_process_group`` is Lightning's code (in DeepSpeed's
 case through its CUDA check and ``setup_distributed``), rather than a call to ``setup_distributed()`` by hand.
-ModelParallel runs on Lightning's CPU accelerator as it is. ``deepspeed`` itself is not installed (and must not
-become a dependency): a stand-in package with a ``dist-info`` is put on the path, whose ``init_distributed`` does
-what DeepSpeed's does once Lightning exported ``RANK``/``WORLD_SIZE``/``MASTER_*``: ``init_process_group`` with
-``env://``.
+ModelParallel runs on Lightning's CPU accelerator as it is. DeepSpeed is the real one, ``deepspeed`` 0.19.8 from
+PyPI, in a venv of its own over this venv's torch and Lightning (it is no dependency of this package:
+:mod:`tests.clusters.deepspeed_venv`); its program runs on that venv's Python, and a spy on
+``deepspeed.init_distributed`` records where the roll call stood when Lightning called it.
 """
 
 import json
@@ -24,11 +24,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from lightning_mpi_env.lightning import compat
+from tests.clusters.deepspeed_venv import DeepSpeed
 from tests.clusters.lightning_versions import (  # noqa: F401  (oldest_lightning: a fixture, requested by name)
     INSTALLED,
     OLDEST,
@@ -53,16 +55,24 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".")[:3])
 
 
-def _probe(lightning: Lightning, program: str, *args: str, path: tuple[Path, ...] = ()) -> dict:
+def _probe(
+    lightning: Lightning,
+    program: str,
+    *args: str,
+    path: tuple[Path, ...] = (),
+    python: str = sys.executable,
+    variables: Mapping[str, str] | None = None,
+) -> dict:
     """Run ``program`` on ``lightning`` in a fresh interpreter; return what it printed after ``PROBE``."""
     base = {
         "PATH": os.pathsep.join([*map(str, path), "/usr/bin", "/bin"]),
         "HOME": os.environ.get("HOME", "/tmp"),
         "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        **(variables or {}),
     }
     env = lightning.environ(base)
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(program), *args],
+        [python, "-c", textwrap.dedent(program), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -148,7 +158,8 @@ def spy_init(*args, **kwargs):
         del client
     events.append({
         "event": "init_process_group", "stage": ENV.stage.name, "verdict": verdict,
-        "caller": sys._getframe(1).f_code.co_name, "listening": listening,
+        "caller": sys._getframe(1).f_code.co_name, "module": sys._getframe(1).f_globals["__name__"],
+        "listening": listening,
     })
     result = real_init(*args, **kwargs)
     store = dist.distributed_c10d._get_default_store()
@@ -382,6 +393,26 @@ class CPUAsCUDA(accelerators.CUDAAccelerator):
 
 
 registry.register("cuda", CPUAsCUDA, override=True)
+deepspeed_calls = []
+if "deepspeed" in WANTED:
+    import deepspeed
+
+    real_init_distributed = deepspeed.init_distributed
+
+    def spy_init_distributed(dist_backend=None, *rest, **keywords):
+        # DeepSpeed's own entry point, as Lightning calls it: was the roll call's verdict in the store by then?
+        client = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
+        )
+        deepspeed_calls.append({
+            "backend": dist_backend, "distributed_port": keywords.get("distributed_port"),
+            "roll_call_done": client.check([VERDICT]), "stage": ENV.stage.name,
+            "environ": {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")},
+        })
+        del client
+        return real_init_distributed(dist_backend, *rest, **keywords)
+
+    deepspeed.init_distributed = spy_init_distributed
 
 
 if TRAINER:
@@ -425,71 +456,18 @@ for name in WANTED:
             owner = OWNER[0] = pl.Fabric(strategy=strategy, accelerator=accelerator, devices=1, plugins=[ENV])
             built = type(owner.strategy)
             owner.launch()
-    except Exception as error:  # on the CPU, FSDP and the DeepSpeed stand-in give up after init_process_group
+    except Exception as error:  # on the CPU, FSDP gives up after init_process_group
         events.append({"event": "raised", "error": f"{type(error).__name__}: {error}"[:300]})
-    deepspeed = sys.modules.get("deepspeed")
     runs[name] = {
         "strategy": f"{built.__module__}.{built.__qualname__}", "events": list(events), "port": PORT,
-        "deepspeed": list(deepspeed.calls) if deepspeed is not None else [],
+        "deepspeed": list(deepspeed_calls),
     }
-    if deepspeed is not None:
-        deepspeed.calls.clear()
+    deepspeed_calls.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
 print("PROBE " + json.dumps(runs))
 """
 )
-
-DEEPSPEED_STAND_IN = '''
-"""A stand-in for DeepSpeed, for Lightning's DeepSpeedStrategy on a machine without it (tests only).
-
-``init_distributed`` does what DeepSpeed's does (``deepspeed/comm/comm.py``) when Lightning has exported ``RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and ``LOCAL_RANK``: ``init_process_group`` with ``env://``, unless
-a process group exists. It also records whether the roll call's verdict was in the store at that moment.
-"""
-import logging
-import os
-from datetime import timedelta
-from types import SimpleNamespace
-
-__version__ = "0.16.0"
-calls = []
-utils = SimpleNamespace(logging=SimpleNamespace(logger=logging.getLogger("deepspeed")))
-
-
-def init_distributed(
-    dist_backend=None, auto_mpi_discovery=True, distributed_port=29500, verbose=True,
-    timeout=timedelta(minutes=30), init_method=None, dist_init_required=None, config=None, rank=-1, world_size=-1,
-):
-    import torch.distributed as dist
-
-    from lightning_mpi_env.rollcall.store import KEY_PREFIX
-
-    client = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
-    )
-    calls.append({
-        "backend": dist_backend, "distributed_port": distributed_port,
-        "roll_call_done": client.check([KEY_PREFIX + "verdict"]),
-        "environ": {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")},
-    })
-    if dist.is_initialized():
-        return
-    dist.init_process_group(dist_backend, timeout=timeout, init_method=init_method, rank=rank, world_size=world_size)
-'''
-
-
-@pytest.fixture(scope="module")
-def deepspeed_stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory with the ``deepspeed`` stand-in and a ``dist-info`` for Lightning's ``RequirementCache``."""
-    directory = tmp_path_factory.mktemp("deepspeed-stand-in")
-    (directory / "deepspeed").mkdir()
-    (directory / "deepspeed" / "__init__.py").write_text(textwrap.dedent(DEEPSPEED_STAND_IN).lstrip())
-    info = directory / "deepspeed-0.16.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.16.0\n")
-    return directory
-
 
 EXPECTED_CLASSES = {
     "fsdp": "fsdp.FSDPStrategy",
@@ -498,40 +476,55 @@ EXPECTED_CLASSES = {
 }
 
 
+def _assert_met_before_init(name: str, run: dict, package: str, lightning: Lightning) -> None:
+    """Lightning's own ``name`` strategy met in the roll call, then called ``init_process_group`` on its store."""
+    events, port = run["events"], run["port"]
+    context = f"{name} on {lightning}: {events}"
+    assert run["strategy"] == f"{package}.strategies.{EXPECTED_CLASSES[name]}", context  # Lightning's own class
+    setup = [event for event in events if event["event"] == "proposal" and event["after"] == "SETTING_UP"]
+    assert setup, context
+    assert all(event["setting_up"] for event in setup), context
+    meeting = [event for event in events if event["event"] == "main_address" and event["before"] == "SETTING_UP"]
+    assert meeting, context
+    assert meeting[0]["after"] == "MET", context
+    (init,) = [events[index] for index in _index(events, "init_process_group")]
+    assert (init["stage"], init["verdict"]) == ("MET", True), context
+    assert events.index(init) > max(events.index(event) for event in setup), context
+    (store,) = [events[index] for index in _index(events, "default_store")]
+    assert (store["port"], store["verdict"]) == (port, True), context
+    for index in _index(events, "raised"):  # on the CPU they may give up, but only after the process group
+        assert index > events.index(init), context
+    if name == "deepspeed":
+        # DeepSpeed's init_distributed, called by Lightning, opened the process group through its TorchBackend.
+        assert (init["module"], init["caller"]) == ("deepspeed.comm.torch", "init_process_group"), context
+        assert not _index(events, "raised"), context  # the real DeepSpeed trains (Trainer) or launches (Fabric)
+        (call,) = run["deepspeed"]
+        assert (call["roll_call_done"], call["stage"]) == (True, "MET"), call
+        assert call["distributed_port"] == port, call
+        assert call["backend"] == "gloo", call
+        assert call["environ"] == {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(port), "LOCAL_RANK": "0"}
+    else:
+        assert init["caller"] == "_init_dist_connection", context
+        assert not run["deepspeed"], context
+
+
 @pytest.mark.parametrize("package", [*TRAINER_PACKAGES, *FABRIC_PACKAGES])
-def test_sharded_strategies_meet_in_the_roll_call_before_init_process_group(
-    lightning, package, deepspeed_stand_in, monkeypatch
-):
-    monkeypatch.setenv("PYTHONPATH", str(deepspeed_stand_in))
-    runs = _probe(lightning, SHARDED_PROGRAM, package, ",".join(EXPECTED_CLASSES))
+def test_sharded_strategies_meet_in_the_roll_call_before_init_process_group(lightning, package):
+    runs = _probe(lightning, SHARDED_PROGRAM, package, "fsdp,model_parallel")
     assert (runs["model_parallel"] is None) == (_version(lightning.version) < (2, 3)), "ModelParallel: 2.3+"
     for name, run in runs.items():
-        if run is None:
-            continue
-        events, port = run["events"], run["port"]
-        context = f"{name} on {lightning}: {events}"
-        assert run["strategy"] == f"{package}.strategies.{EXPECTED_CLASSES[name]}", context  # Lightning's own class
-        setup = [event for event in events if event["event"] == "proposal" and event["after"] == "SETTING_UP"]
-        assert setup, context
-        assert all(event["setting_up"] for event in setup), context
-        meeting = [event for event in events if event["event"] == "main_address" and event["before"] == "SETTING_UP"]
-        assert meeting, context
-        assert meeting[0]["after"] == "MET", context
-        (init,) = [events[index] for index in _index(events, "init_process_group")]
-        assert (init["stage"], init["verdict"]) == ("MET", True), context
-        assert events.index(init) > max(events.index(event) for event in setup), context
-        (store,) = [events[index] for index in _index(events, "default_store")]
-        assert (store["port"], store["verdict"]) == (port, True), context
-        for index in _index(events, "raised"):  # on the CPU they may give up, but only after the process group
-            assert index > events.index(init), context
-        if name == "deepspeed":
-            assert init["caller"] == "init_distributed", context
-            (call,) = run["deepspeed"]
-            assert call["roll_call_done"] is True
-            assert call["distributed_port"] == port
-            assert call["environ"] == {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(port), "LOCAL_RANK": "0"}
-        else:
-            assert init["caller"] == "_init_dist_connection", context
+        if run is not None:
+            _assert_met_before_init(name, run, package, lightning)
+
+
+@pytest.mark.parametrize("package", [*TRAINER_PACKAGES, *FABRIC_PACKAGES])
+def test_real_deepspeed_meets_in_the_roll_call_before_init_distributed(lightning, package, deepspeed: DeepSpeed):
+    # The real deepspeed, on its venv's Python: Lightning's DeepSpeedStrategy calls deepspeed.init_distributed,
+    # which starts the process group itself (env://), on the roll call's store.
+    runs = _probe(
+        lightning, SHARDED_PROGRAM, package, "deepspeed", python=str(deepspeed.python), variables=deepspeed.environ({})
+    )
+    _assert_met_before_init("deepspeed", runs["deepspeed"], package, lightning)
 
 
 SUBCLASS_PROGRAM = (
