@@ -305,7 +305,14 @@ def test_srun_heterogeneous_step_trains_as_one_process(slurm_cluster, tmp_path):
     out.mkdir()
     job = [sys.executable, str(JOB), "--length", str(LENGTH), "--batch", str(BATCH), "--steps", str(STEPS)]
     command = probe_command(out, [*job, "--as-object"])
-    completed = slurm_cluster.run(["srun", "-N1", "-n2", *command, ":", "-N1", "-n1", *command], timeout=JOB_TIMEOUT)
+    # srun sorts a heterogeneous step's nodes by name, so its first host need not run rank 0: the job script names
+    # rank 0's host, as the core requires there (the first component's node, node1 here).
+    first = slurm_cluster.hosts[0]
+    completed = slurm_cluster.run(
+        ["srun", "-N1", "-n2", *command, ":", "-N1", "-n1", *command],
+        timeout=JOB_TIMEOUT,
+        env={"MASTER_ADDR": first},
+    )
     records = read_probes(out)
     assert len(records) == 3, completed.stdout[-2000:] + completed.stderr[-4000:]
     for record in records:
