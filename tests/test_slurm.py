@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lightning_mpi_env.core.layout import derive_port
-from lightning_mpi_env.tools.simcluster import find_mpirun
+from lightning_mpi_env.tools.simcluster import find_mpirun, session_dir_arguments
 from tests.clusters.fixtures import real_launch_lock
 from tests.clusters.hydra import launcher_truth, printed_results, probe_command, read_probes, shown
 from tests.clusters.lanes import SLURM_LANE
@@ -120,9 +120,7 @@ def mpirun_command(out: Path, command: list[str]) -> list[str]:
     Its session directories go to ``out`` rather than the simulated nodes' shared ``/tmp`` (see ``simcluster``).
     """
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    (out / "prte").mkdir(parents=True, exist_ok=True)
-    sessions = ["--prtemca", "prte_tmpdir_base", str(out / "prte")]
-    return [find_mpirun(), *root, *sessions, *probe_command(out, command)]
+    return [find_mpirun(), *root, *session_dir_arguments(out / "prte"), *probe_command(out, command)]
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from lightning_mpi_env.lightning import checkpoints
 from lightning_mpi_env.lightning import requeue as requeue_module
 from lightning_mpi_env.lightning.checkpoints import Saved
 from lightning_mpi_env.lightning.requeue import Requeue, checkpoint_and_requeue, hpc_checkpoint, newest_checkpoint
-from lightning_mpi_env.tools.simcluster import SimulatedCluster, find_mpirun
+from lightning_mpi_env.tools.simcluster import SimulatedCluster, find_mpirun, session_dir_arguments
 from tests.conftest import TRAINER_JOB
 
 EXAMPLES_JOBS = TRAINER_JOB.parents[1] / "jobs"
@@ -472,8 +472,7 @@ def run_requeued_slurm_job(
     train += ["--root-dir", str(root), *train_args]
     env = {
         "TRAIN": " ".join(train),
-        # Session directories in the test's folder, not the simulated nodes' shared /tmp (see simcluster).
-        "MPIRUN": f"{find_mpirun()} --allow-run-as-root --prtemca prte_tmpdir_base {root}",
+        "MPIRUN": " ".join([find_mpirun(), "--allow-run-as-root", *session_dir_arguments(tmp_path / "prte")]),
         "OMP_NUM_THREADS": "1",
     }
     job = cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)

