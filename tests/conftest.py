@@ -17,6 +17,17 @@ INSTRUMENTED = Path(__file__).parents[1] / "examples" / "instrumented"
 """The instrumented Lightning job and the fault injector, shared with the demo and the benchmarks."""
 TRAINER_JOB = INSTRUMENTED / "trainer_job.py"
 TAMPER = INSTRUMENTED / "tamper.py"
+
+
+def start_gate(folder: Path, ranks: int) -> dict[str, str]:
+    """Hold each rank of an instrumented job before its fit until ``ranks`` processes got there (``tamper.py``).
+
+    A test of the rendezvous with a short timeout needs it: under load, one rank's imports finished 23 s after
+    another's in CI, and a rank then names rank 0 as never answering (true, and not the fault under test).
+    """
+    return {"INSTRUMENTED_START_GATE": f"{folder}:{ranks}"}
+
+
 LEAN_SITE = JOBS / "site"
 """Put first on ``PYTHONPATH`` of the run: its ``sitecustomize`` makes the tests' Python processes start faster."""
 # Job scripts run under mpirun; they are programs, not test modules (doctest collection would execute them).

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_mpi_env import MPIClusterEnvironment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tamper.py, beside this file
-from tamper import stall_here  # noqa: E402
+from tamper import stall_here, start_gate  # noqa: E402
 
 
 def main():
@@ -44,6 +44,7 @@ def main():
     fabric = fabric_module.Fabric(
         accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, strategy=args.strategy, plugins=plugins
     )
+    start_gate()  # a test of the rendezvous waits here for the other ranks to finish their imports
     print(f"FIT pid={os.getpid()}\n", end="", flush=True)  # the start-up floor: any check in launch() comes later
     fabric.launch()
 

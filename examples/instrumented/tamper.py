@@ -7,6 +7,9 @@ it claim a job of N ranks (a rank that disagrees with the others), and ``--exit`
 anything starts (a rank that never arrives, while mpirun waits for the others), ``--stall S:HOW`` makes it stall at
 its training step S (``block``: it sleeps, alive; ``freeze``: it stops itself with SIGSTOP), through the instrumented
 jobs' ``INSTRUMENTED_STALL`` variable.
+``INSTRUMENTED_START_GATE=DIR:COUNT`` makes the instrumented jobs wait, just before they start training, until COUNT
+processes have reached that point (each leaves a file in DIR): a test of the rendezvous then measures the rendezvous,
+not how unevenly 4 imports of torch and Lightning share 2 busy cores (up to 23 s apart in CI).
 ``--torch-env`` then exports what a job script for Lightning's own environment would (``LOCAL_RANK``,
 ``NODE_RANK`` for block placement), computed from the (tampered) Open MPI variables.
 """
@@ -16,6 +19,23 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
+
+GATE_LIMIT = 300
+"""Seconds a process waits at the start gate at most, then goes on: a rank that failed before it never arrives."""
+
+
+def start_gate() -> None:
+    """Wait until every live rank of this job has reached its start (``INSTRUMENTED_START_GATE=DIR:COUNT``)."""
+    gate = os.environ.get("INSTRUMENTED_START_GATE")
+    if gate is None:
+        return
+    folder, count = Path(gate.rsplit(":", 1)[0]), int(gate.rsplit(":", 1)[1])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{os.uname().nodename}-{os.getpid()}").touch()
+    deadline = time.monotonic() + GATE_LIMIT
+    while len(list(folder.iterdir())) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def stall_here(rank: int, step: int) -> None:

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 from lightning_mpi_env import MPIClusterEnvironment, hpc_checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tamper.py, beside this file
-from tamper import stall_here  # noqa: E402
+from tamper import stall_here, start_gate  # noqa: E402
 
 
 def main():
@@ -139,6 +139,7 @@ def main():
         enable_model_summary=False,
     )
     model = Model()
+    start_gate()  # a test of the rendezvous waits here for the other ranks to finish their imports
     print(f"FIT pid={os.getpid()}\n", end="", flush=True)
     # Lightning resumes from the HPC checkpoint by itself under Slurm only, whichever job saved it: say which one.
     trainer.fit(model, ckpt_path=None if args.lightning_resume else hpc_checkpoint(trainer))

@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import sys
+from pathlib import Path
 
 import deepspeed
 import torch
@@ -26,6 +27,9 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from lightning_mpi_env import MPIClusterEnvironment
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "examples" / "instrumented"))
+from tamper import start_gate  # noqa: E402  (the instrumented jobs' start gate)
 
 
 def main() -> None:
@@ -118,6 +122,7 @@ def main() -> None:
         enable_model_summary=False,
     )
     model = Model()
+    start_gate()  # a test of the rendezvous holds every rank here until the others have finished their imports
     trainer.fit(model)
     engine = trainer.strategy.model
     print(

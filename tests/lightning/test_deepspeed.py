@@ -23,7 +23,7 @@ import pytest
 
 from lightning_mpi_env.tools.simcluster import SimulatedCluster
 from tests.clusters.deepspeed_venv import VERSION, DeepSpeed
-from tests.conftest import JOBS, TAMPER
+from tests.conftest import JOBS, TAMPER, start_gate
 from tests.rollcall.test_fail_fast import FAULTS, ROLL_CALL_TIMEOUT
 
 JOB = JOBS / "deepspeed_job.py"
@@ -46,6 +46,7 @@ def _run(
     export = {
         **cluster.job_environment(),
         **deepspeed.environ({}),
+        **start_gate(cluster.workdir / "gate", 3 if fault == ["--exit"] else 4),  # see test_fail_fast
         "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": str(ROLL_CALL_TIMEOUT),
     }
     try:

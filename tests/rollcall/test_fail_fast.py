@@ -14,22 +14,21 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 import pytest
 
 from lightning_mpi_env.tools.simcluster import SimulatedCluster
-from tests.conftest import INSTRUMENTED, JOBS, TAMPER, TRAINER_JOB
+from tests.conftest import INSTRUMENTED, JOBS, TAMPER, TRAINER_JOB, start_gate
 
 FABRIC_JOB = INSTRUMENTED / "fabric_job.py"
 HOSTS = ("127.0.0.2", "127.0.0.3")
 BLOCK = {0: HOSTS[0], 1: HOSTS[0], 2: HOSTS[1], 3: HOSTS[1]}  # mpirun --map-by slot, 2 slots per host
 SAMPLES = 64
-# Longer than the spread of the ranks' start on a loaded 2-core machine (else a slow rank is reported missing too).
-ROLL_CALL_TIMEOUT = 45
-"""Above the start-up skew between the ranks of one job on a loaded machine: in the whole suite (1,481 tests) rank 0
-began its fit 20.8 s after rank 2, so at 20 s rank 2 named rank 0 as never answering before rank 0 could name the
-missing rank. A missing rank's case waits this long."""
+ROLL_CALL_TIMEOUT = 20
+"""A missing rank's case waits this long. The ranks start their fit together (``start_gate``): their imports alone
+ended up to 23 s apart on a loaded machine, and a rank then named rank 0 as never answering."""
 JOB_TIMEOUT = ROLL_CALL_TIMEOUT + 130  # the only time bound: the start of 4 ranks on a loaded machine takes most
 FIRST_SCREEN = 30
 PACKAGE_FRAME = re.compile(r'File "[^"]*lightning_mpi_env/')
@@ -119,7 +118,12 @@ class Job:
 
 def _run(cluster: SimulatedCluster, command: list[str], **variables: str) -> Job:
     """Run ``python command`` on 4 ranks (2 per host); past JOB_TIMEOUT, end every process and fail the test."""
-    export = {**cluster.job_environment(), "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": str(ROLL_CALL_TIMEOUT)}
+    export = {
+        **cluster.job_environment(),
+        # A gate of its own per run (a test may run two jobs on one cluster); rank 3 exits before it with --exit.
+        **start_gate(cluster.workdir / f"gate-{uuid.uuid4().hex[:8]}", 3 if "--exit" in command else 4),
+        "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": str(ROLL_CALL_TIMEOUT),
+    }
     process = subprocess.Popen(
         cluster.mpirun([sys.executable, *command], export={**export, **variables}),
         stdout=subprocess.PIPE,
