@@ -509,6 +509,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             requeue=self.requeue,
             launch=self._layout,
             any_layout=self.any_layout,
+            local_size=None if self.managed_by_lightning else self._layout.local_size,
         )
         if meeting.device is not None:
             self._device = meeting.device

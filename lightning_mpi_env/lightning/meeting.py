@@ -69,11 +69,13 @@ def meet(
     requeue: Requeue | None,
     launch: RankLayout,
     any_layout: bool = False,
+    local_size: int | None = None,
 ) -> Meeting:
     """Meet every rank in the roll call; rank 0 prints the one-line summary on stderr.
 
     ``launch`` is the layout read once: the watchdog takes the launcher and the command that ends its step from it.
     ``any_layout``: the strategy takes any layout the launch gives (``"ddp_mpi"``), so nodes may differ in size.
+    ``local_size``: this node's rank count as the launcher says it, ``None`` where Lightning laid out the ranks.
 
     Raises:
         RendezvousError: A missing, duplicate or disagreeing rank, named.
@@ -88,6 +90,7 @@ def meet(
         main_port=main_port,
         expected=expected,
         any_layout=any_layout,
+        local_size=local_size,
         **facts.local_facts(
             backend,
             accelerator=accelerator,

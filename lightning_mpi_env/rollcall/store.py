@@ -38,6 +38,7 @@ from lightning_mpi_env.rollcall.verdicts import (
     duplicate_message,
     expectation_mismatch,
     missing_message,
+    placement_holds,
     summary,
 )
 from lightning_mpi_env.rollcall.wire import (
@@ -343,17 +344,20 @@ class _Meeting:
             return None
         examples: dict[int, Claim] = {}
         wanted: set[int] = set()
-        if self.expected_node is not None:
-            wanted = {self.expected_node(rank) for rank in missing}
+        expected_node = self.expected_node
+        if expected_node is not None:
+            wanted = {expected_node(rank) for rank in missing}
             for rank in sorted(arrived):
-                node = self.expected_node(rank)
-                if node in wanted:
+                node = expected_node(rank)
+                if node in wanted or rank == 0:  # rank 0's claim tests the placement too (placement_holds)
                     examples[rank] = self._claim(rank, self.store.get(f"{KEY_PREFIX}claim/{rank}/1"))
                     wanted.discard(node)
+            if not placement_holds(examples.values(), expected_node, world_size):
+                expected_node, examples = None, {}  # an uneven launch: no rule says where the missing ranks were
         problem = missing_message(
-            missing, examples, world_size, self.timeout, self.expected_node, arrived_count=len(arrived)
+            missing, examples, world_size, self.timeout, expected_node, arrived_count=len(arrived)
         )
-        whole_node = self.expected_node is None or bool(wanted)  # a node none of whose ranks reached rank 0
+        whole_node = expected_node is None or bool(wanted)  # a node none of whose ranks reached rank 0
         if whole_node and self.store.check([_RANK_ZERO_VIEW]):
             return with_rank_zero_view(problem, read(_RANK_ZERO_VIEW, self.store.get(_RANK_ZERO_VIEW), network_view))
         return problem

@@ -8,6 +8,7 @@ gathers the claims is :mod:`lightning_mpi_env.rollcall.store`.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import socket
@@ -65,6 +66,9 @@ class Claim:
     any_layout: bool = False
     """Whether this rank's strategy trains on any layout the launch gives (``"ddp_mpi"``): nodes may then run
     different numbers of ranks. The hosts may differ in size only when every rank says so."""
+    local_size: int | None = None
+    """How many ranks run on this node, as the launcher says (``OMPI_COMM_WORLD_LOCAL_SIZE``...); ``None`` where
+    Lightning, not a launcher, laid out the ranks. It tests a placement rule against the ranks that arrived."""
 
     @classmethod
     def here(
@@ -247,6 +251,33 @@ def _strategy_kind(claim: Claim) -> str:
     return 'strategy="ddp_mpi"' if claim.any_layout else 'a strategy other than "ddp_mpi"'
 
 
+def placement_holds(claims: Iterable[Claim], expected_node: Callable[[int], int], world_size: int) -> bool:
+    """Whether the arrived ``claims`` fit the placement ``expected_node`` assumes (one rank's guess, not a fact).
+
+    A rank that sees no node index from its launcher assumes every node runs as many ranks as its own, dealt in
+    block or round-robin order (:func:`~lightning_mpi_env.core.placement.guess_node`). On an uneven launch that
+    names the wrong node: a host file of 2 + 1 + 1 slots under ``--map-by node`` looks like 2 nodes of 2 from the
+    first node, and like 4 nodes of 1 from the others. Each claim's launcher count and local rank test the guess:
+    its node must run that many ranks, this one at that position.
+
+    >>> here = [Claim(0, 4, "a", 0, 1, "a", 1, local_size=2), Claim(2, 4, "c", 0, 3, "a", 1, local_size=1)]
+    >>> placement_holds(here[:1], lambda rank: rank // 2, 4), placement_holds(here, lambda rank: rank // 2, 4)
+    (True, False)
+    """
+    sizes: collections.Counter[int] = collections.Counter()
+    position: dict[int, int] = {}
+    wanted = {claim.rank for claim in claims}
+    for rank in range(world_size):
+        node = expected_node(rank)
+        if rank in wanted:
+            position[rank] = sizes[node]
+        sizes[node] += 1
+    return all(
+        claim.local_size in (None, sizes[expected_node(claim.rank)]) and claim.local_rank == position[claim.rank]
+        for claim in claims
+    )
+
+
 def missing_message(
     missing: Sequence[int],
     arrived: Mapping[int, Claim],
@@ -401,6 +432,7 @@ __all__ = [
     "format_ranks",
     "local_rank_collision",
     "missing_message",
+    "placement_holds",
     "summary",
     "uneven_hosts",
 ]

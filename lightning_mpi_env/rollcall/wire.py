@@ -198,6 +198,7 @@ def claim_of(rank: int | None) -> Callable[[object], Claim]:
             visible_variable=_text(fields.get("visible_variable", ""), "visible_variable", 64),
             device_index=_optional_integer(fields.get("device_index"), "device_index", 0, max(high, 0)),
             any_layout=_flag(fields.get("any_layout", False), "any_layout"),
+            local_size=_optional_integer(fields.get("local_size"), "local_size", 1, world_size),
         )
 
     return parse

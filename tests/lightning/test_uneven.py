@@ -30,7 +30,7 @@ import pytest
 from lightning_mpi_env.tools.simcluster import RSH_AGENT, find_mpirun
 from tests.clusters.hydra import printed_results, probe_command, read_probes
 from tests.clusters.slurm import SlurmCluster
-from tests.conftest import JOBS
+from tests.conftest import JOBS, TAMPER, TRAINER_JOB, start_gate
 
 JOB = JOBS / "uneven_train.py"
 LENGTH = 163  # samples: not a multiple of 4 or 3, so the sampler pads, and each rank's share is ceil(len / N)
@@ -258,6 +258,26 @@ def test_mpirun_uneven_launch_with_the_plugin_names_ddp_mpi(tmp_path, slots, map
     print("FIGURE plugin refusal: " + errors[0][:400])
 
 
+@pytest.mark.mpi
+def test_missing_rank_of_an_uneven_launch_is_named_without_a_guessed_node(tmp_path):
+    # 2 + 1 + 1 slots, --map-by node: rank 3 runs beside rank 0 on host A. No rank can tell that from its launcher
+    # (Open MPI exports this node's count only): rank 0 would guess 2 nodes of 2 (rank 3 on B's node), the lone
+    # ranks 4 nodes of 1 (a node of its own). The line names the rank, and no node the claims refute.
+    variables = {**start_gate(tmp_path / "gate", 3), "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"}
+    job = [sys.executable, str(TRAINER_JOB), "--strategy", "ddp_mpi", "--zero-config"]
+    fault = [sys.executable, str(TAMPER), "--rank", "3", "--exit", "--", *job]
+    command = ["env", *(f"{name}={value}" for name, value in variables.items()), *fault]
+    result = _run(mpirun_uneven(tmp_path, SLOTS["2+1+1"], "node", command))
+    assert result.returncode != 0
+    assert "RESULT" not in result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.startswith("RendezvousError: rank ")]
+    assert lines, result.stdout[-2000:] + result.stderr[-4000:]
+    for line in lines:
+        assert "Rank 3 of 4 never arrived within the rendezvous timeout of 20 s. 3 rank(s) arrived." in line, line
+        assert "expected on" not in line, line
+    print("FIGURE missing rank on 2+1+1: " + lines[0][:400])
+
+
 # --- the simulated Slurm cluster -----------------------------------------------------------------------------------
 
 
@@ -296,33 +316,40 @@ def test_srun_three_tasks_on_two_nodes_train_as_one_process(slurm_cluster, tmp_p
 
 @pytest.mark.mpi
 @pytest.mark.slurm
-def test_srun_heterogeneous_step_trains_as_one_process(slurm_cluster, tmp_path):
-    # `srun -N1 -n2 : -N1 -n1 ...` (https://slurm.schedmd.com/heterogeneous_jobs.html): a heterogeneous job of two
-    # components and one step over both, "combined into one MPI_COMM_WORLD with non-overlapping task IDs". Slurm
-    # exports the step's whole layout (SLURM_PROCID 0-2, SLURM_NTASKS=3, SLURM_STEP_TASKS_PER_NODE=2,1) beside
-    # SLURM_HET_SIZE (Debian's Slurm also SLURM_PACK_SIZE and SLURM_*_PACK_GROUP_<n>, the older names).
+@pytest.mark.parametrize("form", ["colon", "het-group"])
+def test_srun_heterogeneous_step_trains_as_one_process(slurm_cluster, tmp_path, form):
+    # Two forms of one step over both components of a heterogeneous job (https://slurm.schedmd.com/heterogeneous_jobs.html),
+    # "combined into one MPI_COMM_WORLD with non-overlapping task IDs". Slurm exports the step's whole layout
+    # (SLURM_PROCID 0-2, SLURM_NTASKS=3, SLURM_STEP_TASKS_PER_NODE=2,1) beside SLURM_HET_SIZE (Debian's Slurm also
+    # SLURM_PACK_SIZE and SLURM_*_PACK_GROUP_<n>, the older names).
+    # - colon: `srun -N1 -n2 ... : -N1 -n1 ...` makes the job and its step at once;
+    # - het-group: `salloc -N1 -n2 -w node2 : -N1 -n1 -w node1 srun --het-group=0,1 ...` asks for the allocation
+    #   first, component 0 (ranks 0-1) on the second host: srun sorts the step's nodes by name, so the first host
+    #   it lists runs rank 2, and SLURM_NODEID counts component 0's node as 0.
     out = tmp_path / "probes"
     out.mkdir()
     job = [sys.executable, str(JOB), "--length", str(LENGTH), "--batch", str(BATCH), "--steps", str(STEPS)]
     command = probe_command(out, [*job, "--as-object"])
-    # srun sorts a heterogeneous step's nodes by name, so its first host need not run rank 0: the job script names
-    # rank 0's host, as the core requires there (the first component's node, node1 here).
-    first = slurm_cluster.hosts[0]
-    completed = slurm_cluster.run(
-        ["srun", "-N1", "-n2", *command, ":", "-N1", "-n1", *command],
-        timeout=JOB_TIMEOUT,
-        env={"MASTER_ADDR": first},
-    )
+    first, second = slurm_cluster.hosts[:2]
+    if form == "colon":
+        argv, placed = ["srun", "-N1", "-n2", *command, ":", "-N1", "-n1", *command], [first, first, second]
+    else:
+        heads = ["salloc", "-N1", "-n2", "-w", second, ":", "-N1", "-n1", "-w", first]
+        argv, placed = [*heads, "srun", "--het-group=0,1", *command], [second, second, first]
+    # The job script names rank 0's host, as the core requires of a heterogeneous step.
+    completed = slurm_cluster.run(argv, timeout=JOB_TIMEOUT, env={"MASTER_ADDR": placed[0]})
     records = read_probes(out)
     assert len(records) == 3, completed.stdout[-2000:] + completed.stderr[-4000:]
     for record in records:
         assert record["returncode"] == 0, record["stderr"][-4000:]
         said = record["launcher"]
-        assert (said["SLURM_HET_SIZE"], said["SLURM_NTASKS"], said["SLURM_STEP_TASKS_PER_NODE"]) == ("2", "3", "2,1")
+        assert (said["SLURM_HET_SIZE"], said["SLURM_NTASKS"]) == ("2", "3"), said
+        # The step's counts, as srun lists them: by node name.
+        assert said["SLURM_STEP_TASKS_PER_NODE"] == ("2,1" if form == "colon" else "1,2"), said
     results = sorted(printed_results(records), key=lambda r: r["global_rank"])
-    first, second = slurm_cluster.hosts[:2]
-    difference = assert_trained_as_one_process(results, [first, first, second], "Trainer")
-    print(f"FIGURE srun -N1 -n2 : -N1 -n1 (heterogeneous): max |weights - reference| = {difference:.3g}")
+    difference = assert_trained_as_one_process(results, placed, "Trainer")
+    launch = "srun -N1 -n2 : -N1 -n1" if form == "colon" else " ".join(argv[: argv.index(command[0])])
+    print(f"FIGURE {launch} (heterogeneous): max |weights - reference| = {difference:.3g}")
 
 
 @pytest.mark.mpi

@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from lightning_mpi_env.rollcall.verdicts import (
     duplicate_message,
     format_ranks,
     missing_message,
+    placement_holds,
 )
 
 # --- pure helpers -------------------------------------------------------------------------------------------------
@@ -185,13 +186,16 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _meet(claims: Sequence[Claim], timeout: float = 3.0) -> dict[int, object]:
-    """Run one rendezvous per claim in threads; index results (or errors) by position."""
+def _meet(
+    claims: Sequence[Claim], timeout: float = 3.0, placements: Sequence[Callable[[int], int]] | None = None
+) -> dict[int, object]:
+    """Run one rendezvous per claim in threads (each with its own placement guess); index results by position."""
     results: dict[int, object] = {}
 
     def run(index: int, claim: Claim) -> None:
+        expected_node = placements[index] if placements else lambda rank: rank % 2
         try:
-            results[index] = rendezvous(claim, timeout=timeout, expected_node=lambda rank: rank % 2)
+            results[index] = rendezvous(claim, timeout=timeout, expected_node=expected_node)
         except Exception as error:  # noqa: BLE001  (the test inspects it)
             results[index] = error
 
@@ -238,6 +242,41 @@ def test_rendezvous_names_missing_rank():
         assert isinstance(result, RendezvousError)
         assert "Rank 3 of 4 never arrived within the rendezvous timeout of 2 s" in str(result)
         assert "it was expected on node 1 (host b)" in str(result)
+
+
+def test_missing_rank_of_an_uneven_launch_is_not_placed_by_a_guess_the_claims_refute():
+    # mpirun --map-by node over a host file of 2 + 1 + 1 slots: ranks 0 and 3 on host a, 1 on b, 2 on c. Rank 0
+    # (local size 2) guesses 2 nodes of 2 in blocks, ranks 1 and 2 (local size 1) 4 nodes of 1: each would say rank 3
+    # was expected on a node other than host a. The arrived claims' launcher counts refute both guesses.
+    port = _free_port()
+    placed = [(0, "a", 0, 2), (1, "b", 0, 1), (2, "c", 0, 1)]  # rank, host, local rank, local size
+    claims = [Claim(r, 4, host, lr, 1000 + r, "127.0.0.1", port, local_size=ls) for r, host, lr, ls in placed]
+    results = _meet(claims, timeout=2, placements=[lambda rank: rank // 2, lambda rank: rank, lambda rank: rank])
+    for result in results.values():
+        assert isinstance(result, RendezvousError)
+        assert "Rank 3 of 4 never arrived within the rendezvous timeout of 2 s. 3 rank(s) arrived." in str(result)
+        assert "expected on" not in str(result)
+
+
+def test_missing_rank_of_an_even_launch_is_placed_when_the_claims_fit():
+    # The same test on 2 + 2 slots (ranks 0-1 on a, 2 on b, 3 missing): the launcher counts fit the block guess.
+    port = _free_port()
+    placed = [(0, "a", 0), (1, "a", 1), (2, "b", 0)]
+    claims = [Claim(r, 4, host, lr, 1000 + r, "127.0.0.1", port, local_size=2) for r, host, lr in placed]
+    results = _meet(claims, timeout=2, placements=[lambda rank: rank // 2] * 3)
+    for result in results.values():
+        assert isinstance(result, RendezvousError)
+        assert "Rank 3 of 4 never arrived within the rendezvous timeout of 2 s; it was expected on node 1 (host b)" in (
+            str(result)
+        )
+
+
+def test_placement_holds_tests_sizes_and_positions():
+    block = lambda rank: rank // 2  # noqa: E731
+    assert placement_holds([Claim(2, 4, "b", 0, 1, "m", 1, local_size=2)], block, 4)
+    assert not placement_holds([Claim(2, 4, "b", 0, 1, "m", 1, local_size=1)], block, 4)  # node 1 runs 2, not 1
+    assert not placement_holds([Claim(2, 4, "b", 1, 1, "m", 1, local_size=2)], block, 4)  # rank 2 is node 1's first
+    assert placement_holds([Claim(3, 4, "b", 1, 1, "m", 1)], block, 4)  # Lightning's layout: no launcher count
 
 
 def test_rendezvous_without_rank_zero_says_main_address_never_answered():
