@@ -45,11 +45,36 @@ every node (``world_size = num_nodes * num_processes``, ``global_rank = node_ran
 STRATEGIES: tuple[str, ...] = (UNEVEN_STRATEGY, *STRATEGIES_NEEDING_EVEN_NODES)
 """Every strategy name ``simulate --strategy`` takes, the default first."""
 
-UNEVEN_FIX = (
-    f'Trainer(strategy="{UNEVEN_STRATEGY}") trains it as launched, with no devices or num_nodes; Lightning\'s own '
-    f"{', '.join(STRATEGIES_NEEDING_EVEN_NODES)} need the same number on every node"
+BY_NAME_UNDER_SRUN = (
+    "the object, not the name: by name Lightning makes its own SLURMEnvironment first, and that refuses a step of "
+    "srun --ntasks without --ntasks-per-node"
 )
-"""What works on an uneven launch and what does not, said wherever one is found (``show``, ``doctor``, ``simulate``)."""
+"""Why ``"ddp_mpi"`` goes in as ``MPIDDPStrategy()`` on an uneven ``srun`` step. Lightning's accelerator connector picks
+a cluster environment before it looks up a strategy name; ``SLURMEnvironment()`` then raises "You set `--ntasks=3`
+... Use `--ntasks-per-node=3` instead" when ``SLURM_NTASKS`` > 1 without ``SLURM_NTASKS_PER_NODE``, which a step of
+uneven nodes never has (Lightning 2.1-2.6, ``SLURMEnvironment._validate_srun_variables``). A strategy object brings
+its own environment, and Lightning makes none."""
+
+
+def uneven_fix(launcher_key: str | None = None) -> str:
+    """What trains an uneven launch and what does not, said wherever one is found (``show``, ``doctor``, ``simulate``).
+
+    >>> uneven_fix("slurm").startswith("Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) (the object")
+    True
+    """
+    strategy = (
+        f"Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) ({BY_NAME_UNDER_SRUN})"
+        if launcher_key == "slurm"
+        else f'Trainer(strategy="{UNEVEN_STRATEGY}")'
+    )
+    return (
+        f"{strategy} trains it as launched, with no devices or num_nodes; Lightning's own "
+        f"{', '.join(STRATEGIES_NEEDING_EVEN_NODES)} need the same number on every node"
+    )
+
+
+UNEVEN_FIX = uneven_fix()
+"""What works on an uneven launch under any launcher but ``srun`` (:func:`uneven_fix`)."""
 
 
 def trainer_arguments(layout: RankLayout) -> TrainerArguments:
@@ -75,7 +100,7 @@ def trainer_arguments(layout: RankLayout) -> TrainerArguments:
             None,
             exact=True,
             note=f"no devices/num_nodes fits: {launcher.name} launched {layout.describe_world()}{counts}, not the "
-            f"same number on every node. {UNEVEN_FIX}.",
+            f"same number on every node. {uneven_fix(launcher.key)}.",
         )
     # Only every node's count (srun's), or one node, lets one process know the whole layout.
     if launcher.tasks_per_node is not None or layout.world_size == layout.local_size:
@@ -157,6 +182,7 @@ __all__ = [
     "STRATEGIES",
     "STRATEGIES_NEEDING_EVEN_NODES",
     "UNEVEN_FIX",
+    "uneven_fix",
     "UNEVEN_STRATEGY",
     "TrainerArguments",
     "describe_counts",

@@ -26,7 +26,7 @@ from lightning_mpi_env.core.errors import LayoutError, MpiEnvError
 from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.report import rank_prefix
-from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_FIX, UNEVEN_STRATEGY
+from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_STRATEGY, uneven_fix
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import as_count, shown
 from lightning_mpi_env.tools.doctor import Level, diagnose
@@ -373,7 +373,10 @@ def _print_table(result: Simulation) -> None:
         # Not a problem for ddp_mpi, but what an HPC user wants to hear about before Lightning's own strategies;
         # where a rank is refused (Flux cannot say its node's count), no strategy trains it.
         resolved = all(row.layout is not None for row in result.ranks)
-        print(f"# uneven: {describe_spread(result.ranks_per_node)}." + (f" {UNEVEN_FIX}." if resolved else ""))
+        print(
+            f"# uneven: {describe_spread(result.ranks_per_node)}."
+            + (f" {uneven_fix(result.launcher)}." if resolved else "")
+        )
 
 
 # --- exec ---------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from lightning_mpi_env.core.launchers import LAUNCHERS, detect_launcher, inherit
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.namespaces import NAMESPACES
 from lightning_mpi_env.core.schedulers import first_host
-from lightning_mpi_env.core.shape import UNEVEN_FIX, describe_counts, even_launches
+from lightning_mpi_env.core.shape import describe_counts, even_launches, uneven_fix
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import shown
 
@@ -121,7 +121,7 @@ def _uneven_finding(layout: RankLayout) -> Finding:
         "uneven",
         f"{layout.launcher_name} launched {layout.world_size} ranks{on_nodes}, {layout.local_size} on this node: not "
         "the same number on every node.",
-        f"{UNEVEN_FIX}.{even}",
+        f"{uneven_fix(layout.launcher.key if layout.launcher else None)}.{even}",
     )
 
 

@@ -22,7 +22,7 @@ from lightning_mpi_env.core.hostlist import compress_tasks_per_node
 from lightning_mpi_env.core.launchers import FLAVOURS
 from lightning_mpi_env.core.layout import DEALING, LOOPBACK_ADDRESS, Placement, RankLayout, from_env
 from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY
-from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_FIX, UNEVEN_STRATEGY, even_launches
+from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_STRATEGY, even_launches, uneven_fix
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import SHOWN_CHARACTERS
 
@@ -550,7 +550,7 @@ def require_ok(simulation: Simulation) -> None:
             hint = "Fix what each problem names; `lightning-mpi-env doctor` on a rank shows where its values came from."
         else:
             hint = (
-                f"{UNEVEN_FIX}. Or launch the same number on each of the {used} node(s): "
+                f"{uneven_fix(simulation.launcher)}. Or launch the same number on each of the {used} node(s): "
                 f"{even_launches(simulation.np, used)}."
             )
         raise LayoutError(

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.hostlist import compress_tasks_per_node, expand_nodelist, nodelist_position
 from lightning_mpi_env.core.layout import Placement, from_env
-from lightning_mpi_env.core.shape import UNEVEN_FIX
+from lightning_mpi_env.core.shape import UNEVEN_FIX, uneven_fix
 
 # --- Slurm: SLURM_STEP_TASKS_PER_NODE ----------------------------------------------------------------------------
 # sbatch(1), SLURM_TASKS_PER_NODE: "Values are comma separated and in the same order as SLURM_JOB_NODELIST. If two or
@@ -55,7 +55,7 @@ def test_slurm_compressed_counts_give_every_node_exactly(rank, node, local_rank,
     assert layout.main_address == "gpu01"
     trainer = layout.trainer_kwargs()
     assert (trainer.devices, trainer.num_nodes) == (None, None)
-    assert trainer.note.endswith(f"(2(x3),1 per node), not the same number on every node. {UNEVEN_FIX}.")
+    assert trainer.note.endswith(f"(2(x3),1 per node), not the same number on every node. {uneven_fix('slurm')}.")
 
 
 @pytest.mark.parametrize(

@@ -164,9 +164,12 @@ SLURM_RANK_5 = {
             {**SLURM_RANK_5, "SLURM_NTASKS": "5", "SLURM_PROCID": "4", "SLURM_LOCALID": "0",
              "SLURM_STEP_TASKS_PER_NODE": "4,1"},
             (None, None, True),
+            # Under srun, the object: by name Lightning's SLURMEnvironment refuses the step first.
             "Trainer: no devices/num_nodes fits: Slurm srun launched 5 ranks, 1 on this node (4,1 per node), not the "
-            'same number on every node. Trainer(strategy="ddp_mpi") trains it as launched, with no devices or '
-            "num_nodes; Lightning's own ddp, fsdp, deepspeed need the same number on every node.\n",
+            "same number on every node. Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) (the object, not the "
+            "name: by name Lightning makes its own SLURMEnvironment first, and that refuses a step of srun --ntasks "
+            "without --ntasks-per-node) trains it as launched, with no devices or num_nodes; Lightning's own ddp, "
+            "fsdp, deepspeed need the same number on every node.\n",
         ),
         (
             {"FLUX_TASK_RANK": "3", "FLUX_JOB_SIZE": "4", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_NNODES": "2",
