@@ -9,6 +9,9 @@ network could open) writes a forged or malformed value before the rank's own rol
 - ``verdict``: a roll call verdict that is not JSON;
 - ``report``, ``stall-verdict``, ``stop``: after the roll call, while the ranks run 12 steps of 0.5 s: malformed
   watchdog reports under rank 2's key, a malformed watchdog verdict, and a stop request with a malformed step.
+  With ``report`` the ranks go on (up to 120 steps) until rank 0 has named the forged report, which it leaves as a
+  file at ``FORGED_STORE_NAMED`` for every rank and the forger to see: on a loaded machine rank 0's watchdog may not
+  read within one window of forging.
 
 Each rank prints ``MET rank=R`` after the roll call and ``DONE rank=R`` at the end; this package's errors are one
 line per rank.
@@ -19,6 +22,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 FORGER_RANK = 3
 P = "lightning_mpi_env/"
@@ -47,14 +51,17 @@ def forge_before_roll_call(kind, address, port):
     return client
 
 
-def forge_while_training(kind, client, stop):
+def forge_while_training(kind, client, stop, named):
     if kind == "report":
-        # For 2.5 s, faster than rank 2's own reports, so rank 0 reads a forged one; not for longer than the stall
-        # timeout (5 s), which would make rank 2 look frozen, as a rank whose reports cannot be read is.
-        until = time.monotonic() + 2.5
-        while not stop.is_set() and time.monotonic() < until:
-            client.set(P + "watchdog/2", '{"rank": 2, "beat": "x"}')
-            time.sleep(0.02)
+        # In windows of 1.5 s, faster than rank 2's own reports, so rank 0 reads a forged one; each shorter than the
+        # stall timeout (5 s), and 2 s apart for rank 2's own reports to be read: a rank whose reports cannot be read
+        # for that long looks frozen. Until rank 0 has named it.
+        while not stop.is_set() and not named.is_file():
+            until = time.monotonic() + 1.5
+            while not stop.is_set() and time.monotonic() < until:
+                client.set(P + "watchdog/2", '{"rank": 2, "beat": "x"}')
+                time.sleep(0.02)
+            stop.wait(2.0)
     elif kind == "stall-verdict":
         client.set(P + "watchdog/verdict", '{"problem": 1}')
         client.add(P + "watchdog/events", 1)
@@ -91,11 +98,16 @@ def main():
     print(f"MET rank={layout.rank}\n", end="", flush=True)
     dog = watch(result, settings.stall_timeout, signalled=lambda: False, launch=layout)
     stop = threading.Event()
+    named = Path(os.environ["FORGED_STORE_NAMED"]) if kind == "report" else None
     if client is not None:
-        threading.Thread(target=forge_while_training, args=(kind, client, stop), daemon=True).start()
-    for step in range(12):
+        threading.Thread(target=forge_while_training, args=(kind, client, stop, named), daemon=True).start()
+    for step in range(120):
+        if step >= 12 and (named is None or named.is_file()):
+            break
         dog.mark(step, 2)
         time.sleep(0.5)
+        if named is not None and layout.rank == 0 and dog.named:
+            named.touch()
         assert dog.agreement is not None
         if dog.agreement.due(step + 1, wait=20.0):
             print(f"STOP rank={layout.rank}\n", end="", flush=True)

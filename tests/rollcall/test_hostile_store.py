@@ -53,7 +53,11 @@ def test_a_forged_or_malformed_value_ends_the_job_with_the_key_named(cluster, ki
 def test_a_malformed_watchdog_value_is_skipped_and_named_once(cluster, kind, key):
     # A malformed report is rank 0's to read; a malformed verdict every rank's. Each watchdog that read it names it
     # once, and goes on: the job runs to its end.
-    job = _run(cluster, [str(FORGED_STORE), kind], LIGHTNING_MPI_ENV_STALL_TIMEOUT=STALL_TIMEOUT)
+    # With "report", the ranks run until rank 0 has named it (FORGED_STORE_NAMED), however late its watchdog reads.
+    named = cluster.workdir / "named"
+    job = _run(
+        cluster, [str(FORGED_STORE), kind], LIGHTNING_MPI_ENV_STALL_TIMEOUT=STALL_TIMEOUT, FORGED_STORE_NAMED=str(named)
+    )
     assert job.returncode == 0, job.tail()
     assert sorted(line for line in job.output if line.startswith("DONE rank=")) == [
         f"DONE rank={rank} named={[key] if kind == 'stall-verdict' or rank == 0 else []}\n" for rank in range(4)
