@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from lightning_mpi_env.core.hostlist import compress_tasks_per_node
+from lightning_mpi_env.core.launchers import SLURM
 
 if TYPE_CHECKING:
     from lightning_mpi_env.core.layout import RankLayout
@@ -64,7 +65,7 @@ def uneven_fix(launcher_key: str | None = None) -> str:
     """
     strategy = (
         f"Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) ({BY_NAME_UNDER_SRUN})"
-        if launcher_key == "slurm"
+        if launcher_key == SLURM.key
         else f'Trainer(strategy="{UNEVEN_STRATEGY}")'
     )
     return (
