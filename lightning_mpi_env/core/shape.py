@@ -57,19 +57,27 @@ uneven nodes never has (Lightning 2.1-2.6, ``SLURMEnvironment._validate_srun_var
 its own environment, and Lightning makes none."""
 
 
+def uneven_strategy(launcher_key: str | None = None) -> str:
+    """The Trainer argument that trains an uneven launch of ``launcher_key``: by name, but the object under ``srun``.
+
+    >>> uneven_strategy("openmpi")
+    'Trainer(strategy="ddp_mpi")'
+    >>> uneven_strategy("slurm").startswith("Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) (the object")
+    True
+    """
+    if launcher_key == SLURM.key:
+        return f"Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) ({BY_NAME_UNDER_SRUN})"
+    return f'Trainer(strategy="{UNEVEN_STRATEGY}")'
+
+
 def uneven_fix(launcher_key: str | None = None) -> str:
     """What trains an uneven launch and what does not, said wherever one is found (``show``, ``doctor``, ``simulate``).
 
     >>> uneven_fix("slurm").startswith("Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) (the object")
     True
     """
-    strategy = (
-        f"Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) ({BY_NAME_UNDER_SRUN})"
-        if launcher_key == SLURM.key
-        else f'Trainer(strategy="{UNEVEN_STRATEGY}")'
-    )
     return (
-        f"{strategy} trains it as launched, with no devices or num_nodes; Lightning's own "
+        f"{uneven_strategy(launcher_key)} trains it as launched, with no devices or num_nodes; Lightning's own "
         f"{', '.join(STRATEGIES_NEEDING_EVEN_NODES)} need the same number on every node"
     )
 
@@ -184,6 +192,7 @@ __all__ = [
     "STRATEGIES_NEEDING_EVEN_NODES",
     "UNEVEN_FIX",
     "uneven_fix",
+    "uneven_strategy",
     "UNEVEN_STRATEGY",
     "TrainerArguments",
     "describe_counts",

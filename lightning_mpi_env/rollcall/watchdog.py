@@ -38,6 +38,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -308,11 +309,16 @@ class Watchdog:
         self._exit(1)
 
     def _end_step(self, command: Sequence[str], said: int) -> None:
-        """Run the scheduler's command that ends this step; say on ``said`` (a copy of stderr) when it failed."""
+        """Run the scheduler's command that ends this step; say on ``said`` (a copy of stderr) when it failed.
+
+        The command runs inside the step it ends, so the step's SIGKILL can reach it before it exits: that death is
+        the step ending, not a failure to end it.
+        """
         try:
             done = subprocess.run(list(command), stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
-            failure = "" if done.returncode == 0 else done.stderr.decode(errors="replace").strip()[-300:]
-            failure = failure or ("" if done.returncode == 0 else f"exit status {done.returncode}")
+            ended = done.returncode in (0, -signal.SIGKILL)
+            failure = "" if ended else done.stderr.decode(errors="replace").strip()[-300:]
+            failure = failure or ("" if ended else f"exit status {done.returncode}")
         except (OSError, subprocess.TimeoutExpired) as error:
             failure = f"{type(error).__name__}: {error}"
         if failure:

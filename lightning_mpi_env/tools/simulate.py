@@ -22,7 +22,7 @@ from lightning_mpi_env.core.hostlist import compress_tasks_per_node
 from lightning_mpi_env.core.launchers import FLAVOURS
 from lightning_mpi_env.core.layout import DEALING, LOOPBACK_ADDRESS, Placement, RankLayout, from_env
 from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY
-from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_STRATEGY, even_launches, uneven_fix
+from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_STRATEGY, even_launches, uneven_fix, uneven_strategy
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import SHOWN_CHARACTERS
 
@@ -446,7 +446,7 @@ def simulate(
             ranks.append(SimulatedRank(slot, hosts[slot.node], env, from_env(env, read_text=read_text)))
         except LayoutError as error:
             ranks.append(SimulatedRank(slot, hosts[slot.node], env, None, error.one_line()))
-    problems, assumed = _check_table(ranks, strategy)
+    problems, assumed = _check_table(ranks, strategy, launcher)
     return Simulation(
         launcher=launcher,
         scheduler=scheduler,
@@ -467,12 +467,17 @@ def simulate(
     )
 
 
-def check_table(ranks: Sequence[SimulatedRank], strategy: str = UNEVEN_STRATEGY) -> list[str]:
-    """The problems in a rank table, one sentence each (empty when the table is sound for ``strategy``)."""
-    return _check_table(ranks, strategy)[0]
+def check_table(
+    ranks: Sequence[SimulatedRank], strategy: str = UNEVEN_STRATEGY, launcher: str | None = None
+) -> list[str]:
+    """The problems in a rank table, one sentence each (empty when the table is sound for ``strategy``).
+
+    ``launcher`` (one of :data:`LAUNCHER_KEYS`) picks the advice for an uneven table: the strategy object under srun.
+    """
+    return _check_table(ranks, strategy, launcher)[0]
 
 
-def _check_table(ranks: Sequence[SimulatedRank], strategy: str) -> tuple[list[str], list[str]]:
+def _check_table(ranks: Sequence[SimulatedRank], strategy: str, launcher: str | None) -> tuple[list[str], list[str]]:
     """The problems in a rank table, and the assumed node ranks that are wrong (warnings).
 
     The roll call resolves node ranks by host names, so only a node rank the launcher exports must be right.
@@ -524,7 +529,7 @@ def _check_table(ranks: Sequence[SimulatedRank], strategy: str) -> tuple[list[st
     if len(set(per_node.values())) > 1 and strategy != UNEVEN_STRATEGY:
         problems.append(
             f"nodes run different numbers of ranks ({describe_spread(per_node)}); Lightning's own strategy "
-            f'"{strategy}" needs the same on every node: use strategy="{UNEVEN_STRATEGY}", which trains it.'
+            f'"{strategy}" needs the same on every node: use {uneven_strategy(launcher)}, which trains it.'
         )
     return problems, assumed
 

@@ -454,6 +454,18 @@ def test_a_failed_end_of_the_step_is_said(capsys):
     assert "FileNotFoundError" in err
 
 
+def test_a_command_killed_by_the_step_it_ends_is_not_a_failure(capsys):
+    # scancel --signal=KILL runs inside the step it ends: the step's SIGKILL may reach it before it exits (seen in
+    # CI as "could not end the job step ... (exit status -9)" on a step that did end). Any other exit is said.
+    dog = Watchdog(lambda seconds: None, rank=0, world_size=2, host="a", timeout=1.0, exit=lambda status: None)
+    dog._end_step(("sh", "-c", "kill -KILL $$"), -1)
+    assert "could not end the job step" not in capsys.readouterr().err
+    dog._end_step(("sh", "-c", "kill -TERM $$"), -1)
+    assert "could not end the job step with `sh -c kill -TERM $$` (exit status -15)" in capsys.readouterr().err
+    dog._end_step(("sh", "-c", "echo 'scancel: error: Invalid job id specified' >&2; exit 1"), -1)
+    assert "(scancel: error: Invalid job id specified)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("env", "command"),
     [

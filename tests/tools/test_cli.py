@@ -289,7 +289,7 @@ def test_simulate_uneven_is_a_problem_for_lightning_s_own_strategies(strategy, c
     assert captured.out.splitlines()[-2] == f"# 1 problem(s) for strategy='{strategy}'"
     assert (
         "problem: nodes run different numbers of ranks (node001: 4, node002: 2); Lightning's own strategy "
-        f'"{strategy}" needs the same on every node: use strategy="ddp_mpi", which trains it.'
+        f'"{strategy}" needs the same on every node: use Trainer(strategy="ddp_mpi"), which trains it.'
     ) in captured.err
     assert "Traceback" not in captured.err
 

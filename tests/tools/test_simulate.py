@@ -187,9 +187,17 @@ def test_uneven_nodes_are_fine_for_ddp_mpi():
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed"])
 def test_uneven_nodes_are_a_problem_for_lightning_s_own_strategies(strategy):
     result = simulate("slurm", nodes=2, ppn=4, np=6, strategy=strategy)
+    # Under srun, the strategy object, in the problem as in the hint below.
     assert result.problems == (
         "nodes run different numbers of ranks (node001: 4, node002: 2); Lightning's own strategy "
-        f'"{strategy}" needs the same on every node: use strategy="ddp_mpi", which trains it.',
+        f'"{strategy}" needs the same on every node: use Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) '
+        "(the object, not the name: by name Lightning makes its own SLURMEnvironment first, and that refuses a step "
+        "of srun --ntasks without --ntasks-per-node), which trains it.",
+    )
+    # Under mpirun, the name: Lightning makes no SLURMEnvironment there.
+    assert simulate("openmpi", nodes=2, ppn=4, np=6, strategy=strategy).problems == (
+        "nodes run different numbers of ranks (node001: 4, node002: 2); Lightning's own strategy "
+        f'"{strategy}" needs the same on every node: use Trainer(strategy="ddp_mpi"), which trains it.',
     )
     # The hint fits the launch: 6 ranks on the 2 nodes it used, never `-np 1`.
     with pytest.raises(LayoutError, match=r"has problems: nodes run different numbers of ranks") as raised:
