@@ -46,7 +46,8 @@ from lightning_mpi_env.tools.simcluster import (
     SimulatedCluster,
     signals_raise,
 )
-from lightning_mpi_env.tools.simulate import LAUNCHER_KEYS, SCHEDULERS, MapBy, Simulation, describe_spread, simulate
+from lightning_mpi_env.tools.simulate import Simulation, describe_spread, simulate
+from lightning_mpi_env.tools.simulated_launch import LAUNCHER_KEYS, SCHEDULERS, MapBy
 
 PROG = "lightning-mpi-env"
 

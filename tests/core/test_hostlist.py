@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.hostlist import (
     MAX_HOSTS,
+    compress_tasks_per_node,
     expand_nodelist,
     expand_tasks_per_node,
     first_nodelist_host,
@@ -161,3 +162,9 @@ def test_first_nodelist_host_checks_the_whole_list(nodelist):
 def test_first_nodelist_host_agrees_with_the_expansion(items):
     nodelist = ",".join(f"{prefix}x[{low}-{low + span}]" for prefix, low, span in items)
     assert first_nodelist_host(nodelist) == expand_nodelist(nodelist)[0]
+
+
+@settings(deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=12))
+def test_compress_tasks_per_node_round_trips(counts):
+    assert expand_tasks_per_node(compress_tasks_per_node(counts)) == counts

@@ -23,7 +23,8 @@ from lightning_mpi_env.tools.interop import (
     torchrun_args,
     visible_devices,
 )
-from lightning_mpi_env.tools.simulate import HOST_FILE, LAUNCHER_KEYS, launch_environments, simulate
+from lightning_mpi_env.tools.simulate import simulate
+from lightning_mpi_env.tools.simulated_launch import HOST_FILE, LAUNCHER_KEYS, launch_environments
 
 # Most launchers here export no node index, so torch_env() says its NODE_RANK is assumed; the tests of that warning
 # are test_torch_env_says_an_assumed_node_rank_*, the others check the values.

@@ -5,22 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_mpi_env.core.errors import LayoutError
-from lightning_mpi_env.core.hostlist import expand_tasks_per_node
 from lightning_mpi_env.core.layout import Placement, derive_port, from_env
-from lightning_mpi_env.tools.simulate import (
-    HOST_FILE,
-    LAUNCHER_KEYS,
-    SCHEDULERS,
-    MapBy,
-    check_table,
-    compress_nodelist,
-    compress_tasks_per_node,
-    host_names,
-    launch_environments,
-    place,
-    require_ok,
-    simulate,
-)
+from lightning_mpi_env.tools.simulate import check_table, require_ok, simulate
+from lightning_mpi_env.tools.simulated_launch import HOST_FILE, LAUNCHER_KEYS, SCHEDULERS, MapBy
 
 # What each launcher exports to rank 3 of 2 nodes x 2 slots, written out by hand from the launchers' documentation
 # (block placement: rank 3 is the second rank on the second node), without the scheduler's variables.
@@ -267,7 +254,7 @@ def test_check_table_leaves_duplicates_of_assumed_node_ranks_to_the_roll_call():
 
 def test_refused_environment_is_a_problem(monkeypatch):
     # A job script that exports MASTER_PORT=0 breaks every rank.
-    import lightning_mpi_env.tools.simulate as module
+    import lightning_mpi_env.tools.simulated_launch as module
 
     original = module._scheduler_environment
     monkeypatch.setattr(
@@ -291,44 +278,6 @@ def test_as_dict_has_the_documented_keys():
     assert (row["global_rank"], row["node_rank"], row["local_rank"], row["world_size"]) == (2, 1, 0, 4)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"launcher": "lam", "nodes": 1, "ppn": 1}, "launcher='lam' is not one of"),
-        ({"launcher": "slurm", "nodes": 1, "ppn": 1, "scheduler": "moab"}, "scheduler='moab' is not one of"),
-        ({"launcher": "slurm", "nodes": 0, "ppn": 1}, "--nodes 0 must be at least 1"),
-        ({"launcher": "slurm", "nodes": 10**18, "ppn": 10**18, "np": 1}, "more than the 65536 slots"),
-        ({"launcher": "slurm", "nodes": 1, "ppn": 2, "np": 3}, "--np 3 is more than the 2 slots"),
-    ],
-)
-def test_launch_environments_rejects_bad_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        launch_environments(**kwargs)
-
-
 def test_map_by_rejects_unknown_value():
     with pytest.raises(ValueError, match="'board' is not a valid MapBy"):
         simulate("openmpi", 1, 1, map_by="board")
-
-
-def test_place_fills_round_robin_unevenly():
-    slots = place(2, 3, 5, MapBy.NODE)
-    assert [(slot.node, slot.local_rank, slot.local_size) for slot in slots] == [
-        (0, 0, 3),
-        (1, 0, 2),
-        (0, 1, 3),
-        (1, 1, 2),
-        (0, 2, 3),
-    ]
-
-
-@settings(deadline=None)
-@given(st.lists(st.integers(1, 9), min_size=1, max_size=12))
-def test_compress_tasks_per_node_round_trips(counts):
-    assert expand_tasks_per_node(compress_tasks_per_node(counts)) == counts
-
-
-def test_host_names_and_nodelist():
-    assert host_names(1000)[-1] == "node1000"
-    assert compress_nodelist(host_names(1)) == "node001"
-    assert compress_nodelist(host_names(12)) == "node[001-012]"
