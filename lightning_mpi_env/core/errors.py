@@ -108,6 +108,10 @@ class DeviceIndexWarning(LayoutWarning):
     """``LOCAL_RANK`` is not this rank's device index: the launcher bound a subset of the node's GPUs to it."""
 
 
+class DeviceIdWarning(LayoutWarning):
+    """torch 2.15's ``nccl2`` will bind another GPU than the rank's: ``init_process_group`` gets no ``device_id``."""
+
+
 class FabricWarning(LayoutWarning):
     """``LIGHTNING_MPI_ENV_IFNAME`` names the fabric, but the main host resolves to another network on rank 0's node."""
 
@@ -142,6 +146,7 @@ __all__ = [
     "ApproximateNodeRankWarning",
     "CheckpointError",
     "CheckpointWarning",
+    "DeviceIdWarning",
     "DeviceIndexWarning",
     "Explained",
     "FabricWarning",

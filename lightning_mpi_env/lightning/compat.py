@@ -36,6 +36,12 @@ of Lightning's own strategies only (``"ddp_mpi"`` runs the roll call from its ow
 - :data:`SIGTERM_COLLECTIVE_SINCE`: the first Lightning whose ``SIGTERM`` handler runs a collective.
 - :func:`lightning_version`: ``__version__`` of the Trainer's package.
 
+- :data:`DEVICE_ID_SINCE` and :func:`init_dist_connection`: the first Lightning whose DDP and FSDP strategies pass
+  ``device_id=root_device`` to ``init_process_group`` (2.5.5); before it, ``"ddp_mpi"`` opens the process group itself
+  through Lightning's own ``_init_dist_connection`` (``lightning.fabric.utilities.distributed``, 2.1 to 2.6:
+  ``**kwargs`` go to ``init_process_group``), with ``device_id``; Lightning's own call after it then returns at once,
+  as it does whenever ``torch.distributed`` is initialized.
+
 - :func:`hpc_resume_path`: the HPC checkpoint Lightning's Trainer resumes from by itself, under Slurm, when
   ``fit()`` gets no ``ckpt_path`` (``_CheckpointConnector._hpc_resume_path``, behind the public
   ``SLURMEnvironment.detect()``), so that a requeued job can refuse another job's.
@@ -56,6 +62,8 @@ import warnings
 from collections.abc import Callable
 from types import FrameType, ModuleType
 from typing import Any, cast
+
+from lightning_mpi_env.core.nccl import version_numbers
 
 HPC_CHECKPOINT = re.compile(r"^hpc_ckpt_([0-9]+)\.ckpt$")
 """Lightning's names for HPC checkpoints (``CheckpointConnector.hpc_save``/``_hpc_resume_path``); ASCII digits only
@@ -182,10 +190,39 @@ def lightning_version(trainer: Any) -> tuple[int, ...]:
     >>> lightning_version(types.SimpleNamespace())
     ()
     """
-    root = type(trainer).__module__.partition(".")[0]
-    version = str(getattr(sys.modules.get(root), "__version__", ""))
-    numbers = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
-    return tuple(int(part) for part in numbers.groups("0")) if numbers else ()
+    return package_version(type(trainer).__module__)
+
+
+DEVICE_ID_SINCE = (2, 5, 5)
+"""The first Lightning whose DDP and FSDP strategies (Trainer and Fabric) pass ``device_id=root_device`` to
+``init_process_group`` on a GPU (Lightning-AI/pytorch-lightning#21105, "adding a missing device id for pytorch 2.8",
+released in 2.5.5; 2.5.4 and older pass none)."""
+
+
+def package_version(package: str) -> tuple[int, ...]:
+    """The ``__version__`` of an imported Lightning package (``"lightning.fabric"``, ``"lightning_fabric"``) as numbers.
+
+    >>> package_version("no_such_package")
+    ()
+    """
+    return version_numbers(str(getattr(sys.modules.get(package.partition(".")[0]), "__version__", "")))
+
+
+def passes_device_id(package: str) -> bool:
+    """Whether ``package``'s DDP and FSDP strategies pass ``device_id`` to ``init_process_group`` (2.5.5+)."""
+    return package_version(package) >= DEVICE_ID_SINCE
+
+
+def init_dist_connection(fabric_package: str, cluster_environment: Any, backend: str, **kwargs: Any) -> None:
+    """Lightning's own ``_init_dist_connection`` of ``fabric_package``, with ``kwargs`` for ``init_process_group``.
+
+    It sets ``MASTER_ADDR``/``MASTER_PORT`` from the cluster environment, calls ``init_process_group(backend,
+    rank=..., world_size=..., **kwargs)`` and registers the NCCL group's destruction at exit, exactly as the
+    strategy's own call would; it does nothing once ``torch.distributed`` is initialized, so the strategy's own call
+    after it returns at once (2.1 to 2.6).
+    """
+    distributed: Any = importlib.import_module(f"{fabric_package}.utilities.distributed")
+    distributed._init_dist_connection(cluster_environment, backend, **kwargs)
 
 
 def sigterm_handler_runs_collective(trainer: Any) -> bool:
@@ -253,12 +290,16 @@ def hpc_resume_path(trainer: Any) -> str | None:
 
 
 __all__ = [
+    "DEVICE_ID_SINCE",
     "HPC_CHECKPOINT",
     "SETTLE_SECONDS",
     "SIGTERM_COLLECTIVE_SINCE",
     "SRUN_NOT_USED",
     "hpc_checkpoint_name",
+    "init_dist_connection",
     "lightning_version",
+    "package_version",
+    "passes_device_id",
     "record_sigterm_without_collective",
     "release_collectives_at_exit",
     "settle_collectives_at_exit",

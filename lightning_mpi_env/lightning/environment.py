@@ -38,6 +38,7 @@ from lightning_mpi_env.lightning.compat import (
     settle_collectives_at_exit,
     silence_srun_not_used,
 )
+from lightning_mpi_env.lightning.device_id import warn_unbound_device
 from lightning_mpi_env.lightning.interface import ClusterEnvironmentInterface
 from lightning_mpi_env.lightning.launch import (
     LaunchMode,
@@ -459,6 +460,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     def _meet_when_due(self) -> None:
         """Run the roll call at the first read of the address after the strategy's last rank proposal."""
         if self._stage is Stage.SETTING_UP:
+            if not self.any_layout:  # Lightning's own strategy: it alone decides what init_process_group gets
+                warn_unbound_device(self.global_rank(), self.local_rank())
             self._start_meeting()
 
     @shows_errors_briefly

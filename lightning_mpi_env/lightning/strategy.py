@@ -26,9 +26,10 @@ from typing_extensions import override
 
 from lightning_mpi_env.core.errors import SettingError, StrategyImportError
 from lightning_mpi_env.core.namespaces import NAMESPACES, of_trainer_package
+from lightning_mpi_env.core.nccl import TORCH_DEVICE_ID_SINCE, installed_torch
 from lightning_mpi_env.core.report import shows_errors_briefly
 from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT, seconds
-from lightning_mpi_env.lightning.compat import strategy_registry
+from lightning_mpi_env.lightning.compat import init_dist_connection, passes_device_id, strategy_registry
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
 from lightning_mpi_env.lightning.launch import nodes_against_launch
 
@@ -88,7 +89,8 @@ def loaded_strategy_class() -> type:
 def _build(package: str, strategies: ModuleType) -> type:
     """Subclass ``package``'s ``DDPStrategy``."""
     base: Any = strategies.DDPStrategy
-    trainer_side = of_trainer_package(package).trainer == package
+    namespace = of_trainer_package(package)
+    trainer_side = namespace.trainer == package
 
     class MPIDDPStrategy(base):  # type: ignore[misc]
         """Lightning's ``DDPStrategy`` with ``MPIClusterEnvironment``: the roll call before ``init_process_group``.
@@ -130,6 +132,9 @@ def _build(package: str, strategies: ModuleType) -> type:
                 cluster_environment.api = "Trainer" if trainer_side else "Fabric"
                 # World, ranks, devices and sampler come from the launch here: any layout trains.
                 cluster_environment.any_layout = True
+            # What init_process_group gets where this strategy opens the process group itself (bind_device).
+            self._backend_given: str | None = kwargs.get("process_group_backend")
+            self._collective_timeout = kwargs.get("timeout")
             super().__init__(cluster_environment=cluster_environment, **kwargs)
 
         @override
@@ -153,7 +158,33 @@ def _build(package: str, strategies: ModuleType) -> type:
                     environment.set_world_size(environment.world_size())
                 environment.meet_now()
                 self._check_nodes_met(environment)
+                self.bind_device()
             super().setup_environment()
+
+        def bind_device(self) -> None:
+            """Open the process group with ``device_id=root_device`` where Lightning would pass none (before 2.5.5).
+
+            Lightning 2.5.5 and newer pass ``device_id=root_device`` (this strategy's device) to
+            ``init_process_group`` themselves on a GPU. Older ones pass none, and torch 2.15's ``nccl`` backend
+            (``nccl2``) then binds ``LOCAL_RANK % count`` or ``global rank % count``, not the device this rank drives
+            (per-task binding, nodes with more GPUs than ranks). So here, on a CUDA device, the process group is
+            opened first through Lightning's own call with ``device_id`` added; Lightning's call after it finds it
+            open and returns. Nothing to do on the CPU, or on a torch older than 2.3 (as Lightning).
+            """
+            if passes_device_id(package) or installed_torch() < TORCH_DEVICE_ID_SINCE:
+                return
+            device = self.root_device
+            if device.type != "cuda" or device.index is None:
+                return
+            arguments: dict[str, Any] = {"device_id": device}
+            if self._collective_timeout is not None:
+                arguments["timeout"] = self._collective_timeout
+            else:
+                from torch.distributed.constants import default_pg_timeout  # Lightning's default, public in torch
+
+                arguments["timeout"] = default_pg_timeout
+            backend = self._backend_given or "nccl"  # what Lightning picks for a CUDA device
+            init_dist_connection(namespace.fabric, self.cluster_environment, backend, **arguments)
 
         def _check_nodes_met(self, environment: MPIClusterEnvironment) -> None:
             """A ``num_nodes`` given must be the number of hosts the roll call met (one launch, one rank per slot)."""

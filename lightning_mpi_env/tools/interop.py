@@ -16,6 +16,7 @@ from lightning_mpi_env.core.devices import DeviceBasis, own_device, unknown_devi
 from lightning_mpi_env.core.devices import visible_devices as visible_devices
 from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, DeviceIndexWarning, LayoutError
 from lightning_mpi_env.core.layout import RankLayout, from_env
+from lightning_mpi_env.core.nccl import installed_torch, nccl2_device, nccl_is_nccl2
 from lightning_mpi_env.core.network import socket_ifname_exports
 from lightning_mpi_env.core.settings import interface_name
 from lightning_mpi_env.core.torch_names import TORCH
@@ -141,22 +142,44 @@ def node_rank_warnings(layout: RankLayout) -> list[ApproximateNodeRankWarning]:
     ]
 
 
-def device_warnings(layout: RankLayout, env: Mapping[str, str]) -> list[DeviceIndexWarning]:
+def device_warnings(
+    layout: RankLayout, env: Mapping[str, str], torch_version: tuple[int, ...] | None = None
+) -> list[DeviceIndexWarning]:
     """A warning when ``LOCAL_RANK`` is not this rank's device index (the launcher bound GPUs per task).
 
     Scripts that call ``torch.cuda.set_device(int(os.environ[TORCH.local_rank]))`` then fail with "invalid device
-    ordinal"; the warning names the index to use, by the rule of :func:`local_device_ids`.
+    ordinal"; the warning names the index to use, by the rule of :func:`local_device_ids`, and how to pass it to
+    ``init_process_group`` as ``device_id``. Under torch 2.15's ``nccl`` backend (``nccl2``), which binds
+    ``LOCAL_RANK % visible devices`` without one, it also says which GPU that would be.
+
+    Args:
+        layout: This process's layout.
+        env: Its environment.
+        torch_version: The installed torch's version; read from its metadata when not given.
     """
     choice = own_device(visible_devices(env), local_rank=layout.local_rank, local_size=layout.local_size)
     if choice.basis is DeviceBasis.NONE or choice.index == layout.local_rank:
         return []
     device = f"index {choice.index} ({choice.basis.value})" if choice.index is not None else "not known here"
+    index = "N" if choice.index is None else str(choice.index)
+    torch_version = installed_torch() if torch_version is None else torch_version
+    nccl2 = ""
+    if nccl_is_nccl2(torch_version, env):
+        # torch 2.15's nccl backend binds LOCAL_RANK % visible devices unless init_process_group gets device_id.
+        bound = nccl2_device({TORCH.local_rank: str(layout.local_rank)}, layout.rank, len(choice.visible))
+        if bound != choice.index:
+            nccl2 = (
+                f" torch {'.'.join(map(str, torch_version))}'s nccl backend (nccl2) binds cuda:{bound} "
+                f"({TORCH.local_rank} % {len(choice.visible)}) unless init_process_group gets device_id."
+            )
     return [
         DeviceIndexWarning(
             f"LOCAL_RANK={layout.local_rank} is not this rank's device: it sees {choice.seen()}, so its device is "
-            f"{device} ({layout.launcher_name}).",
+            f"{device} ({layout.launcher_name}).{nccl2}",
             "Choose the device with `lightning_mpi_env.jax_distributed_kwargs()['local_device_ids']` or the index "
-            'above, not with LOCAL_RANK; under Lightning, `strategy="ddp_mpi"` chooses it.',
+            f"above, not with LOCAL_RANK, and pass it on: `torch.cuda.set_device({index})`, "
+            f'`init_process_group("nccl", device_id=torch.device("cuda", {index}))` (docs/launchers.md, "torch 2.15"); '
+            'under Lightning, `strategy="ddp_mpi"` chooses it and passes it.',
             variable=choice.variable or None,
             value=",".join(choice.visible),
             launcher=layout.launcher_name,

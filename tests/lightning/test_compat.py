@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+import tests.lightning.test_device_id as device_id  # device_id: Lightning's own from 2.5.5, "ddp_mpi" on every one
 from lightning_mpi_env.lightning import compat
 from tests.clusters.deepspeed_venv import DeepSpeed
 from tests.clusters.lightning_versions import (  # noqa: F401  (oldest_lightning: a fixture, requested by name)
@@ -713,6 +714,10 @@ def test_hpc_resume_path_is_the_file_lightning_resumes_by_itself(lightning, pack
 
 
 CHECKED_BY = {
+    "DEVICE_ID_SINCE": device_id.test_ddp_mpi_passes_its_device_as_device_id,
+    "init_dist_connection": device_id.test_ddp_mpi_passes_its_device_as_device_id,
+    "package_version": device_id.test_ddp_mpi_passes_its_device_as_device_id,
+    "passes_device_id": device_id.test_the_plugin_with_lightnings_ddp_passes_lightnings_device_from_2_5_5_only,
     "HPC_CHECKPOINT": test_ddp_meets_in_the_roll_call_before_init_process_group,
     "SETTLE_SECONDS": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,
     "SIGTERM_COLLECTIVE_SINCE": test_a_trainer_ended_by_sigterm_exits_143,

@@ -15,9 +15,11 @@ from lightning_mpi_env.core.errors import (
     LayoutWarning,
     SettingError,
 )
+from lightning_mpi_env.core.layout import from_env
 from lightning_mpi_env.core.values import MAX_LOCAL_SIZE
 from lightning_mpi_env.tools.interop import (
     TORCH_VARIABLES,
+    device_warnings,
     jax_distributed_kwargs,
     torch_env,
     torchrun_args,
@@ -199,6 +201,33 @@ def test_torch_env_warns_when_local_rank_is_not_the_device():
     ):
         exported = torch_env({**OPEN_MPI_RANK_5, "CUDA_VISIBLE_DEVICES": "5"})
     assert exported["LOCAL_RANK"] == "1"  # torchrun's meaning stays; only the device differs
+
+
+def test_torch_env_says_how_to_pass_the_device_as_device_id():
+    # A plain DDP script calls init_process_group itself: the hint gives the index and the device_id line
+    # (torch 2.15's nccl2 binds LOCAL_RANK % visible devices without it: pytorch/pytorch#192281).
+    with pytest.warns(DeviceIndexWarning) as said:
+        torch_env({**OPEN_MPI_RANK_5, "CUDA_VISIBLE_DEVICES": "5"})
+    (warning,) = [record.message for record in said if isinstance(record.message, DeviceIndexWarning)]
+    assert 'init_process_group("nccl", device_id=torch.device("cuda", 0))' in warning.hint
+    assert "torch.cuda.set_device(0)" in warning.hint
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "extra", "named"),
+    [
+        ((2, 15, 0), {}, True),  # nccl is nccl2: LOCAL_RANK 1 % 2 visible = cuda:1, which the roll call may not give
+        ((2, 15, 0), {"TORCH_DIST_USE_NCCL2": "0"}, False),  # rolled back to the legacy ProcessGroupNCCL
+        ((2, 13, 0), {}, False),  # the legacy ProcessGroupNCCL binds nothing at init
+    ],
+)
+def test_device_warning_names_nccl2_s_guess_under_torch_2_15(torch_version, extra, named):
+    # srun --gpu-bind=closest: local rank 1 of 4 sees its socket's two GPUs; its own is not known to it.
+    env = {**OPEN_MPI_RANK_5, "CUDA_VISIBLE_DEVICES": "2,3", **extra}
+    (warning,) = device_warnings(from_env(env), env, torch_version)
+    sentence = "torch 2.15.0's nccl backend (nccl2) binds cuda:1 (LOCAL_RANK % 2) unless init_process_group gets"
+    assert (sentence in warning.problem) is named
+    assert "device_id" in warning.hint
 
 
 def test_torch_env_is_quiet_when_local_rank_is_the_device():

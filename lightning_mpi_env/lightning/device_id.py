@@ -1,0 +1,115 @@
+"""The one path where no ``device_id`` reaches ``init_process_group``: the plugin with Lightning's own strategies.
+
+``"ddp_mpi"`` passes the device it chose on every supported Lightning (``MPIDDPStrategy.bind_device``), and
+Lightning 2.5.5 and newer pass ``device_id=root_device`` from their own DDP and FSDP strategies
+(:data:`~lightning_mpi_env.lightning.compat.DEVICE_ID_SINCE`). With ``plugins=[MPIClusterEnvironment()]`` and
+Lightning's own strategy on an older Lightning, nothing public lets the plugin add it: Lightning calls
+``init_process_group`` without one, and torch 2.15's ``nccl`` backend (``nccl2``) binds ``LOCAL_RANK % count`` or
+``global rank % count`` (:func:`~lightning_mpi_env.core.nccl.nccl2_device`) while Lightning sets up
+``cuda:<local rank>``. Where those differ (nodes with more GPUs than ranks, ``LOCAL_RANK`` set to something else) the
+rank's communicator sits on another GPU than its model, or two ranks share one ("Duplicate GPU detected"). Right
+before that call, the plugin says so, naming the fix (:func:`warn_unbound_device`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Mapping
+
+from lightning_mpi_env.core.errors import DeviceIdWarning
+from lightning_mpi_env.core.namespaces import NAMESPACES
+from lightning_mpi_env.core.nccl import NCCL2_SWITCH, NCCL_LEGACY, installed_torch, nccl2_device, nccl_is_nccl2
+from lightning_mpi_env.core.torch_names import TORCH
+from lightning_mpi_env.lightning.compat import DEVICE_ID_SINCE, package_version
+
+FIX = (
+    'Use strategy="ddp_mpi", which passes the device it chose as device_id on every Lightning; or Lightning '
+    ">= 2.5.5, whose own strategies pass device_id=root_device; or keep torch's legacy NCCL backend: "
+    f"`export {NCCL2_SWITCH}=0` in the job script (read when torch.distributed is imported; `mpirun -x "
+    f'{NCCL2_SWITCH}=0`), or the strategy\'s process_group_backend="{NCCL_LEGACY}".'
+)
+"""The hint of :class:`~lightning_mpi_env.core.errors.DeviceIdWarning`."""
+
+
+def unbound_device(
+    *,
+    lightning: tuple[int, ...],
+    torch_version: tuple[int, ...],
+    env: Mapping[str, str],
+    global_rank: int,
+    local_rank: int,
+    device_count: int,
+) -> DeviceIdWarning | None:
+    """The warning for a rank whose ``nccl2`` communicator would not be on ``cuda:<local rank>``, else ``None``.
+
+    Args:
+        lightning: The Lightning version in use (the oldest one imported).
+        torch_version: The installed torch's.
+        env: The process environment (``LOCAL_RANK``, ``TORCH_DIST_USE_NCCL2``).
+        global_rank: This rank.
+        local_rank: Its local rank: Lightning's own strategies set up ``cuda:<local rank>``.
+        device_count: The CUDA devices this process sees.
+
+    >>> warning = unbound_device(lightning=(2, 1, 4), torch_version=(2, 15, 0), env={}, global_rank=2, local_rank=0,
+    ...                          device_count=4)
+    >>> warning.problem.split(", not")[0].split("(nccl2) ")[1]
+    'will bind rank 2 (local rank 0) to cuda:2 (its global rank 2 % 4 GPU(s))'
+    """
+    if lightning >= DEVICE_ID_SINCE or device_count <= 0 or not nccl_is_nccl2(torch_version, env):
+        return None
+    bound = nccl2_device(env, global_rank, device_count)
+    if bound is None or bound == local_rank:
+        return None
+    why = (
+        f"{TORCH.local_rank}={env[TORCH.local_rank]} % {device_count} GPU(s)"
+        if TORCH.local_rank in env
+        else f"its global rank {global_rank} % {device_count} GPU(s)"
+    )
+    version = ".".join(map(str, lightning))
+    return DeviceIdWarning(
+        f"Lightning {version} calls init_process_group without device_id, and the nccl backend of torch "
+        f"{'.'.join(map(str, torch_version))} (nccl2) will bind rank {global_rank} (local rank {local_rank}) to "
+        f"cuda:{bound} ({why}), not to cuda:{local_rank}, the device Lightning sets up for it: its communicator "
+        'then sits on another GPU than its model, or two ranks share one ("Duplicate GPU detected").',
+        FIX,
+        variable=TORCH.local_rank if TORCH.local_rank in env else None,
+        value=env.get(TORCH.local_rank),
+    )
+
+
+def lightning_in_use() -> tuple[int, ...]:
+    """The oldest version among the Lightning namespaces imported so far (``()`` when none is)."""
+    versions = [
+        package_version(namespace.fabric)
+        for namespace in NAMESPACES
+        if namespace.fabric.partition(".")[0] in sys.modules
+    ]
+    return min((version for version in versions if version), default=())
+
+
+def warn_unbound_device(global_rank: int, local_rank: int) -> None:
+    """Warn (:func:`unbound_device`) right before Lightning's own strategy calls ``init_process_group``.
+
+    Reads the Lightning and torch versions, ``os.environ`` and CUDA's device count (which starts no CUDA context).
+    """
+    lightning = lightning_in_use()
+    torch_version = installed_torch()
+    if not lightning or lightning >= DEVICE_ID_SINCE or not nccl_is_nccl2(torch_version, os.environ):
+        return  # before asking CUDA anything
+    import torch
+
+    warning = unbound_device(
+        lightning=lightning,
+        torch_version=torch_version,
+        env=os.environ,
+        global_rank=global_rank,
+        local_rank=local_rank,
+        device_count=torch.cuda.device_count(),
+    )
+    if warning is not None:
+        warnings.warn(warning, stacklevel=3)
+
+
+__all__ = ["FIX", "lightning_in_use", "unbound_device", "warn_unbound_device"]
