@@ -252,3 +252,62 @@ def test_no_warning_where_nccl2_binds_the_right_device(change, value):
     assert unbound_device(**arguments) is not None  # the baseline warns: 6 % 4 == 2 is not local rank 1
     arguments[change] = value
     assert unbound_device(**arguments) is None
+
+
+OPEN_FIRST = """
+import importlib, json, socket, sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+FABRIC = sys.argv[1]
+import lightning_mpi_env
+from lightning_mpi_env.lightning import compat
+
+calls = []
+real_init = dist.init_process_group
+
+
+def spy_init(*args, **kwargs):
+    calls.append(sorted(kwargs))
+    return real_init(*args, **kwargs)
+
+
+dist.init_process_group = spy_init
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+environment = lightning_mpi_env.MPIClusterEnvironment({
+    "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+}, roll_call=False, stall_timeout=0)
+# What bind_device does on a GPU, here with gloo: Lightning's own call, with an argument Lightning does not pass.
+compat.init_dist_connection(FABRIC, environment, "gloo", timeout=timedelta(seconds=60), group_name="")
+opened = dist.is_initialized()
+fabric = importlib.import_module(FABRIC).Fabric(strategy="ddp", accelerator="cpu", devices=1, plugins=[environment])
+fabric.launch()  # Lightning's own _init_dist_connection: finds the group open
+total = fabric.all_reduce(torch.ones(1), reduce_op="sum")
+print("PROBE " + json.dumps({"calls": calls, "opened": opened, "total": total.item()}))
+"""
+
+
+@pytest.mark.parametrize("fabric", ["lightning.fabric", "lightning_fabric"])
+def test_lightning_s_own_call_finds_the_group_bind_device_opened(lightning, fabric):
+    # compat.init_dist_connection: Lightning's _init_dist_connection passes its keyword arguments to
+    # init_process_group (2.1 to 2.6), and the strategy's own call after it returns at once: one process group.
+    base = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(OPEN_FIRST), fabric],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=lightning.environ(base),
+    )
+    probes = [line for line in result.stdout.splitlines() if line.startswith("PROBE ")]
+    assert result.returncode == 0, f"{lightning}: {result.stderr[-4000:]}"
+    found = json.loads(probes[-1].split(" ", 1)[1])
+    assert found["opened"] is True
+    assert found["calls"] == [["group_name", "rank", "timeout", "world_size"]]  # ours only: Lightning's returned
+    assert found["total"] == 1.0
