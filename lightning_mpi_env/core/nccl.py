@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from importlib import metadata
 
 from lightning_mpi_env.core.torch_names import TORCH
+from lightning_mpi_env.core.values import as_count
 
 NCCL2_SWITCH = "TORCH_DIST_USE_NCCL2"
 """torch 2.15's switch: ``0`` makes ``backend="nccl"`` the legacy ``ProcessGroupNCCL`` again (read when
@@ -70,16 +71,18 @@ def nccl_is_nccl2(torch_version: tuple[int, ...], env: Mapping[str, str], backen
 def nccl2_device(env: Mapping[str, str], global_rank: int, device_count: int) -> int | None:
     """The device index ``nccl2`` takes when ``init_process_group`` gets no ``device_id``; ``None`` without GPUs.
 
-    ``LOCAL_RANK % count`` where ``LOCAL_RANK`` is set, else ``global rank % count`` (torch 2.15.0).
+    ``LOCAL_RANK % count`` where ``LOCAL_RANK`` is set, else ``global rank % count`` (torch 2.15.0). A ``LOCAL_RANK``
+    that is not a count (:func:`~lightning_mpi_env.core.values.as_count`) counts as unset.
 
     >>> nccl2_device({"LOCAL_RANK": "3"}, 7, 2), nccl2_device({}, 5, 4), nccl2_device({}, 5, 0)
     (1, 1, None)
+    >>> nccl2_device({"LOCAL_RANK": "9" * 5000}, 5, 4)
+    1
     """
     if device_count <= 0:
         return None
-    local = env.get(TORCH.local_rank, "")
-    rank = int(local) if local.isascii() and local.isdigit() else global_rank
-    return rank % device_count
+    local = as_count(env.get(TORCH.local_rank, ""))  # bounded: a LOCAL_RANK of 5,000 digits is no count
+    return (global_rank if local is None else local) % device_count
 
 
 __all__ = [

@@ -22,6 +22,7 @@ from lightning_mpi_env.core.errors import DeviceIdWarning
 from lightning_mpi_env.core.namespaces import NAMESPACES
 from lightning_mpi_env.core.nccl import NCCL2_SWITCH, NCCL_LEGACY, installed_torch, nccl2_device, nccl_is_nccl2
 from lightning_mpi_env.core.torch_names import TORCH
+from lightning_mpi_env.core.values import as_count
 from lightning_mpi_env.lightning.compat import DEVICE_ID_SINCE, package_version
 
 FIX = (
@@ -62,9 +63,10 @@ def unbound_device(
     bound = nccl2_device(env, global_rank, device_count)
     if bound is None or bound == local_rank:
         return None
+    local = as_count(env.get(TORCH.local_rank, ""))  # what nccl2_device took: a count, else the global rank
     why = (
-        f"{TORCH.local_rank}={env[TORCH.local_rank]} % {device_count} GPU(s)"
-        if TORCH.local_rank in env
+        f"{TORCH.local_rank}={local} % {device_count} GPU(s)"
+        if local is not None
         else f"its global rank {global_rank} % {device_count} GPU(s)"
     )
     version = ".".join(map(str, lightning))
@@ -74,8 +76,8 @@ def unbound_device(
         f"cuda:{bound} ({why}), not to cuda:{local_rank}, the device Lightning sets up for it: its communicator "
         'then sits on another GPU than its model, or two ranks share one ("Duplicate GPU detected").',
         FIX,
-        variable=TORCH.local_rank if TORCH.local_rank in env else None,
-        value=env.get(TORCH.local_rank),
+        variable=TORCH.local_rank if local is not None else None,
+        value=None if local is None else str(local),
     )
 
 

@@ -33,6 +33,8 @@ def test_which_nccl_is_nccl2(torch_version, env, backend, expected):
         ({"LOCAL_RANK": "3"}, 3, 2, 1),  # --gpu-bind=closest, two GPUs per task: 3 % 2
         ({}, 6, 4, 2),  # no LOCAL_RANK (mpirun, srun): the global rank
         ({}, 6, 0, None),  # no GPU
+        ({"LOCAL_RANK": "9" * 5000}, 6, 4, 2),  # not a count (bounded, never int() of 5,000 digits): the global rank
+        ({"LOCAL_RANK": "-1"}, 6, 4, 2),
     ],
 )
 def test_the_device_nccl2_binds_without_device_id(env, global_rank, count, expected):

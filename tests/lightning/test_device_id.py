@@ -218,6 +218,8 @@ NODE_OF_FOUR = {"lightning": (2, 1, 4), "torch_version": (2, 15, 0), "device_cou
         ("fewer ranks than GPUs", {}, 3, 1, 3),
         # LOCAL_RANK that is not the launcher's local rank (a stale one from the job script).
         ("stale LOCAL_RANK", {"LOCAL_RANK": "3"}, 1, 1, 3),
+        # A LOCAL_RANK that is no count counts as unset; the message shows no part of it.
+        ("LOCAL_RANK no count", {"LOCAL_RANK": "7" * 5000}, 2, 0, 2),
     ],
 )
 def test_unbound_device_is_named_with_its_fix(case, env, global_rank, local_rank, bound):
@@ -230,6 +232,7 @@ def test_unbound_device_is_named_with_its_fix(case, env, global_rank, local_rank
     assert f"not to cuda:{local_rank}, the device Lightning sets up" in warning.problem
     assert "Lightning 2.1.4 calls init_process_group without device_id" in warning.problem
     assert warning.hint == FIX
+    assert len(warning.problem) < 600, warning.problem
     assert 'strategy="ddp_mpi"' in FIX
     assert "TORCH_DIST_USE_NCCL2=0" in FIX
     assert 'process_group_backend="nccl-legacy"' in FIX
