@@ -7,6 +7,7 @@ table:
 - ``ddp_mpi``: ``strategy="ddp_mpi"`` with NCCL; every rank's process group is bound to the device it trains on
   (``device_id`` reached ``init_process_group``: ``torch.distributed.group.WORLD.bound_device_id``), and an
   all-reduce and the trained weights agree on every rank;
+- ``fabric``: Fabric with ``MPIDDPStrategy`` (``"ddp_mpi"``) and NCCL: bound, all-reduce and weights agree, as above;
 - ``plugin``: ``plugins=[MPIClusterEnvironment()]`` with Lightning's own ``"ddp"`` and NCCL (bound where Lightning
   2.5.5+ passes ``device_id``);
 - ``per-task binding``: each rank sees one GPU of its own through ``CUDA_VISIBLE_DEVICES`` (as ``srun
@@ -54,7 +55,7 @@ class Check:
 
     name: str
     what: str
-    strategy: str  # "ddp_mpi", "plugin" (Lightning's ddp with the plugin) or "fsdp" (with the plugin)
+    strategy: str  # "ddp_mpi", "fabric" (Fabric with ddp_mpi), "plugin" (Lightning's ddp with it) or "fsdp"
     needs_gpu: bool = False
     backend: str | None = None  # process_group_backend; None: the strategy's default
     bind_per_task: bool = False
@@ -65,6 +66,7 @@ class Check:
 
 CHECKS = (
     Check("ddp_mpi", 'strategy="ddp_mpi", NCCL, device_id bound', "ddp_mpi"),
+    Check("fabric", 'Fabric(strategy="ddp_mpi"), NCCL, device_id bound', "fabric"),
     Check("plugin", "MPIClusterEnvironment with Lightning's ddp, NCCL", "plugin"),
     Check(
         "per-task binding", "one GPU per rank via CUDA_VISIBLE_DEVICES, ddp_mpi", "ddp_mpi", True, bind_per_task=True
@@ -102,6 +104,9 @@ def job(name: str, accelerator: str, root: str) -> None:
 
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     seen: dict[str, object] = {"rank": rank, "local_rank": local_rank}
+    if check.strategy == "fabric":
+        fabric_job(accelerator, seen)
+        return
 
     class Model(pl.LightningModule):
         def __init__(self) -> None:
@@ -169,6 +174,40 @@ def job(name: str, accelerator: str, root: str) -> None:
     print("RESULT " + json.dumps(seen), flush=True)
 
 
+def fabric_job(accelerator: str, seen: dict[str, object]) -> None:
+    """One rank of the ``fabric`` check: Fabric with ``MPIDDPStrategy``, a few steps, ``RESULT {json}``."""
+    import torch
+    import torch.distributed as dist
+    from lightning.fabric import Fabric
+
+    import lightning_mpi_env
+
+    fabric = Fabric(accelerator=accelerator, strategy=lightning_mpi_env.strategy_class("lightning.fabric")())
+    fabric.launch()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 1)
+    model, optimizer = fabric.setup(layer, torch.optim.SGD(layer.parameters(), lr=0.01))
+    seen["root_device"] = str(fabric.device)
+    seen["backend"] = dist.get_backend()
+    bound = getattr(dist.group.WORLD, "bound_device_id", None)  # set from init_process_group's device_id
+    seen["bound_device_id"] = None if bound is None else str(bound)
+    seen["visible"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    for step in range(8):
+        batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(step)).to(fabric.device)
+        optimizer.zero_grad()
+        fabric.backward(model(batch).pow(2).mean())
+        optimizer.step()
+    total = torch.tensor([float(fabric.global_rank)], device=fabric.device)
+    dist.all_reduce(total)
+    seen["all_reduce"] = total.item()
+    weights = torch.cat([parameter.detach().flatten() for parameter in model.parameters()])
+    low, high = weights.clone(), weights.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    seen["weights_agree"] = bool(torch.equal(low, high))
+    print("RESULT " + json.dumps(seen), flush=True)
+
+
 # --- the driver ---------------------------------------------------------------------------------------------------
 
 
@@ -215,7 +254,8 @@ def judge(check: Check, ranks: int, returncode: int, output: str, results: list[
             return fail(f"rank {result['rank']}: backend {result['backend']!r}, not {check.backend!r}")
         if check.bind_per_task and result["root_device"] != "cuda:0":
             return fail(f"rank {result['rank']} sees one GPU but trains on {result['root_device']}")
-        must_bind = result["root_device"].startswith("cuda") and (check.strategy == "ddp_mpi" or lightning_binds())
+        ours = check.strategy in ("ddp_mpi", "fabric")
+        must_bind = result["root_device"].startswith("cuda") and (ours or lightning_binds())
         if must_bind and result["bound_device_id"] != result["root_device"]:
             return fail(
                 f"rank {result['rank']}: process group bound to {result['bound_device_id']}, "
@@ -232,6 +272,13 @@ def lightning_binds() -> bool:
     from lightning_mpi_env.lightning.compat import DEVICE_ID_SINCE, package_version
 
     return package_version("lightning") >= DEVICE_ID_SINCE
+
+
+def installed() -> bool:
+    """Whether the package is installed with its ``callbacks_factory`` entry point (not only on ``PYTHONPATH``)."""
+    from importlib.metadata import entry_points
+
+    return any(point.name == "lightning_mpi_env" for point in entry_points(group="lightning.pytorch.callbacks_factory"))
 
 
 def run_check(check: Check, ranks: int, accelerator: str, timeout: float, workdir: Path) -> Outcome:
@@ -294,6 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from lightning_mpi_env.core.nccl import version_numbers
+
+    if not installed():
+        print(
+            "gpu_check: lightning_mpi_env is importable but not installed (no callbacks_factory entry point): the "
+            "requeue and watchdog callbacks reach a Trainer through that entry point. Install it: `pip install .`.",
+            flush=True,
+        )
+        return EXIT_FAILED
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     print(

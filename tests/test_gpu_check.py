@@ -48,9 +48,10 @@ def _rank(rank: int, device: str, bound: str | None, ranks: int = 2) -> dict:
     }
 
 
-def test_a_rank_whose_group_is_not_bound_to_its_device_fails(tmp_path):
+@pytest.mark.parametrize("name", ["ddp_mpi", "fabric"])
+def test_a_rank_whose_group_is_not_bound_to_its_device_fails(tmp_path, name):
     gpu_check = _module()
-    check = next(check for check in gpu_check.CHECKS if check.name == "ddp_mpi")
+    check = next(check for check in gpu_check.CHECKS if check.name == name)
     bound = [_rank(0, "cuda:0", "cuda:0"), _rank(1, "cuda:1", "cuda:1")]
     assert gpu_check.judge(check, 2, 0, "", bound, tmp_path).status == "PASS"
     dropped = [_rank(0, "cuda:0", "cuda:0"), _rank(1, "cuda:1", None)]  # device_id never reached init_process_group
@@ -68,3 +69,13 @@ def test_faults_pass_only_when_named(tmp_path):
     assert gpu_check.judge(requeue, 2, 99, "", [], tmp_path).status == "FAIL"  # no checkpoint saved
     (tmp_path / "hpc_ckpt_1.ckpt").write_text("")
     assert gpu_check.judge(requeue, 2, 99, "", [], tmp_path).status == "PASS"
+
+
+def test_a_package_that_is_not_installed_stops_the_check_with_one_line(monkeypatch, capsys):
+    # Only on PYTHONPATH, the package has no callbacks_factory entry point: no requeue callback reaches the Trainer,
+    # and SIGUSR2 would end the requeue check's rank with status 140 and no word why (seen on a GPU machine).
+    gpu_check = _module()
+    assert gpu_check.installed()  # this venv installs the package: the entry point is there
+    monkeypatch.setattr(gpu_check, "installed", lambda: False)
+    assert gpu_check.main(["--cpu"]) == gpu_check.EXIT_FAILED
+    assert "importable but not installed (no callbacks_factory entry point)" in capsys.readouterr().out

@@ -53,6 +53,11 @@ def main():
         help="validate and checkpoint after each epoch, each taking this long: every rank sleeps in validation, "
         "rank 0 in saving the checkpoint while the others wait for it (work slow for everyone, not a stall)",
     )
+    parser.add_argument(
+        "--result-dir",
+        help="also write the RESULT line's JSON to DIR/result-<job>-<rank>.json: srun forwards output in messages of "
+        "at most 1024 bytes (Slurm's SLURM_IO_MAX_MSG_LEN), so a longer line of one task can be cut by another's",
+    )
     args = parser.parse_args()
     pl = importlib.import_module(args.namespace)
 
@@ -144,31 +149,30 @@ def main():
     # Lightning resumes from the HPC checkpoint by itself under Slurm only, whichever job saved it: say which one.
     trainer.fit(model, ckpt_path=None if args.lightning_resume else hpc_checkpoint(trainer))
     trained = time.monotonic() - model.first_step_time if model.first_global_step is not None else None
-    print(
-        "RESULT "
-        + json.dumps(
-            {
-                "global_rank": trainer.global_rank,
-                "local_rank": trainer.local_rank,
-                "node_rank": trainer.node_rank,
-                "world_size": trainer.world_size,
-                "strategy": type(trainer.strategy).__name__,
-                "strategy_module": type(trainer.strategy).__mro__[1].__module__,
-                "hostname": socket.gethostname(),
-                "seen": model.seen,
-                "first_global_step": model.first_global_step,
-                "global_step": trainer.global_step,
-                "restart_count": os.environ.get("SLURM_RESTART_COUNT"),
-                "train_seconds": trained,  # from this process's first training step to the end of fit()
-                "weights": [
-                    round(v, 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
-                ],
-            }
-        )
-        + "\n",  # newline included: one write, so lines of ranks sharing stdout never merge
-        end="",
-        flush=True,
+    result = json.dumps(
+        {
+            "global_rank": trainer.global_rank,
+            "local_rank": trainer.local_rank,
+            "node_rank": trainer.node_rank,
+            "world_size": trainer.world_size,
+            "strategy": type(trainer.strategy).__name__,
+            "strategy_module": type(trainer.strategy).__mro__[1].__module__,
+            "hostname": socket.gethostname(),
+            "seen": model.seen,
+            "first_global_step": model.first_global_step,
+            "global_step": trainer.global_step,
+            "restart_count": os.environ.get("SLURM_RESTART_COUNT"),
+            "train_seconds": trained,  # from this process's first training step to the end of fit()
+            "weights": [round(v, 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()],
+        }
     )
+    if args.result_dir:
+        job = os.environ.get("SLURM_JOB_ID", "local")
+        path = os.path.join(args.result_dir, f"result-{job}-{trainer.global_rank}.json")
+        with open(path + ".tmp", "w") as file:
+            file.write(result)
+        os.replace(path + ".tmp", path)  # whole or absent: a reader never sees half a result
+    print("RESULT " + result + "\n", end="", flush=True)  # newline included: one write per line
 
 
 if __name__ == "__main__":  # not when pytest imports it to look for doctests

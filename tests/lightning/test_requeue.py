@@ -532,12 +532,18 @@ GATED_STEPS = 96
 
 
 def submit_gated(cluster, root, gate, *extra: str) -> str:
-    """The srun example job script (2 nodes, 1 rank each), whose restart waits for the file ``gate``."""
+    """The srun example job script (2 nodes, 1 rank each), whose restart waits for the file ``gate``.
+
+    Each rank writes its result to ``root/results`` as well: its RESULT line, longer than 1024 bytes after 96 steps,
+    reaches the job's output in pieces that another rank's line can cut (Slurm's ``SLURM_IO_MAX_MSG_LEN``,
+    ``src/common/io_hdr.h``).
+    """
+    (root / "results").mkdir(exist_ok=True)
     text = (EXAMPLES_JOBS / "slurm_srun.sbatch").read_text()
     text = "\n".join(line for line in text.splitlines() if "--gpus-per-node" not in line)
     text = text.replace("set -eu\n", "set -eu\n" + GATE)
     train = [sys.executable, str(TRAINER_JOB), "--samples", str(GATED_SAMPLES), "--epochs", "3"]
-    train += ["--step-seconds", "0.3", "--root-dir", str(root), *extra]
+    train += ["--step-seconds", "0.3", "--root-dir", str(root), "--result-dir", str(root / "results"), *extra]
     env = {"TRAIN": " ".join(train), "GATE": str(gate), "OMP_NUM_THREADS": "1"}
     return cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)
 
@@ -549,13 +555,13 @@ def signal_once_training(cluster, job) -> None:
     assert signalled.returncode == 0, signalled.stderr
 
 
-def finished_after_one_restart(cluster, job) -> tuple[str, list[dict]]:
+def finished_after_one_restart(cluster, job, root) -> tuple[str, list[dict]]:
     state = cluster.wait(job, timeout=SLURM_TIMEOUT)
     output = cluster.output(job)
     assert state == "COMPLETED", output[-4000:]
     [info] = cluster.job_info(job)
     assert info["Restarts"] == "1", output[-4000:]
-    results = [json.loads(line.split(" ", 1)[1]) for line in output.splitlines() if line.startswith("RESULT ")]
+    results = [json.loads(path.read_text()) for path in (root / "results").glob(f"result-{job}-*.json")]
     assert sorted(result["global_rank"] for result in results) == [0, 1], output[-4000:]
     assert {result["global_step"] for result in results} == {GATED_STEPS}
     assert len({tuple(result["weights"]) for result in results}) == 1
@@ -584,7 +590,7 @@ def test_slurm_two_jobs_in_one_folder_each_resume_their_own_checkpoint(slurm_clu
     assert sorted(path.name for path in root.glob("hpc_ckpt_*")) == ["hpc_ckpt_1.ckpt", "hpc_ckpt_2.ckpt"]
     gate.touch()
     for job, own in ((second, "hpc_ckpt_1.ckpt"), (first, "hpc_ckpt_2.ckpt")):
-        output, results = finished_after_one_restart(slurm_cluster, job)
+        output, results = finished_after_one_restart(slurm_cluster, job, root)
         assert f"lightning-mpi-env: requeue: resuming from {root / own}\n" in output, output[-4000:]
         assert {result["first_global_step"] for result in results} == {saved_step(root, job, own)}
 
@@ -597,7 +603,7 @@ def test_slurm_a_new_job_in_a_folder_with_another_job_s_checkpoint_is_refused(sl
     gate.touch()
     first = submit_gated(slurm_cluster, root, gate)
     signal_once_training(slurm_cluster, first)
-    finished_after_one_restart(slurm_cluster, first)
+    finished_after_one_restart(slurm_cluster, first, root)
     # A new job in the same folder has no checkpoint of its own, and fit(ckpt_path=None) would let Lightning's own
     # Slurm resume take the first job's: it stops before training, naming both jobs and the fix.
     second = submit_gated(slurm_cluster, root, gate)
@@ -638,7 +644,7 @@ def test_slurm_an_empty_newest_checkpoint_is_skipped_with_a_warning(slurm_cluste
     checkpoints.write_record(str(root), this, record._replace(saved=(*record.saved, Saved(cut, None, 99))))
     assert (cut, (root / cut).stat().st_size) == ("hpc_ckpt_2.ckpt", 0)
     gate.touch()
-    output, results = finished_after_one_restart(slurm_cluster, job)
+    output, results = finished_after_one_restart(slurm_cluster, job, root)
     # Lightning's warning format leaves out the class (CheckpointWarning, checked in test_checkpoints.py).
     assert f"Slurm job {job}: the checkpoint {root / cut} is skipped: it is empty" in output, output[-4000:]
     assert f"lightning-mpi-env: requeue: resuming from {root / 'hpc_ckpt_1.ckpt'}\n" in output, output[-4000:]
