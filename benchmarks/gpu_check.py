@@ -36,7 +36,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,7 +98,6 @@ def job(name: str, accelerator: str, root: str) -> None:
 
     import lightning.pytorch as pl
     import torch
-    import torch.distributed as dist
 
     import lightning_mpi_env
 
@@ -114,12 +113,7 @@ def job(name: str, accelerator: str, root: str) -> None:
             self.layer = torch.nn.Linear(8, 1)
 
         def on_train_start(self) -> None:
-            strategy = self.trainer.strategy
-            seen["root_device"] = str(strategy.root_device)
-            seen["backend"] = dist.get_backend()
-            bound = getattr(dist.group.WORLD, "bound_device_id", None)  # set from init_process_group's device_id
-            seen["bound_device_id"] = None if bound is None else str(bound)
-            seen["visible"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+            record_binding(seen, self.trainer.strategy.root_device)
 
         def training_step(self, batch: torch.Tensor, index: int) -> torch.Tensor:
             if check.fault == "stall" and rank == 1 and index == 2:
@@ -160,24 +154,13 @@ def job(name: str, accelerator: str, root: str) -> None:
     )
     model = Model()
     trainer.fit(model)
-    device = trainer.strategy.root_device
-    total = torch.tensor([float(rank)], device=device)
-    dist.all_reduce(total)
-    seen["all_reduce"] = total.item()
-    seen["weights_agree"] = None  # FSDP: each rank holds its own shard, nothing to compare
-    if check.strategy != "fsdp":
-        weights = torch.cat([parameter.detach().flatten() for parameter in model.parameters()]).to(device)
-        low, high = weights.clone(), weights.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX)
-        seen["weights_agree"] = bool(torch.equal(low, high))
-    print("RESULT " + json.dumps(seen), flush=True)
+    # FSDP: each rank holds its own shard, no weights to compare.
+    report(seen, trainer.strategy.root_device, rank, None if check.strategy == "fsdp" else model.parameters())
 
 
 def fabric_job(accelerator: str, seen: dict[str, object]) -> None:
     """One rank of the ``fabric`` check: Fabric with ``MPIDDPStrategy``, a few steps, ``RESULT {json}``."""
     import torch
-    import torch.distributed as dist
     from lightning.fabric import Fabric
 
     import lightning_mpi_env
@@ -187,24 +170,44 @@ def fabric_job(accelerator: str, seen: dict[str, object]) -> None:
     torch.manual_seed(0)
     layer = torch.nn.Linear(8, 1)
     model, optimizer = fabric.setup(layer, torch.optim.SGD(layer.parameters(), lr=0.01))
-    seen["root_device"] = str(fabric.device)
-    seen["backend"] = dist.get_backend()
-    bound = getattr(dist.group.WORLD, "bound_device_id", None)  # set from init_process_group's device_id
-    seen["bound_device_id"] = None if bound is None else str(bound)
-    seen["visible"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    record_binding(seen, fabric.device)
     for step in range(8):
         batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(step)).to(fabric.device)
         optimizer.zero_grad()
         fabric.backward(model(batch).pow(2).mean())
         optimizer.step()
-    total = torch.tensor([float(fabric.global_rank)], device=fabric.device)
+    report(seen, fabric.device, fabric.global_rank, model.parameters())
+
+
+def record_binding(seen: dict[str, object], device: object) -> None:
+    """Where this rank trains, its backend, and the device its process group is bound to, into ``seen``."""
+    import torch.distributed as dist
+
+    seen["root_device"] = str(device)
+    seen["backend"] = dist.get_backend()
+    bound = getattr(dist.group.WORLD, "bound_device_id", None)  # set from init_process_group's device_id
+    seen["bound_device_id"] = None if bound is None else str(bound)
+    seen["visible"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def report(seen: dict[str, object], device: object, rank: int, parameters: Iterable[object] | None) -> None:
+    """After training: an all-reduce of the ranks and whether their weights agree; print ``RESULT {json}``.
+
+    ``parameters`` is ``None`` where the ranks hold no common weights to compare (FSDP's shards).
+    """
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([float(rank)], device=device)
     dist.all_reduce(total)
     seen["all_reduce"] = total.item()
-    weights = torch.cat([parameter.detach().flatten() for parameter in model.parameters()])
-    low, high = weights.clone(), weights.clone()
-    dist.all_reduce(low, op=dist.ReduceOp.MIN)
-    dist.all_reduce(high, op=dist.ReduceOp.MAX)
-    seen["weights_agree"] = bool(torch.equal(low, high))
+    seen["weights_agree"] = None
+    if parameters is not None:
+        weights = torch.cat([parameter.detach().flatten() for parameter in parameters]).to(device)
+        low, high = weights.clone(), weights.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        seen["weights_agree"] = bool(torch.equal(low, high))
     print("RESULT " + json.dumps(seen), flush=True)
 
 
