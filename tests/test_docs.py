@@ -23,6 +23,7 @@ ERRORS = {
     "StrategyImportError",
     "JobIdError",
     "CheckpointError",
+    "FailureRecordError",
     "CommandError",
     "MpirunNotFoundError",
     "ApproximateNodeRankWarning",

@@ -94,6 +94,13 @@ class StrategyImportError(MpiEnvError, ImportError):
     """``lightning_mpi_env.MPIDDPStrategy`` asked for while no, or both, Lightning namespaces are imported."""
 
 
+class FailureRecordError(MpiEnvError, ValueError):
+    """A failure record in the state folder (``LIGHTNING_MPI_ENV_STATE_DIR``) that cannot be read.
+
+    Not a regular file, too long, or malformed.
+    """
+
+
 class LayoutWarning(Explained, UserWarning):
     """Something about the layout the user should hear about that does not stop the job."""
 
@@ -150,6 +157,7 @@ __all__ = [
     "DeviceIndexWarning",
     "Explained",
     "FabricWarning",
+    "FailureRecordError",
     "JobIdError",
     "LayoutError",
     "LayoutWarning",

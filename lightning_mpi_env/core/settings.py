@@ -62,6 +62,12 @@ SETTINGS: tuple[Setting, ...] = (
         "LIGHTNING_MPI_ENV_IFNAME",
         "the fabric's interface (`ib0`, `hsn0`): exported as `GLOO_SOCKET_IFNAME` and `NCCL_SOCKET_IFNAME`",
     ),
+    Setting(
+        "state_dir",
+        "LIGHTNING_MPI_ENV_STATE_DIR",
+        "the folder where the roll call and the stall watchdog write a failure record when they end the job "
+        "(read by a supervisor that relaunches the step); unset: none is written",
+    ),
 )
 """Every variable this package reads about itself; a test keeps the docs' table equal to these rows."""
 
@@ -105,6 +111,8 @@ class Settings:
     """Template of the main host's name on the fabric (``{host}i``); empty: the host list's name as it is."""
     ifname: str = ""
     """The fabric's interface for gloo and NCCL; empty: theirs to choose."""
+    state_dir: str = ""
+    """The folder for failure records (:mod:`~lightning_mpi_env.core.failures`); empty: none are written."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -114,7 +122,7 @@ class Settings:
             SettingError: Naming the variable, its value and the values it takes.
 
         >>> Settings.from_env({"LIGHTNING_MPI_ENV_ROLL_CALL": "off", "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"})
-        Settings(roll_call=False, rendezvous_timeout=20.0, requeue=True, stall_timeout=300.0, max_requeues=20, debug=False, mixed_imports=<MixedImportMode.WARN: 'warn'>, main_host='', ifname='')
+        Settings(roll_call=False, rendezvous_timeout=20.0, requeue=True, stall_timeout=300.0, max_requeues=20, debug=False, mixed_imports=<MixedImportMode.WARN: 'warn'>, main_host='', ifname='', state_dir='')
         """  # noqa: E501
         return cls(
             roll_call=switch(env, VARIABLE["roll_call"], default=True),
@@ -126,6 +134,7 @@ class Settings:
             mixed_imports=mixed_import_mode(env),
             main_host=host_template(env),
             ifname=interface_name(env),
+            state_dir=folder(env, VARIABLE["state_dir"]),
         )
 
     def with_arguments(self, **arguments: object) -> Settings:
@@ -283,6 +292,33 @@ def interface_name(env: Mapping[str, str]) -> str:
     )
 
 
+MAX_PATH = 4096
+"""The longest folder taken (Linux's ``PATH_MAX``)."""
+
+
+def folder(env: Mapping[str, str], variable: str) -> str:
+    """A folder's path: at most :data:`MAX_PATH` characters, no control characters; empty when unset.
+
+    It need not exist yet: its writer makes it.
+
+    Raises:
+        SettingError: Naming the variable and its value.
+
+    >>> folder({"D": " /scratch/run "}, "D"), folder({}, "D")
+    ('/scratch/run', '')
+    """
+    raw = env.get(variable, "").strip()
+    if len(raw) > MAX_PATH or any(ord(character) < 32 or ord(character) == 127 for character in raw):
+        raise SettingError(
+            f"{variable}={shown(raw)} is not a folder's path (at most {MAX_PATH} characters, none a control "
+            "character).",
+            f"Set {variable} to a folder on a file system every node sees, e.g. $PWD/.lightning-mpi-env, or unset it.",
+            variable=variable,
+            value=raw[:SHOWN_CHARACTERS],
+        )
+    return raw
+
+
 def _word(env: Mapping[str, str], field: str, form: re.Pattern[str], what: str, example: str) -> str:
     """The setting ``field`` of ``env`` when it has the ``form``; empty when unset.
 
@@ -305,6 +341,7 @@ __all__ = [
     "DEFAULT_MAX_REQUEUES",
     "DEFAULT_RENDEZVOUS_TIMEOUT",
     "DEFAULT_STALL_TIMEOUT",
+    "MAX_PATH",
     "MAX_REQUEUES",
     "SETTINGS",
     "VARIABLE",
@@ -312,6 +349,7 @@ __all__ = [
     "Setting",
     "Settings",
     "count_or_off",
+    "folder",
     "host_template",
     "interface_name",
     "mixed_import_mode",

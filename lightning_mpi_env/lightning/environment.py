@@ -26,10 +26,12 @@ from lightning_mpi_env.core.devices import (
     unknown_device,
     visible_devices,
 )
+from lightning_mpi_env.core.failures import FailureRecorder
 from lightning_mpi_env.core.launchers import SLURM, started_by_launcher
 from lightning_mpi_env.core.layout import RankLayout
 from lightning_mpi_env.core.network import socket_ifname_exports
 from lightning_mpi_env.core.report import restore_excepthook, shows_errors_briefly
+from lightning_mpi_env.core.schedulers import job_identity
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import parse_count
@@ -77,8 +79,9 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     layout raises :class:`~lightning_mpi_env.LayoutError` right there. The variables read are those of the launcher
     rows in :mod:`lightning_mpi_env.core.launchers` and the scheduler rows in :mod:`lightning_mpi_env.core.schedulers`
     (``MASTER_ADDR``/``MASTER_PORT`` first), plus ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE`` from Lightning's own
-    workers, ``LIGHTNING_MPI_ENV_ROLL_CALL``, ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, ``LIGHTNING_MPI_ENV_IFNAME``
-    and ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
+    workers, ``LIGHTNING_MPI_ENV_ROLL_CALL``, ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, ``LIGHTNING_MPI_ENV_IFNAME``,
+    ``LIGHTNING_MPI_ENV_STATE_DIR`` (where a verdict's failure record goes) and
+    ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
 
     Three ways to run (:class:`LaunchMode`):
 
@@ -160,6 +163,11 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         )
         """The ``LIGHTNING_MPI_ENV_*`` settings, with the arguments given here taking precedence."""
         self._layout, spawned = read_launch(env)
+        identity = job_identity(env)
+        # Only where LIGHTNING_MPI_ENV_STATE_DIR is set (a supervisor's step): elsewhere nothing is written.
+        self._recorder = FailureRecorder.plan(
+            self.settings.state_dir, self._layout.launcher_name, None if identity is None else identity[0]
+        )
         launcher = self._layout.launcher
         if launcher is not None and launcher.key != SLURM.key:
             # Lightning's advice to prepend `srun` is wrong for ranks another launcher started (and it gives none
@@ -513,6 +521,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             launch=self._layout,
             any_layout=self.any_layout,
             local_size=None if self.managed_by_lightning else self._layout.local_size,
+            recorder=self._recorder,
         )
         if meeting.device is not None:
             self._device = meeting.device

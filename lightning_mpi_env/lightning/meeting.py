@@ -17,6 +17,7 @@ from lightning_mpi_env.core.devices import DeviceBasis, DeviceChoice
 from lightning_mpi_env.core.layout import Placement, RankLayout
 
 if TYPE_CHECKING:
+    from lightning_mpi_env.core.failures import FailureRecorder
     from lightning_mpi_env.lightning.requeue import Requeue
     from lightning_mpi_env.rollcall.store import RendezvousResult
     from lightning_mpi_env.rollcall.watchdog import Watchdog
@@ -70,12 +71,14 @@ def meet(
     launch: RankLayout,
     any_layout: bool = False,
     local_size: int | None = None,
+    recorder: FailureRecorder | None = None,
 ) -> Meeting:
     """Meet every rank in the roll call; rank 0 prints the one-line summary on stderr.
 
     ``launch`` is the layout read once: the watchdog takes the launcher and the command that ends its step from it.
     ``any_layout``: the strategy takes any layout the launch gives (``"ddp_mpi"``), so nodes may differ in size.
     ``local_size``: this node's rank count as the launcher says it, ``None`` where Lightning laid out the ranks.
+    ``recorder``: writes the failure record of a verdict this rank reaches (``LIGHTNING_MPI_ENV_STATE_DIR`` is set).
 
     Raises:
         RendezvousError: A missing, duplicate or disagreeing rank, named.
@@ -98,7 +101,7 @@ def meet(
             environ=visible_env,
         ),
     )
-    result = store.rendezvous(claim, timeout=timeout, expected_node=expected_node)
+    result = store.rendezvous(claim, timeout=timeout, expected_node=expected_node, recorder=recorder)
     chosen = None
     if result.device_index is not None and (device is None or device.index is None):
         visible = claim.visible_set or ()
@@ -106,7 +109,7 @@ def meet(
     stall_watchdog = None
     if stall_timeout > 0 or requeue is not None:
         signalled = None if requeue is None else (lambda: requeue.requested)
-        stall_watchdog = watchdog.watch(result, stall_timeout, signalled, launch)
+        stall_watchdog = watchdog.watch(result, stall_timeout, signalled, launch, recorder)
     if claim.rank == 0 and result.summary:
         # One line per job, on stderr with the other diagnostics: stdout stays the program's.
         print(result.summary, file=sys.stderr, flush=True)

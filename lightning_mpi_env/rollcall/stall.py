@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from lightning_mpi_env.core.errors import StallError
+from lightning_mpi_env.core.failures import FailureKind, Fault
 from lightning_mpi_env.core.settings import VARIABLE
 from lightning_mpi_env.rollcall.verdicts import format_ranks
 from lightning_mpi_env.rollcall.wire import Report
@@ -50,6 +51,14 @@ def observe(seen: dict[int, Seen], reports: Sequence[Report], now: float) -> Non
         seen[report.rank] = Seen(report, progress_since, beat_since)
 
 
+@dataclass(frozen=True)
+class Stall:
+    """A stall found: the error every rank shows, and the fault a failure record keeps."""
+
+    error: StallError
+    fault: Fault
+
+
 def find_stall(
     seen: Mapping[int, Seen], now: float, timeout: float, frozen_after: float, world_size: int, started: float = 0.0
 ) -> StallError | None:
@@ -70,6 +79,22 @@ def find_stall(
     >>> unmarked = {0: Seen(r(0, 0), 0.0, 99.0), 1: Seen(r(1, 0), 0.0, 70.0)}  # rank 1 silent for 30 s
     >>> print(find_stall(unmarked, now=100.0, timeout=20, frozen_after=3, world_size=2).problem[:62])
     Rank 1 stalled: its watchdog fell silent 30 s ago while rank 0
+    """
+    stall = judge(seen, now, timeout, frozen_after, world_size, started)
+    return None if stall is None else stall.error
+
+
+def judge(
+    seen: Mapping[int, Seen], now: float, timeout: float, frozen_after: float, world_size: int, started: float = 0.0
+) -> Stall | None:
+    """:func:`find_stall`'s verdict with its fault: the ranks named, their hosts, frozen or alive, and the step.
+
+    The kind is :attr:`~lightning_mpi_env.core.failures.FailureKind.FROZEN` when any rank named is frozen or never
+    reported, else :attr:`~lightning_mpi_env.core.failures.FailureKind.STALLED` (alive, its main thread named).
+
+    >>> r = lambda rank, progress: Report(rank, f"n{rank}", progress, progress // 4, progress % 4, 1, "t.py:1 in f")
+    >>> judge({0: Seen(r(0, 9), 0.0, 99.0), 1: Seen(r(1, 8), 0.0, 70.0)}, 100.0, 20, 3, 2).fault
+    Fault(kind=<FailureKind.FROZEN: 'frozen'>, ranks=(1,), hosts=('n1',), step=2)
     """
     if not seen:
         return None
@@ -102,7 +127,11 @@ def find_stall(
         verb = "reports" if len(waiting) == 1 else "report"
         reason = f"{whose} fell silent {quiet:.0f} s ago while {others} still {verb}{at}"
     lines = [_describe(rank, seen.get(rank), now, frozen_after, marked) for rank in named]
-    return StallError(
+    frozen = any(rank not in seen or now - seen[rank].beat_since >= frozen_after for rank in named)
+    hosts = tuple(dict.fromkeys(seen[rank].report.host for rank in named if rank in seen))
+    step = seen[waiting[0]].report.step if marked and waiting else None
+    fault = Fault(FailureKind.FROZEN if frozen else FailureKind.STALLED, tuple(named), hosts, step)
+    error = StallError(
         f"{format_ranks(named).capitalize()} stalled: {reason}. " + "; ".join(lines) + ".",
         f"Look at the stalled rank's host: a data loader or file system that blocks, a deadlock in the training "
         f"step, or a frozen node. {VARIABLE['stall_timeout']}={timeout:g} sets the timeout (0 turns the watchdog "
@@ -110,6 +139,7 @@ def find_stall(
         variable=VARIABLE["stall_timeout"],
         value=f"{timeout:g}",
     )
+    return Stall(error, fault)
 
 
 def _describe(rank: int, entry: Seen | None, now: float, frozen_after: float, marked: bool) -> str:
@@ -123,4 +153,4 @@ def _describe(rank: int, entry: Seen | None, now: float, frozen_after: float, ma
     return f"rank {rank} on {report.host} at {place}, alive, main thread at {report.where}"
 
 
-__all__ = ["PHASES", "Seen", "find_stall", "interval_for", "observe"]
+__all__ = ["PHASES", "Seen", "Stall", "find_stall", "interval_for", "judge", "observe"]

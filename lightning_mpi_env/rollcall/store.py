@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, NoReturn
 
 from lightning_mpi_env.core.errors import RendezvousError
+from lightning_mpi_env.core.failures import FailureKind, FailureRecorder, Fault, hosts_of
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.rollcall.reach import NetworkView, serve_error, unreachable_error, with_rank_zero_view
 from lightning_mpi_env.rollcall.verdicts import (
@@ -66,6 +68,7 @@ _ARRIVED = KEY_PREFIX + "arrived"
 _ARRIVED_RANKS = KEY_PREFIX + "arrived_ranks"
 _VERDICT = KEY_PREFIX + "verdict"
 _READ = KEY_PREFIX + "verdict_read"
+_RECORDED = KEY_PREFIX + "failure_recorded"
 _RANK_ZERO_VIEW = KEY_PREFIX + "network/0"
 
 
@@ -105,6 +108,7 @@ def rendezvous(
     *,
     timeout: float,
     expected_node: Callable[[int], int] | None = None,
+    recorder: FailureRecorder | None = None,
 ) -> RendezvousResult:
     """Meet every other rank in rank 0's store, or raise a named error within about ``timeout`` seconds.
 
@@ -112,6 +116,7 @@ def rendezvous(
         claim: This process's claim (see :meth:`Claim.here`).
         timeout: Seconds to wait for every rank (and, for ranks other than 0, for rank 0's store to answer).
         expected_node: Maps a rank to the node the launcher placed it on, to say where missing ranks were expected.
+        recorder: Writes the failure record of a verdict this rank reaches (the state folder is set).
 
     Returns:
         The open store and this process's node assignment.
@@ -120,20 +125,27 @@ def rendezvous(
         RendezvousError: On a duplicate rank, a disagreement with rank 0, ranks that never arrived, an unreachable
             rank 0, two ranks on one GPU, or uneven ranks per host. Every process of the job raises, none waits on.
     """
-    from torch.distributed import DistError, DistStoreError
+    from torch.distributed import DistError
 
     start = time.monotonic()
-    store = _connect(claim, timeout)
-    meeting = _Meeting(store, claim, start, timeout, expected_node)
+    unreachable = Fault(FailureKind.STORE_UNREACHABLE, (0,), (claim.main_address,))
+    try:
+        store = _connect(claim, timeout)
+    except RendezvousError as error:  # no store, so no verdict either: one rank per node that cannot reach it says so
+        if claim.rank != 0 and claim.local_rank == 0:
+            _record(recorder, error, unreachable, claim.rank)
+        raise
+    meeting = _Meeting(store, claim, start, timeout, expected_node, recorder)
     try:
         nodes, line, device_index, notes = meeting.run()
     except RendezvousError:
         meeting.leave()
         raise
-    except DistStoreError as error:  # a wait on the store ran out: rank 0's store stopped answering
-        raise meeting.lost_store(error) from error
-    except DistError as error:  # the store went away: rank 0 stopped, most likely for a reason it printed
-        raise meeting.lost_store(error) from error
+    except DistError as error:  # a wait ran out (DistStoreError), or rank 0 stopped, likely for a reason it printed
+        lost = meeting.lost_store(error)
+        if claim.local_rank == 0:
+            _record(recorder, lost, unreachable, claim.rank)
+        raise lost from error
     return RendezvousResult(
         store=store, claim=claim, nodes=nodes, summary=line, device_index=device_index, notes=tuple(notes)
     )
@@ -165,6 +177,14 @@ def _connect(claim: Claim, timeout: float) -> TCPStore:
         # What rank 0 sees of the network, for the verdict on ranks that never reach it (they cannot ask).
         store.set(_RANK_ZERO_VIEW, NetworkView.here(claim.main_address).to_json())
     return store
+
+
+def _record(recorder: FailureRecorder | None, error: RendezvousError, fault: Fault, rank: int) -> None:
+    """Write the failure record of ``fault``, where the state folder is set; say it on stderr when that fails."""
+    if recorder is not None:
+        failed = recorder.write(fault, problem=error.problem, written_by=rank)
+        if failed is not None:
+            print(failed, file=sys.stderr, flush=True)
 
 
 def _first_line(error: BaseException) -> str:
@@ -200,8 +220,10 @@ class _Meeting:
         start: float,
         timeout: float,
         expected_node: Callable[[int], int] | None,
+        recorder: FailureRecorder | None = None,
     ) -> None:
         self.store = store
+        self.recorder = recorder
         self.claim = claim
         self.start = start
         self.deadline = start + timeout
@@ -233,13 +255,14 @@ class _Meeting:
         if order > 1:
             # The second claimant knows at once; the first learns it from the verdict.
             first = self._claim(rank, self._get(f"{KEY_PREFIX}claim/{rank}/1"))
-            self._conclude(duplicate_message(first, self.claim))
+            fault = Fault(FailureKind.DUPLICATE, (rank,), (first.host, self.claim.host))
+            self._conclude(duplicate_message(first, self.claim), fault)
 
     def _compare_with_rank_zero(self) -> None:
         self.rank_zero = self._claim(0, self._get(f"{KEY_PREFIX}claim/0/1"))
         problem = disagreement_message(self.rank_zero, self.claim)
         if problem is not None:
-            self._conclude(problem)
+            self._conclude(problem, Fault(FailureKind.MISMATCH, (self.claim.rank,), (self.claim.host,)))
 
     def _arrive(self) -> None:
         store_append(self.store, _ARRIVED_RANKS, f"{self.claim.rank},")
@@ -254,22 +277,23 @@ class _Meeting:
         for other in claims[1:]:
             problem = disagreement_message(claims[0], other)
             if problem is not None:
-                self._conclude(problem)
+                self._conclude(problem, Fault(FailureKind.MISMATCH, (other.rank,), (other.host,)))
+        launch_wrong = Fault(FailureKind.MISMATCH)  # the launch as a whole is wrong: no rank or host to leave out
         collision = collisions(claims)
         if collision is not None:
-            self._conclude(collision)
+            self._conclude(collision, launch_wrong)
         hosts = [claim.host for claim in claims]
         try:
             assignments = assign_all(hosts, any_layout=all(claim.any_layout for claim in claims))
         except RendezvousError as error:
-            self._conclude(error)
+            self._conclude(error, launch_wrong)
         mismatch = expectation_mismatch(claims, assignments[0])
         if mismatch is not None:
-            self._conclude(mismatch)
+            self._conclude(mismatch, launch_wrong)
         try:
             devices, notes = devices_of(claims)
         except RendezvousError as error:
-            self._conclude(error)
+            self._conclude(error, launch_wrong)
         store_multi_set(
             self.store,
             [f"{KEY_PREFIX}node/{rank}" for rank in range(world_size)],
@@ -285,12 +309,12 @@ class _Meeting:
     def _await_verdict(self) -> RollCallVerdict:
         if _wait_quietly(self.store, _VERDICT, self.deadline, self.claim.world_size):
             return self._verdict(self.store.get(_VERDICT))
-        problem = self._missing()
-        if problem is not None:
-            self._conclude(problem)
+        missing = self._missing()
+        if missing is not None:
+            self._conclude(*missing)
         # Everyone arrived just now: the last rank is writing the verdict.
         if not _wait_quietly(self.store, _VERDICT, time.monotonic() + VERDICT_GRACE, self.claim.world_size):
-            self._conclude(self._never_received(_VERDICT))
+            self._conclude(*self._never_received(_VERDICT))
         return self._verdict(self.store.get(_VERDICT))
 
     def leave(self) -> None:
@@ -320,12 +344,20 @@ class _Meeting:
 
     # --- helpers -------------------------------------------------------------------------------------------------
 
-    def _conclude(self, problem: RendezvousError) -> NoReturn:
-        """Write ``problem`` as the verdict unless another rank wrote one first; raise the verdict that stands."""
+    def _conclude(self, problem: RendezvousError, fault: Fault) -> NoReturn:
+        """Write ``problem`` as the verdict unless another rank wrote one first; raise the verdict that stands.
+
+        The rank whose verdict stands writes its failure record too (one per job, where the state folder is set;
+        ranks that reached the same verdict agree on one writer through the store).
+        """
         payload = json.dumps({"problem": problem.problem, "hint": problem.hint, "value": problem.value})
-        current = self._verdict(self.store.compare_set(_VERDICT, "", payload))
-        if current.problem:
+        stored = self.store.compare_set(_VERDICT, "", payload)
+        current = self._verdict(stored)
+        if current.problem and stored != payload.encode():
             self._raise(current)
+        # This rank's verdict stands (others may have reached the same one): the first of them writes the record.
+        if current.problem and self.recorder is not None and self.store.add(_RECORDED, 1) == 1:
+            _record(self.recorder, problem, fault, self.claim.rank)
         self.store.add(_READ, 1)
         raise problem  # the others already met (a late duplicate): this process still must not go on
 
@@ -334,8 +366,12 @@ class _Meeting:
         self.store.add(_READ, 1)
         raise verdict.error()
 
-    def _missing(self) -> RendezvousError | None:
-        """Who never arrived, read from the store: any rank can say it, not only rank 0."""
+    def _missing(self) -> tuple[RendezvousError, Fault] | None:
+        """Who never arrived, read from the store: any rank can say it, not only rank 0.
+
+        The fault names the hosts of the nodes the missing ranks were expected on, where a rank of that node
+        arrived; a node from which none arrived is known by its index only, which names no host.
+        """
         world_size = self.claim.world_size
         arrived_text = self.store.get(_ARRIVED_RANKS) if self.store.check([_ARRIVED_RANKS]) else b""
         arrived = read_raw(_ARRIVED_RANKS, arrived_text, arrived_ranks(world_size))
@@ -357,10 +393,16 @@ class _Meeting:
         problem = missing_message(
             missing, examples, world_size, self.timeout, expected_node, arrived_count=len(arrived)
         )
+        host_of: dict[int, str] = {}
+        if expected_node is not None:
+            node_host = {expected_node(rank): claim.host for rank, claim in examples.items()}
+            host_of = {rank: node_host[expected_node(rank)] for rank in missing if expected_node(rank) in node_host}
+        fault = Fault(FailureKind.MISSING, tuple(missing), hosts_of(missing, host_of))
         whole_node = expected_node is None or bool(wanted)  # a node none of whose ranks reached rank 0
         if whole_node and self.store.check([_RANK_ZERO_VIEW]):
-            return with_rank_zero_view(problem, read(_RANK_ZERO_VIEW, self.store.get(_RANK_ZERO_VIEW), network_view))
-        return problem
+            view = read(_RANK_ZERO_VIEW, self.store.get(_RANK_ZERO_VIEW), network_view)
+            return with_rank_zero_view(problem, view), fault
+        return problem, fault
 
     def _get(self, key: str) -> bytes:
         """The value of ``key`` once set, giving up at the deadline (then: who is missing)."""
@@ -369,7 +411,7 @@ class _Meeting:
                 verdict = self._verdict(self.store.get(_VERDICT))
                 if verdict.problem:
                     self._raise(verdict)
-            self._conclude(self._missing() or self._never_received(key))
+            self._conclude(*(self._missing() or self._never_received(key)))
         value: bytes = self.store.get(key)
         return value
 
@@ -379,7 +421,7 @@ class _Meeting:
         try:
             return read(key, raw, claim_of(rank))
         except RendezvousError as error:
-            self._conclude(error)
+            self._conclude(error, Fault(FailureKind.MISMATCH, (rank,)))
 
     def _verdict(self, raw: bytes) -> RollCallVerdict:
         """The stored verdict; a malformed one is this rank's error (it cannot be replaced: first write wins)."""
@@ -389,12 +431,13 @@ class _Meeting:
             self.store.add(_READ, 1)
             raise
 
-    def _never_received(self, key: str) -> RendezvousError:
-        return RendezvousError(
+    def _never_received(self, key: str) -> tuple[RendezvousError, Fault]:
+        error = RendezvousError(
             f"Rank {self.claim.rank} on {self.claim.describe()}: the rendezvous store never received {key!r} "
             f"within the rendezvous timeout of {self.timeout:g} s.",
             f"Rank 0 stopped or is overloaded. {MISSING_CAUSES}",
         )
+        return error, Fault(FailureKind.STORE_UNREACHABLE, (0,), (self.claim.main_address,))
 
 
 def _wait_quietly(store: TCPStore, key: str, deadline: float, world_size: int) -> bool:

@@ -48,10 +48,11 @@ from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
 
 from lightning_mpi_env.core.errors import RendezvousError, StallError
+from lightning_mpi_env.core.failures import FailureKind, FailureRecorder, Fault
 from lightning_mpi_env.core.report import render
 from lightning_mpi_env.core.settings import DEFAULT_STALL_TIMEOUT, VARIABLE
 from lightning_mpi_env.rollcall.deadline import Deadline, Unanswered
-from lightning_mpi_env.rollcall.stall import PHASES, Seen, find_stall, interval_for, observe
+from lightning_mpi_env.rollcall.stall import PHASES, Seen, find_stall, interval_for, judge, observe
 from lightning_mpi_env.rollcall.wire import Report, read, report_of, stall_verdict
 
 if TYPE_CHECKING:
@@ -105,6 +106,9 @@ class Watchdog:
         end_step: The scheduler's command that ends this launch, where the launcher would wait for a frozen rank
             (:func:`~lightning_mpi_env.core.launchers.end_step_command`); run by rank 0 after a stall verdict.
         stand_in: This rank runs ``end_step`` when rank 0's store fell silent (the lowest rank off rank 0's node).
+        recorder: Writes the failure record of a verdict this rank reaches (the state folder is set); ``None``:
+            no record.
+        main_host: Rank 0's host (the main address), named in the record when its store falls silent.
         exit: Ends the process after the line is printed (``os._exit``; injected by the tests).
         clock: Monotonic seconds.
     """
@@ -120,12 +124,15 @@ class Watchdog:
         agreement: StopAgreement | None = None,
         end_step: Sequence[str] = (),
         stand_in: bool = False,
+        recorder: FailureRecorder | None = None,
+        main_host: str = "",
         exit: Callable[[int], object] = os._exit,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rank, self.world_size, self.host, self.timeout = rank, world_size, host, timeout
         self.agreement = agreement
         self.end_step, self.stand_in = tuple(end_step), stand_in
+        self.recorder, self.main_host = recorder, main_host
         self.interval = interval_for(timeout or DEFAULT_STALL_TIMEOUT, world_size)
         self._connect, self._exit, self._clock = connect, exit, clock
         self._request_timeout = max(5.0, 2 * self.interval)
@@ -215,7 +222,10 @@ class Watchdog:
                     return  # rank 0 ended and its store with it: the launcher ends the job, not us
                 silent_since = silent_since if silent_since is not None else self._clock()
                 if self._clock() - silent_since >= self.timeout:
-                    self._conclude(self._store_silent(silent_since), time.time(), ends_step=self.stand_in)
+                    silent = self._store_silent(silent_since)
+                    if self.stand_in:  # one record, by the rank that ends the step
+                        self._record(silent, Fault(FailureKind.STORE_UNREACHABLE, (0,), (self.main_host,)))
+                    self._conclude(silent, time.time(), ends_step=self.stand_in)
                     return
             self._stopped.wait(self.interval)
         if self.timeout:
@@ -265,13 +275,22 @@ class Watchdog:
                 if report is not None:
                     reports.append(report)
         observe(seen, reports, self._clock())
-        stall = find_stall(seen, self._clock(), self.timeout, 3 * self.interval, self.world_size, started)
-        if stall is not None:
+        found = judge(seen, self._clock(), self.timeout, 3 * self.interval, self.world_size, started)
+        if found is not None:
+            stall = found.error
+            self._record(stall, found.fault)  # before the verdict: every rank ends soon after it
             # Every rank checks once per interval: all have seen it, and stop together, two intervals from now.
             exit_at = time.time() + 2 * self.interval
             fields = {"problem": stall.problem, "hint": stall.hint, "value": stall.value, "exit_at": exit_at}
             store.set(VERDICT, json.dumps(fields))
             store.add(EVENTS, 1)
+
+    def _record(self, error: StallError, fault: Fault) -> None:
+        """Write the failure record of this verdict, where the state folder is set; say it when that fails."""
+        if self.recorder is not None:
+            failed = self.recorder.write(fault, problem=error.problem, written_by=self.rank)
+            if failed is not None:
+                _say(failed)
 
     def _store_silent(self, since: float) -> StallError:
         return StallError(
@@ -349,6 +368,7 @@ def watch(
     timeout: float,
     signalled: Callable[[], bool] | None,
     launch: RankLayout | None = None,
+    recorder: FailureRecorder | None = None,
 ) -> Watchdog:
     """This rank's watchdog thread, on the roll call's own client of its store, which the roll call is done with.
 
@@ -360,7 +380,8 @@ def watch(
     Where the launcher would wait for a frozen rank, the launch's layout (read once, with its step:
     :attr:`~lightning_mpi_env.core.rank_layout.RankLayout.end_step`) says how to end the step; where nothing would
     end it, rank 0 says at the start what to add to the launch. Without a layout, no launcher is known: nothing is
-    said and no step is ended.
+    said and no step is ended. With a ``recorder`` (the state folder is set), the rank that reaches a verdict
+    writes its failure record.
     """
     from datetime import timedelta
 
@@ -396,6 +417,8 @@ def watch(
         agreement=agreement,
         end_step=end_step,
         stand_in=stand_in,
+        recorder=recorder,
+        main_host=claim.main_address,
     ).start()
 
 

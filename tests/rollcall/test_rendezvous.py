@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from lightning_mpi_env import LayoutError
 from lightning_mpi_env.core.devices import BINDING_HINT
 from lightning_mpi_env.core.errors import RendezvousError
+from lightning_mpi_env.core.failures import FailureKind, FailureRecorder, read_records
 from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT, Settings
 from lightning_mpi_env.rollcall.store import rendezvous
 from lightning_mpi_env.rollcall.verdicts import (
@@ -188,7 +189,10 @@ def _free_port() -> int:
 
 
 def _meet(
-    claims: Sequence[Claim], timeout: float = 3.0, placements: Sequence[Callable[[int], int]] | None = None
+    claims: Sequence[Claim],
+    timeout: float = 3.0,
+    placements: Sequence[Callable[[int], int]] | None = None,
+    recorder: FailureRecorder | None = None,
 ) -> dict[int, object]:
     """Run one rendezvous per claim in threads (each with its own placement guess); index results by position."""
     results: dict[int, object] = {}
@@ -196,7 +200,7 @@ def _meet(
     def run(index: int, claim: Claim) -> None:
         expected_node = placements[index] if placements else lambda rank: rank % 2
         try:
-            results[index] = rendezvous(claim, timeout=timeout, expected_node=expected_node)
+            results[index] = rendezvous(claim, timeout=timeout, expected_node=expected_node, recorder=recorder)
         except Exception as error:  # noqa: BLE001  (the test inspects it)
             results[index] = error
 
@@ -449,3 +453,42 @@ def test_duplicate_rank_zero_on_another_host_is_caught_at_once(two_hosts, tmp_pa
         # Long before the timeout would have named a missing rank instead: a bound on a hang, not a speed target. At a
         # load average near 15 on 2 cores it took 0.6 s; the 37-44 s once seen here was torch's import, now before it.
         assert outcome["seconds"] < timeout / 2, outcome
+
+
+# --- failure records (LIGHTNING_MPI_ENV_STATE_DIR) -------------------------------------------------------------------
+
+
+def test_the_rank_whose_verdict_stands_records_the_missing_ranks_and_their_host(tmp_path):
+    recorder = FailureRecorder(str(tmp_path), "Open MPI", "42")
+    results = _meet(_claims([0, 1, 2]), timeout=2, recorder=recorder)
+    assert all(isinstance(result, RendezvousError) for result in results.values())
+    (record,) = read_records(str(tmp_path))  # one record however many ranks saw it
+    assert (record.kind, record.ranks, record.hosts) == (FailureKind.MISSING, (3,), ("b",))
+    assert record.blames_hosts
+    assert record.problem.startswith("Rank 3 of 4 never arrived within the rendezvous timeout of 2 s")
+    assert (record.launcher, record.job_id) == ("Open MPI", "42")
+
+
+def test_a_duplicate_is_recorded_as_a_wrong_launch(tmp_path):
+    results = _meet(_claims([0, 1, 2, 1]), timeout=20, recorder=FailureRecorder(str(tmp_path), "srun", None))
+    assert all(isinstance(result, RendezvousError) for result in results.values())
+    (record,) = read_records(str(tmp_path))
+    # Both claimants of rank 1 run on host b (_claims alternates a and b).
+    assert (record.kind, record.ranks, record.hosts) == (FailureKind.DUPLICATE, (1,), ("b",))
+    assert not record.blames_hosts
+
+
+def test_the_first_rank_of_each_node_that_cannot_reach_rank_zero_records_it(tmp_path):
+    # Ranks 1 (host a, local rank 0), 2 (host b, local rank 0) and 3 (host a, local rank 1): no store, so no verdict
+    # to agree on; one record per node keeps a large job's folder small.
+    _meet(_claims([1, 2, 3]), timeout=1.5, recorder=FailureRecorder(str(tmp_path), "srun", "7"))
+    records = read_records(str(tmp_path))
+    assert sorted(record.written_by for record in records) == [1, 2]
+    assert {(record.kind, record.ranks, record.hosts) for record in records} == {
+        (FailureKind.STORE_UNREACHABLE, (0,), ("127.0.0.1",))
+    }
+
+
+def test_a_roll_call_that_meets_writes_nothing(tmp_path):
+    _meet(_claims([0, 1, 2, 3]), recorder=FailureRecorder(str(tmp_path / "state"), "srun", "7"))
+    assert not (tmp_path / "state").exists()

@@ -14,6 +14,7 @@ from datetime import timedelta
 import pytest
 
 from lightning_mpi_env.core.errors import StallError
+from lightning_mpi_env.core.failures import FailureKind, FailureRecorder, read_records
 from lightning_mpi_env.rollcall.watchdog import (
     KEY,
     Report,
@@ -159,7 +160,9 @@ def store_port():
     del server
 
 
-def _watchdogs(port: int, world: int, timeout: float, exits: list[tuple[int, int]]) -> list[Watchdog]:
+def _watchdogs(
+    port: int, world: int, timeout: float, exits: list[tuple[int, int]], **options: object
+) -> list[Watchdog]:
     import torch.distributed as dist
 
     def connect(rank: int):
@@ -176,6 +179,7 @@ def _watchdogs(port: int, world: int, timeout: float, exits: list[tuple[int, int
             host=f"node{rank // 2}",
             timeout=timeout,
             exit=lambda status, rank=rank: exits.append((rank, status)),
+            **options,  # type: ignore[arg-type]
         )
         for rank in range(world)
     ]
@@ -206,9 +210,10 @@ def test_a_healthy_job_that_pauses_level_never_trips(store_port):
     assert all(dog.verdict is None for dog in dogs)
 
 
-def test_a_blocked_rank_is_named_alive_by_every_rank(store_port):
+def test_a_blocked_rank_is_named_alive_by_every_rank(store_port, tmp_path):
     exits: list[tuple[int, int]] = []
-    dogs = _watchdogs(store_port, 3, timeout=1.0, exits=exits)
+    recorder = FailureRecorder(str(tmp_path), "srun", "42")
+    dogs = _watchdogs(store_port, 3, timeout=1.0, exits=exits, recorder=recorder)
     for dog in dogs:
         dog.start()
     for dog in dogs[:2]:
@@ -221,6 +226,11 @@ def test_a_blocked_rank_is_named_alive_by_every_rank(store_port):
     assert "Rank 2 stalled" in verdict
     assert "ranks 0-1 wait for it" in verdict
     assert "rank 2 on node1 at step 0 (between steps), alive, main thread at " in verdict
+    # Rank 0 found it and wrote the one record: rank 2, alive, on node1, while the others reached step 5.
+    (record,) = read_records(str(tmp_path))
+    assert (record.kind, record.ranks, record.hosts, record.step) == (FailureKind.STALLED, (2,), ("node1",), 5)
+    assert (record.written_by, record.job_id) == (0, "42")
+    assert record.problem in verdict
 
 
 STORE_HOST = """
@@ -246,9 +256,10 @@ time.sleep(120)
 """
 
 
-def test_a_frozen_rank_is_named_frozen(store_port):
+def test_a_frozen_rank_is_named_frozen(store_port, tmp_path):
     exits: list[tuple[int, int]] = []
-    (rank_zero,) = _watchdogs(store_port, 2, timeout=2.0, exits=exits)[:1]
+    recorder = FailureRecorder(str(tmp_path), "srun", None)
+    (rank_zero,) = _watchdogs(store_port, 2, timeout=2.0, exits=exits, recorder=recorder)[:1]
     frozen = subprocess.Popen([sys.executable, "-c", FROZEN_RANK, str(store_port)], stdout=subprocess.PIPE, text=True)
     try:
         assert frozen.stdout is not None
@@ -264,12 +275,14 @@ def test_a_frozen_rank_is_named_frozen(store_port):
         assert "Rank 1 stalled: " in rank_zero.verdict
         assert "rank 1 on nodeb, frozen: its watchdog last reported " in rank_zero.verdict
         assert "s ago, at step 0 (between steps)" in rank_zero.verdict
+        (record,) = read_records(str(tmp_path))
+        assert (record.kind, record.ranks, record.hosts, record.step) == (FailureKind.FROZEN, (1,), ("nodeb",), 7)
     finally:
         os.kill(frozen.pid, signal.SIGKILL)
         frozen.wait()
 
 
-def test_a_frozen_store_host_is_named_by_the_others():
+def test_a_frozen_store_host_is_named_by_the_others(tmp_path):
     # The store lives in rank 0's process: frozen, it answers no request, and the client's timeout does not end one.
     # The watchdog sees the silence anyway and names it once the stall timeout has passed.
     exits: list[tuple[int, int]] = []
@@ -289,12 +302,17 @@ def test_a_frozen_store_host_is_named_by_the_others():
             host="nodeb",
             timeout=2.0,
             exit=lambda status: exits.append((1, status)),
+            stand_in=True,
+            recorder=FailureRecorder(str(tmp_path), "srun", None),
+            main_host="nodea",
         )
         os.kill(host.pid, signal.SIGSTOP)
         dog.start()
         assert _wait_for(lambda: exits == [(1, 1)], 60), exits
         assert dog.verdict is not None
         assert "Rank 0's store (the main address) has not answered this rank's watchdog for" in dog.verdict
+        (record,) = read_records(str(tmp_path))  # by the stand-in, the one rank that ends the step
+        assert (record.kind, record.ranks, record.hosts) == (FailureKind.STORE_UNREACHABLE, (0,), ("nodea",))
     finally:
         host.kill()
         host.wait()
