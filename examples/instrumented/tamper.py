@@ -5,8 +5,8 @@ Usage: python tamper.py [--rank R (--claim C | --world-size N | --exit | --stall
 On the process whose launcher rank is R, ``--claim C`` makes it claim rank C (a duplicate), ``--world-size N`` makes
 it claim a job of N ranks (a rank that disagrees with the others), and ``--exit`` makes it exit with status 0 before
 anything starts (a rank that never arrives, while mpirun waits for the others), ``--stall S:HOW`` makes it stall at
-its training step S (``block``: it sleeps, alive; ``freeze``: it stops itself with SIGSTOP), through the instrumented
-jobs' ``INSTRUMENTED_STALL`` variable.
+its training step S (``block``: it sleeps, alive; ``freeze``: it stops itself with SIGSTOP; a number of seconds: it
+works alone that long, then goes on), through the instrumented jobs' ``INSTRUMENTED_STALL`` variable.
 ``INSTRUMENTED_START_GATE=DIR:COUNT`` makes the instrumented jobs wait, just before they start training, until COUNT
 processes have reached that point (each leaves a file in DIR): a test of the rendezvous then measures the rendezvous,
 not how unevenly 4 imports of torch and Lightning share 2 busy cores (up to 23 s apart in CI).
@@ -39,7 +39,7 @@ def start_gate() -> None:
 
 
 def stall_here(rank: int, step: int) -> None:
-    """Stall this rank at this step when tamper.py asked for it (``INSTRUMENTED_STALL=STEP:block|freeze``)."""
+    """Stall this rank at this step when tamper.py asked for it (``INSTRUMENTED_STALL=STEP:block|freeze|SECONDS``)."""
     together = os.environ.get("INSTRUMENTED_STALL_ALL")  # "STEP:SECONDS": every rank sleeps there (slow, not stalled)
     if together is not None and int(together.split(":")[0]) == step:
         time.sleep(float(together.split(":")[1]))
@@ -47,6 +47,10 @@ def stall_here(rank: int, step: int) -> None:
     if wanted is None or int(wanted.split(":")[0]) != step:
         return
     how = wanted.split(":")[1]
+    if how not in ("block", "freeze"):  # rank 0 sampling or evaluating alone, say: slow, then it goes on
+        print(f"STALL: rank {rank} works alone for {how} s at step {step}\n", end="", flush=True)
+        time.sleep(float(how))
+        return
     print(f"STALL: rank {rank} {'blocks' if how == 'block' else 'freezes'} at step {step}\n", end="", flush=True)
     if how == "freeze":
         os.kill(os.getpid(), signal.SIGSTOP)
@@ -60,7 +64,7 @@ def main():
     fault.add_argument("--claim", type=int)
     fault.add_argument("--world-size", type=int)
     fault.add_argument("--exit", action="store_true")
-    fault.add_argument("--stall", help="STEP:block or STEP:freeze")
+    fault.add_argument("--stall", help="STEP:block, STEP:freeze or STEP:SECONDS")
     parser.add_argument("--torch-env", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()

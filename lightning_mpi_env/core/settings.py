@@ -43,7 +43,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "stall_timeout",
         "LIGHTNING_MPI_ENV_STALL_TIMEOUT",
-        "seconds without progress, ranks not level, before the stall watchdog ends the job; `0`: off",
+        "seconds without progress, ranks not level, before the stall watchdog ends the job (the hard timeout); "
+        "`0`: no watchdog",
+    ),
+    Setting(
+        "stall_soft_timeout",
+        "LIGHTNING_MPI_ENV_STALL_SOFT_TIMEOUT",
+        "seconds without progress, ranks not level, before rank 0 reports the stall and the job goes on; `0`: no "
+        "report; ignored unless below the hard timeout",
     ),
     Setting(
         "max_requeues",
@@ -88,6 +95,13 @@ DEFAULT_STALL_TIMEOUT = 300.0
 Long enough for a rank's slow batch or a brief file-system hang on a busy cluster; well inside the collective
 timeouts after which torch gives up without naming a rank (Lightning sets 30 minutes for gloo, NCCL's is 10)."""
 
+DEFAULT_STALL_SOFT_TIMEOUT = 60.0
+"""Seconds without progress, ranks not level, before rank 0 reports a stall and the job goes on.
+
+A report costs nothing and ends nothing, so it comes early: a fifth of the hard timeout, several times a slow step,
+it names the rank that keeps the others waiting four minutes before the hard timeout acts. Rank 0 working alone
+(sampling, an evaluation of its own) for a minute or more is reported, not ended."""
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -100,7 +114,10 @@ class Settings:
     requeue: bool = True
     """Checkpoint and requeue on the scheduler's warning signal (where a scheduler can requeue)."""
     stall_timeout: float = DEFAULT_STALL_TIMEOUT
-    """Seconds the stall watchdog waits; ``0``: no watchdog."""
+    """Seconds the stall watchdog waits before it ends the job (the hard timeout); ``0``: no watchdog."""
+    stall_soft_timeout: float = DEFAULT_STALL_SOFT_TIMEOUT
+    """Seconds before the stall watchdog reports a stall and lets the job go on; ``0``, or not below
+    :attr:`stall_timeout`: no report before the hard timeout."""
     max_requeues: int = DEFAULT_MAX_REQUEUES
     """The most requeues of one job; ``0``: no limit."""
     debug: bool = False
@@ -122,13 +139,14 @@ class Settings:
             SettingError: Naming the variable, its value and the values it takes.
 
         >>> Settings.from_env({"LIGHTNING_MPI_ENV_ROLL_CALL": "off", "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"})
-        Settings(roll_call=False, rendezvous_timeout=20.0, requeue=True, stall_timeout=300.0, max_requeues=20, debug=False, mixed_imports=<MixedImportMode.WARN: 'warn'>, main_host='', ifname='', state_dir='')
+        Settings(roll_call=False, rendezvous_timeout=20.0, requeue=True, stall_timeout=300.0, stall_soft_timeout=60.0, max_requeues=20, debug=False, mixed_imports=<MixedImportMode.WARN: 'warn'>, main_host='', ifname='', state_dir='')
         """  # noqa: E501
         return cls(
             roll_call=switch(env, VARIABLE["roll_call"], default=True),
             rendezvous_timeout=seconds(None, env, VARIABLE["rendezvous_timeout"], DEFAULT_RENDEZVOUS_TIMEOUT),
             requeue=switch(env, VARIABLE["requeue"], default=True),
             stall_timeout=seconds_or_off(None, env, VARIABLE["stall_timeout"], DEFAULT_STALL_TIMEOUT),
+            stall_soft_timeout=seconds_or_off(None, env, VARIABLE["stall_soft_timeout"], DEFAULT_STALL_SOFT_TIMEOUT),
             max_requeues=count_or_off(env, VARIABLE["max_requeues"], DEFAULT_MAX_REQUEUES),
             debug=switch(env, VARIABLE["debug"], default=False),
             mixed_imports=mixed_import_mode(env),
@@ -144,8 +162,9 @@ class Settings:
             SettingError: For a timeout that is not a positive, finite number of seconds.
         """
         given = {name: value for name, value in arguments.items() if value is not None}
-        if "stall_timeout" in given:
-            given["stall_timeout"] = seconds_or_off(given["stall_timeout"], {}, "stall_timeout", 0.0)  # type: ignore[arg-type]
+        for name in ("stall_timeout", "stall_soft_timeout"):
+            if name in given:
+                given[name] = seconds_or_off(given[name], {}, name, 0.0)  # type: ignore[arg-type]
         if "rendezvous_timeout" in given:
             given["rendezvous_timeout"] = seconds(given["rendezvous_timeout"], {}, "rendezvous_timeout", 0.0)  # type: ignore[arg-type]
         unknown = set(given) - {field.name for field in fields(self)}
@@ -340,6 +359,7 @@ def _word(env: Mapping[str, str], field: str, form: re.Pattern[str], what: str, 
 __all__ = [
     "DEFAULT_MAX_REQUEUES",
     "DEFAULT_RENDEZVOUS_TIMEOUT",
+    "DEFAULT_STALL_SOFT_TIMEOUT",
     "DEFAULT_STALL_TIMEOUT",
     "MAX_PATH",
     "MAX_REQUEUES",

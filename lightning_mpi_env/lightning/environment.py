@@ -80,7 +80,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     rows in :mod:`lightning_mpi_env.core.launchers` and the scheduler rows in :mod:`lightning_mpi_env.core.schedulers`
     (``MASTER_ADDR``/``MASTER_PORT`` first), plus ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE`` from Lightning's own
     workers, ``LIGHTNING_MPI_ENV_ROLL_CALL``, ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, ``LIGHTNING_MPI_ENV_IFNAME``,
-    ``LIGHTNING_MPI_ENV_STATE_DIR`` (where a verdict's failure record goes) and
+    ``LIGHTNING_MPI_ENV_STALL_TIMEOUT``, ``LIGHTNING_MPI_ENV_STALL_SOFT_TIMEOUT``, ``LIGHTNING_MPI_ENV_STATE_DIR``
+    (where a verdict's failure record goes) and
     ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
 
     Three ways to run (:class:`LaunchMode`):
@@ -136,6 +137,9 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         stall_timeout: Seconds without progress on any rank, ranks not level, before the stall watchdog stops the
             job naming the stalled rank; ``0`` turns it off; else ``LIGHTNING_MPI_ENV_STALL_TIMEOUT``, else 300
             (:mod:`lightning_mpi_env.rollcall.watchdog`; it needs the roll call).
+        stall_soft_timeout: Seconds before the watchdog reports such a stall and lets the job go on (rank 0 prints
+            one line, and another when the ranks move again); ``0``: no report; else
+            ``LIGHTNING_MPI_ENV_STALL_SOFT_TIMEOUT``, else 60. Only below ``stall_timeout``.
         requeue_command: The command that puts the job back in the queue, instead of the scheduler's (e.g.
             ``["qsub", "job.sh"]`` where PBS's ``qrerun`` needs a manager).
     """
@@ -151,6 +155,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         requeue_signal: signal.Signals | int | None = None,
         requeue_command: Sequence[str] | None = None,
         stall_timeout: float | None = None,
+        stall_soft_timeout: float | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         self.changes = ProcessChanges()
@@ -160,6 +165,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             rendezvous_timeout=rendezvous_timeout,
             requeue=auto_requeue,
             stall_timeout=stall_timeout,
+            stall_soft_timeout=stall_soft_timeout,
         )
         """The ``LIGHTNING_MPI_ENV_*`` settings, with the arguments given here taking precedence."""
         self._layout, spawned = read_launch(env)
@@ -517,6 +523,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
                 num_nodes=self._ranks.num_nodes,
             ),
             stall_timeout=self.settings.stall_timeout,
+            stall_soft_timeout=self.settings.stall_soft_timeout,
             requeue=self.requeue,
             launch=self._layout,
             any_layout=self.any_layout,

@@ -68,6 +68,7 @@ def meet(
     expected_node: Callable[[int], int] | None,
     stall_timeout: float,
     requeue: Requeue | None,
+    stall_soft_timeout: float = 0.0,
     launch: RankLayout,
     any_layout: bool = False,
     local_size: int | None = None,
@@ -109,7 +110,7 @@ def meet(
     stall_watchdog = None
     if stall_timeout > 0 or requeue is not None:
         signalled = None if requeue is None else (lambda: requeue.requested)
-        stall_watchdog = watchdog.watch(result, stall_timeout, signalled, launch, recorder)
+        stall_watchdog = watchdog.watch(result, stall_timeout, signalled, launch, recorder, stall_soft_timeout)
     if claim.rank == 0 and result.summary:
         # One line per job, on stderr with the other diagnostics: stdout stays the program's.
         print(result.summary, file=sys.stderr, flush=True)

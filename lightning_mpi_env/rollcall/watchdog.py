@@ -52,7 +52,7 @@ from lightning_mpi_env.core.failures import FailureKind, FailureRecorder, Fault
 from lightning_mpi_env.core.report import render
 from lightning_mpi_env.core.settings import DEFAULT_STALL_TIMEOUT, VARIABLE
 from lightning_mpi_env.rollcall.deadline import Deadline, Unanswered
-from lightning_mpi_env.rollcall.stall import PHASES, Seen, find_stall, interval_for, judge, observe
+from lightning_mpi_env.rollcall.stall import PHASES, Seen, Stall, find_stall, interval_for, judge, observe
 from lightning_mpi_env.rollcall.wire import Report, read, report_of, stall_verdict
 
 if TYPE_CHECKING:
@@ -100,8 +100,10 @@ class Watchdog:
         rank: This process's global rank.
         world_size: Number of ranks.
         host: This process's host name, for the message.
-        timeout: Seconds without progress anywhere, ranks not level, before the job is stopped; ``0``: no stall
-            watch (the thread then only carries ``agreement``).
+        timeout: Seconds without progress anywhere, ranks not level, before the job is stopped (the hard timeout);
+            ``0``: no stall watch (the thread then only carries ``agreement``).
+        soft_timeout: Seconds before rank 0 reports such a stall on stderr and lets the job go on; it reports once
+            per stall, and says when the ranks move again. Only below ``timeout``: else no report comes first.
         agreement: The requeue's stop agreement, when the job can requeue.
         end_step: The scheduler's command that ends this launch, where the launcher would wait for a frozen rank
             (:func:`~lightning_mpi_env.core.launchers.end_step_command`); run by rank 0 after a stall verdict.
@@ -126,6 +128,7 @@ class Watchdog:
         stand_in: bool = False,
         recorder: FailureRecorder | None = None,
         main_host: str = "",
+        soft_timeout: float = 0.0,
         exit: Callable[[int], object] = os._exit,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -133,7 +136,9 @@ class Watchdog:
         self.agreement = agreement
         self.end_step, self.stand_in = tuple(end_step), stand_in
         self.recorder, self.main_host = recorder, main_host
-        self.interval = interval_for(timeout or DEFAULT_STALL_TIMEOUT, world_size)
+        self.soft_timeout = soft_timeout if timeout and 0 < soft_timeout < timeout else 0.0
+        self.interval = interval_for(self.soft_timeout or timeout or DEFAULT_STALL_TIMEOUT, world_size)
+        self._reported_at: float | None = None  # when rank 0 reported the stall now going on (soft timeout)
         self._connect, self._exit, self._clock = connect, exit, clock
         self._request_timeout = max(5.0, 2 * self.interval)
         self._progress, self._step, self._phase, self._beat = 0, 0, 0, 0
@@ -276,6 +281,10 @@ class Watchdog:
                     reports.append(report)
         observe(seen, reports, self._clock())
         found = judge(seen, self._clock(), self.timeout, 3 * self.interval, self.world_size, started)
+        if found is None and self.soft_timeout:
+            self._report_softly(
+                judge(seen, self._clock(), self.soft_timeout, 3 * self.interval, self.world_size, started)
+            )
         if found is not None:
             stall = found.error
             self._record(stall, found.fault)  # before the verdict: every rank ends soon after it
@@ -284,6 +293,22 @@ class Watchdog:
             fields = {"problem": stall.problem, "hint": stall.hint, "value": stall.value, "exit_at": exit_at}
             store.set(VERDICT, json.dumps(fields))
             store.add(EVENTS, 1)
+
+    def _report_softly(self, soft: Stall | None) -> None:
+        """Past the soft timeout: report the stall once (the job goes on); say when it is over."""
+        now = self._clock()
+        if soft is not None and self._reported_at is None:
+            self._reported_at = now
+            _say(
+                f"lightning-mpi-env: stall watchdog: {soft.error.problem} The job goes on; it ends if no rank makes "
+                f"progress for {self.timeout:g} s ({VARIABLE['stall_timeout']})."
+            )
+        elif soft is None and self._reported_at is not None:
+            _say(
+                f"lightning-mpi-env: stall watchdog: the stall reported {now - self._reported_at:.0f} s ago is over: "
+                "the ranks made progress."
+            )
+            self._reported_at = None
 
     def _record(self, error: StallError, fault: Fault) -> None:
         """Write the failure record of this verdict, where the state folder is set; say it when that fails."""
@@ -369,6 +394,7 @@ def watch(
     signalled: Callable[[], bool] | None,
     launch: RankLayout | None = None,
     recorder: FailureRecorder | None = None,
+    soft_timeout: float = 0.0,
 ) -> Watchdog:
     """This rank's watchdog thread, on the roll call's own client of its store, which the roll call is done with.
 
@@ -381,7 +407,8 @@ def watch(
     :attr:`~lightning_mpi_env.core.rank_layout.RankLayout.end_step`) says how to end the step; where nothing would
     end it, rank 0 says at the start what to add to the launch. Without a layout, no launcher is known: nothing is
     said and no step is ended. With a ``recorder`` (the state folder is set), the rank that reaches a verdict
-    writes its failure record.
+    writes its failure record. Below ``timeout``, ``soft_timeout`` makes rank 0 report a stall first, and the job
+    goes on.
     """
     from datetime import timedelta
 
@@ -419,6 +446,7 @@ def watch(
         stand_in=stand_in,
         recorder=recorder,
         main_host=claim.main_address,
+        soft_timeout=soft_timeout,
     ).start()
 
 

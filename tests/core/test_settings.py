@@ -8,7 +8,7 @@ from lightning_mpi_env.core.errors import SettingError
 from lightning_mpi_env.core.settings import MAX_REQUEUES, VARIABLE, Settings
 from lightning_mpi_env.core.values import MAX_SECONDS, SWITCH_WORDS
 
-TIMEOUTS = [VARIABLE["rendezvous_timeout"], VARIABLE["stall_timeout"]]
+TIMEOUTS = [VARIABLE["rendezvous_timeout"], VARIABLE["stall_timeout"], VARIABLE["stall_soft_timeout"]]
 
 
 @pytest.mark.parametrize("variable", TIMEOUTS)
@@ -46,9 +46,18 @@ def test_timeout_arguments_are_bounded_too(value):
         Settings().with_arguments(rendezvous_timeout=value)
 
 
+@pytest.mark.parametrize("field", ["stall_timeout", "stall_soft_timeout"])
 @pytest.mark.parametrize("value", ["0", "off", "OFF", "no", "false", "0.0"])
-def test_stall_watchdog_off_words_are_the_switch_s(value):
-    assert Settings.from_env({VARIABLE["stall_timeout"]: value}).stall_timeout == 0.0
+def test_stall_watchdog_off_words_are_the_switch_s(value, field):
+    assert getattr(Settings.from_env({VARIABLE[field]: value}), field) == 0.0
+
+
+def test_the_two_stall_thresholds_default_to_a_report_well_before_the_end():
+    settings = Settings.from_env({})
+    assert (settings.stall_soft_timeout, settings.stall_timeout) == (60.0, 300.0)
+    assert Settings().with_arguments(stall_soft_timeout=10).stall_soft_timeout == 10.0
+    with pytest.raises(SettingError, match=r"stall_soft_timeout=.* is not a positive, finite number of seconds"):
+        Settings().with_arguments(stall_soft_timeout=float("inf"))
 
 
 @pytest.mark.parametrize("field", ["roll_call", "requeue", "debug"])

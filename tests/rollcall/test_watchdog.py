@@ -233,6 +233,65 @@ def test_a_blocked_rank_is_named_alive_by_every_rank(store_port, tmp_path):
     assert record.problem in verdict
 
 
+def _stderr_until(capfd, text: str, seconds: float, seen: list[str]) -> bool:
+    """Wait until ``text`` shows on stderr (threads write there), collecting what came in ``seen``."""
+
+    def shown() -> bool:
+        seen.append(capfd.readouterr().err)
+        return text in "".join(seen)
+
+    return _wait_for(shown, seconds)
+
+
+def test_the_soft_timeout_reports_a_stall_and_the_job_goes_on(store_port, capfd):
+    # Rank 2 stays behind for several soft timeouts, well inside the hard one: rank 0 reports it once, the job goes
+    # on, and when rank 2 catches up rank 0 says the stall is over. Nobody exits.
+    exits: list[tuple[int, int]] = []
+    dogs = _watchdogs(store_port, 3, timeout=60.0, exits=exits, soft_timeout=1.0)
+    assert dogs[0].interval == interval_for(1.0, 3)  # the soft timeout sets the pace
+    for dog in dogs:
+        dog.start()
+    for dog in dogs[:2]:
+        dog.mark(5, 2)  # ranks 0 and 1 reached backward of step 5; rank 2 is alone at step 5 (rank 0 sampling, say)
+    err: list[str] = []
+    assert _stderr_until(capfd, "Rank 2 stalled", 20, err), err
+    time.sleep(3.0)  # three more soft timeouts: no second report
+    dogs[2].mark(5, 2)
+    assert _stderr_until(capfd, "is over: the ranks made progress", 20, err), err
+    for dog in dogs:
+        dog.stop()
+    assert "".join(err).count("Rank 2 stalled") == 1
+    assert exits == []
+    assert all(dog.verdict is None for dog in dogs)
+
+
+def test_the_soft_report_line_names_the_rank_and_the_hard_timeout(store_port, capfd):
+    exits: list[tuple[int, int]] = []
+    dogs = _watchdogs(store_port, 2, timeout=60.0, exits=exits, soft_timeout=1.0)
+    for dog in dogs:
+        dog.start()
+    dogs[0].mark(3, 1)
+    err: list[str] = []
+    assert _stderr_until(capfd, "stall watchdog: Rank 1 stalled", 20, err), err
+    time.sleep(2.5)
+    for dog in dogs:
+        dog.stop()
+    err.append(capfd.readouterr().err)
+    (line,) = [line for line in "".join(err).splitlines() if "stall watchdog: Rank 1 stalled" in line]  # once
+    assert line.startswith("lightning-mpi-env: stall watchdog: Rank 1 stalled: no rank made progress for 1 s")
+    assert "rank 1 on node0 at step 0 (between steps), alive, main thread at " in line
+    assert line.endswith(
+        "The job goes on; it ends if no rank makes progress for 60 s (LIGHTNING_MPI_ENV_STALL_TIMEOUT)."
+    )
+    assert exits == []
+
+
+@pytest.mark.parametrize(("soft", "hard"), [(5.0, 5.0), (9.0, 5.0), (0.0, 5.0), (3.0, 0.0)])
+def test_a_soft_timeout_not_below_the_hard_one_is_no_report(soft, hard):
+    dog = Watchdog(lambda seconds: None, rank=0, world_size=2, host="a", timeout=hard, soft_timeout=soft)  # type: ignore[arg-type, return-value]
+    assert dog.soft_timeout == 0.0
+
+
 STORE_HOST = """
 import time, torch.distributed as dist
 store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
