@@ -1,0 +1,5 @@
+"""``lightning-mpi-env run``: a supervisor that relaunches a failed job step inside its allocation (issue 24).
+
+Pure parts so far: the user's ``srun`` line and its exclusions (:mod:`.srun_line`), when to relaunch and how long
+to wait (:mod:`.policy`), and the timeline of events (:mod:`.timeline`).
+"""

@@ -1,0 +1,289 @@
+"""The user's ``srun`` line, read the way ``srun`` reads it, and the same line with failed hosts excluded.
+
+``srun [OPTIONS...] executable [args...]`` (srun(1); https://slurm.schedmd.com/srun.html): its options end at the
+first word that is not an option (or at ``--``); what follows is the program's, however it looks (``python train.py
+-x 3`` keeps its ``-x``). To find that word, each option's arity comes from one table, :data:`SRUN_OPTIONS`, taken
+from srun(1) of Slurm 22.05 (the simulated cluster's; each option's synopsis, ``--name=<value>``, ``--name[=value]``
+or ``--name``). Long options are matched as ``getopt_long(3)`` matches them: the whole name or an unambiguous prefix
+(``--exclud``); a long option the table does not know is taken only with its value attached (``--name=value``),
+since its arity is unknown; an unknown short option is refused.
+
+The relaunch adds ``--exclude=<hosts>`` right after ``srun``, with the hosts the user's line excluded already and
+the new ones: every ``-x``/``--exclude`` of the line is removed, so no later one overrides it (srun(1): "-x,
+--exclude={<host1[,<host2>...]|<filename>}"; host lists in Slurm's syntax, ``node[1-3]``, expanded by
+:func:`~lightning_mpi_env.core.hostlist.expand_nodelist`). Standard library and ``core`` only.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from lightning_mpi_env.core.errors import MpiEnvError
+from lightning_mpi_env.core.hostlist import expand_nodelist
+
+
+class SrunLineError(MpiEnvError, ValueError):
+    """The command after ``lightning-mpi-env run --`` is not an ``srun`` line this supervisor can relaunch."""
+
+
+class Arity(enum.Enum):
+    """How an option takes its value (srun(1)'s synopsis of it)."""
+
+    NONE = "--name"
+    REQUIRED = "--name=<value>: attached, or the next word"
+    OPTIONAL = "--name[=value]: attached only"
+
+
+_REQUIRED_LONG = (
+    "accel-bind account acctg-freq bb bbf bcast-exclude begin chdir cluster-constraint clusters comment constraint "
+    "container core-spec cores-per-socket cpu-bind cpu-freq cpus-per-gpu cpus-per-task deadline delay-boot "
+    "dependency distribution epilog error exclude export extra-node-info gid gpu-bind gpu-freq gpus gpus-per-node "
+    "gpus-per-socket gpus-per-task gres gres-flags het-group hint input job-name jobid licenses mail-type mail-user "
+    "mcs-label mem mem-bind mem-per-cpu mem-per-gpu mincpus mpi msg-timeout network nodefile nodelist nodes ntasks "
+    "ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket open-mode output partition power prefer "
+    "priority profile prolog qos relative reservation signal slurmd-debug sockets-per-node switches task-epilog "
+    "task-prolog thread-spec threads threads-per-core time time-min tmp uid wait wckey"
+)
+_OPTIONAL_LONG = "bcast compress exclusive immediate kill-on-bad-exit nice no-kill propagate resv-ports send-libs x11"
+_FLAG_LONG = (
+    "contiguous disable-status exact help hold label multi-prog no-allocate overcommit overlap oversubscribe "
+    "preserve-env pty quiet quit-on-interrupt reboot spread-job test-only unbuffered usage use-min-nodes verbose "
+    "version"
+)
+
+SRUN_OPTIONS: dict[str, Arity] = {
+    **dict.fromkeys(_REQUIRED_LONG.split(), Arity.REQUIRED),
+    **dict.fromkeys(_OPTIONAL_LONG.split(), Arity.OPTIONAL),
+    **dict.fromkeys(_FLAG_LONG.split(), Arity.NONE),
+}
+"""Every long option of srun(1) (Slurm 22.05), with its arity."""
+
+SHORT_OPTIONS: dict[str, str] = {
+    "A": "account", "B": "extra-node-info", "C": "constraint", "D": "chdir", "E": "preserve-env", "F": "nodefile",
+    "G": "gpus", "H": "hold", "I": "immediate", "J": "job-name", "K": "kill-on-bad-exit", "L": "licenses",
+    "M": "clusters", "N": "nodes", "O": "overcommit", "Q": "quiet", "S": "core-spec", "T": "threads", "V": "version",
+    "W": "wait", "X": "disable-status", "Z": "no-allocate", "b": "begin", "c": "cpus-per-task", "d": "dependency",
+    "e": "error", "h": "help", "i": "input", "k": "no-kill", "l": "label", "m": "distribution", "n": "ntasks",
+    "o": "output", "p": "partition", "q": "qos", "r": "relative", "s": "oversubscribe", "t": "time", "u": "unbuffered",
+    "v": "verbose", "w": "nodelist", "x": "exclude",
+}  # fmt: skip
+"""Each short option of srun(1) and the long option it spells; its arity is the long one's."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of the line, as ``srun`` reads it."""
+
+    name: str
+    """The long name (``exclude`` for ``-x``)."""
+    value: str | None
+    """Its value; ``None`` for a flag or an optional value left out."""
+    start: int
+    """Index of its first word in the line."""
+    stop: int
+    """Index past its last word (``start + 2`` for ``-x node1``)."""
+    flags: str = ""
+    """Short flags before it in its first word (``-l`` of ``-lx node1``): kept when the option is taken out."""
+
+
+@dataclass(frozen=True)
+class SrunLine:
+    """A parsed ``srun`` line: its options, and where the program starts."""
+
+    words: tuple[str, ...]
+    options: tuple[Option, ...]
+    program: int
+    """Index of the program's first word (after ``--`` where the line has one)."""
+
+    @classmethod
+    def parse(cls, words: Sequence[str]) -> SrunLine:
+        """Read ``words`` (``srun ... program args``) as srun does.
+
+        Raises:
+            SrunLineError: The line is not ``srun`` with a program, an option is unknown or ambiguous, or the line
+                is a heterogeneous step (``:`` between components).
+
+        >>> line = SrunLine.parse(["srun", "-N2", "--ntasks", "4", "-x", "n[1-2]", "python", "t.py", "-x", "9"])
+        >>> [(o.name, o.value) for o in line.options], line.words[line.program:]
+        ([('nodes', '2'), ('ntasks', '4'), ('exclude', 'n[1-2]')], ('python', 't.py', '-x', '9'))
+        """
+        if not words or os.path.basename(words[0]) != "srun":
+            first = words[0] if words else "nothing"
+            raise SrunLineError(
+                f"The command to run and relaunch is {first!r}, not srun.",
+                "Give the job step as you would in the batch script: lightning-mpi-env run -- srun [OPTIONS] "
+                "python train.py.",
+                value=first,
+            )
+        options: list[Option] = []
+        index = 1
+        while index < len(words):
+            word = words[index]
+            if word == "--":
+                index += 1
+                break
+            if word.startswith("--"):
+                option = _long(words, index)
+            elif word.startswith("-") and word != "-":
+                option = _short(words, index)
+            else:
+                break
+            if option is not None:
+                options.append(option)
+                index = option.stop
+            else:
+                index += 1
+        if index >= len(words):
+            raise SrunLineError(
+                f"The srun line {' '.join(words)!r} names no program to run.",
+                "End it with the program: srun [OPTIONS] python train.py.",
+            )
+        if ":" in words[index:]:
+            raise SrunLineError(
+                "The srun line is a heterogeneous step (components separated by ':'), which the supervisor cannot "
+                "relaunch yet.",
+                "Run one component per srun line, or run the heterogeneous step without the supervisor.",
+                value=":",
+            )
+        return cls(tuple(words), tuple(options), index)
+
+    def values(self, name: str) -> list[str]:
+        """The values of every occurrence of the long option ``name`` (``exclude``), in order."""
+        return [option.value for option in self.options if option.name == name and option.value is not None]
+
+    def excluded(self) -> list[str]:
+        """The hosts the line excludes already (every ``-x``/``--exclude``, expanded), each once.
+
+        Raises:
+            SrunLineError: An exclusion given as a file (srun(1): a value with a ``/`` is a file name).
+            LayoutError: A host list that is not in Slurm's syntax.
+        """
+        hosts: list[str] = []
+        for value in self.values("exclude"):
+            if "/" in value:
+                raise SrunLineError(
+                    f"srun --exclude={value} names a file of hosts (srun(1): a value with '/' is a file name); the "
+                    "supervisor merges host lists, not files.",
+                    "Put the hosts on the line: --exclude=node[3-4].",
+                    variable="srun --exclude",
+                    value=value,
+                )
+            hosts.extend(expand_nodelist(value, variable="srun --exclude"))
+        return list(dict.fromkeys(hosts))
+
+    def with_excluded(self, hosts: Iterable[str]) -> list[str]:
+        """The line with ``hosts`` excluded too: one ``--exclude=`` right after ``srun``, holding the line's own.
+
+        >>> SrunLine.parse(["srun", "-x", "n1", "-N2", "./a.out"]).with_excluded(["n3", "n1"])
+        ['srun', '--exclude=n1,n3', '-N2', './a.out']
+        >>> SrunLine.parse(["srun", "-N2", "./a.out"]).with_excluded([])
+        ['srun', '-N2', './a.out']
+        """
+        merged = list(dict.fromkeys([*self.excluded(), *hosts]))
+        excludes = {option.start: option for option in self.options if option.name == "exclude"}
+        kept: list[str] = []
+        index = 0
+        while index < len(self.words):
+            option = excludes.get(index)
+            if option is None:
+                kept.append(self.words[index])
+                index += 1
+                continue
+            kept.extend([option.flags] if option.flags else [])
+            index = option.stop
+        return [kept[0], f"--exclude={','.join(merged)}", *kept[1:]] if merged else kept
+
+    def nodes(self) -> tuple[int, int] | None:
+        """The node count the line asks for (srun(1): ``-N, --nodes=<minnodes>[-maxnodes]``), the last one given.
+
+        Raises:
+            SrunLineError: A value that is not a count or a range of counts.
+
+        >>> SrunLine.parse(["srun", "-N", "2-4", "a"]).nodes(), SrunLine.parse(["srun", "--nodes=3", "a"]).nodes()
+        ((2, 4), (3, 3))
+        """
+        given = self.values("nodes")
+        if not given:
+            return None
+        low, _, high = given[-1].partition("-")
+        if not (low.isascii() and low.isdigit() and (not high or (high.isascii() and high.isdigit()))):
+            raise SrunLineError(
+                f"srun --nodes={given[-1]} is not a node count or a range of them as the supervisor reads it.",
+                "Give the step's node count as --nodes=N or --nodes=MIN-MAX.",
+                variable="srun --nodes",
+                value=given[-1],
+            )
+        return int(low), int(high or low)
+
+
+def _long(words: Sequence[str], index: int) -> Option | None:
+    """The long option at ``words[index]``; ``None`` for an unknown one with its value attached (skipped whole)."""
+    spelled, attached, value = words[index][2:].partition("=")
+    name = _resolve(spelled, words[index])
+    if name is None:
+        if attached:
+            return None
+        raise SrunLineError(
+            f"srun option --{spelled} is not in srun(1) as the supervisor knows it (Slurm 22.05), so it cannot tell "
+            "whether the next word is its value or the program.",
+            f"Write it with its value attached: --{spelled}=VALUE (or, for an option without a value, report it).",
+            variable=f"--{spelled}",
+        )
+    arity = SRUN_OPTIONS[name]
+    if attached or arity is not Arity.REQUIRED:
+        return Option(name, value if attached else None, index, index + 1)
+    return Option(name, _next(words, index, f"--{spelled}"), index, index + 2)
+
+
+def _resolve(spelled: str, word: str) -> str | None:
+    """The long option ``spelled`` names: itself, or the one option it is a prefix of (getopt_long(3))."""
+    if spelled in SRUN_OPTIONS:
+        return spelled
+    candidates = [name for name in SRUN_OPTIONS if name.startswith(spelled)] if spelled else []
+    if len(candidates) > 1:
+        raise SrunLineError(
+            f"srun option {word} is ambiguous: it abbreviates {', '.join('--' + name for name in candidates)}.",
+            "Spell the option out.",
+            variable=word,
+        )
+    return candidates[0] if candidates else None
+
+
+def _short(words: Sequence[str], index: int) -> Option:
+    """The short options at ``words[index]`` (``-l``, ``-N2``, ``-lN2``, ``-x node1``); the last one that matters."""
+    word = words[index]
+    for position, letter in enumerate(word[1:], start=1):
+        name = SHORT_OPTIONS.get(letter)
+        if name is None:
+            raise SrunLineError(
+                f"srun option -{letter} (in {word!r}) is not in srun(1) as the supervisor knows it (Slurm 22.05).",
+                "Use the option's long form with its value attached (--name=VALUE).",
+                variable=f"-{letter}",
+            )
+        arity = SRUN_OPTIONS[name]
+        rest = word[position + 1 :]
+        if arity is Arity.NONE:
+            if rest:
+                continue
+            return Option(name, None, index, index + 1)
+        flags = word[:position] if position > 1 else ""
+        if rest or arity is Arity.OPTIONAL:
+            return Option(name, rest or None, index, index + 1, flags)
+        return Option(name, _next(words, index, f"-{letter}"), index, index + 2, flags)
+    raise AssertionError("unreachable: a short option word has a letter")
+
+
+def _next(words: Sequence[str], index: int, spelled: str) -> str:
+    if index + 1 >= len(words):
+        raise SrunLineError(
+            f"srun option {spelled} needs a value, and the line ends there.",
+            f"Give it one: {spelled} VALUE, then the program.",
+            variable=spelled,
+        )
+    return words[index + 1]
+
+
+__all__ = ["SHORT_OPTIONS", "SRUN_OPTIONS", "Arity", "Option", "SrunLine", "SrunLineError"]
