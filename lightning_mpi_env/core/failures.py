@@ -45,7 +45,7 @@ RECORD_NAME = re.compile(r"^failure-rank(\d{1,8})-(\d{1,10})\.json$")
 """The name of a record file: the rank that wrote it and its process id."""
 _HOST = re.compile(r"^[A-Za-z0-9._:-]{1,255}$")  # a host name or an IPv4/IPv6 address, as the claims carry it
 _JOB_ID = re.compile(r"^[A-Za-z0-9._/\[\]-]{1,128}$")  # schedulers' job ids: "4242", "4242.pbs01", "77/3", "12[3]"
-_LAUNCHER = re.compile(r"^[A-Za-z0-9 ._()-]{1,64}$")
+_LAUNCHER = re.compile(r"^[A-Za-z0-9 ._()/-]{1,64}$")  # "Slurm srun", "MPICH/Intel MPI (Hydra)"
 
 
 class FailureKind(str, enum.Enum):
