@@ -42,6 +42,8 @@ from lightning_mpi_env.tools.simcluster import (
     signals_raise,
 )
 from lightning_mpi_env.tools.simulate import Simulation, describe_spread, simulate
+from lightning_mpi_env.tools.supervise.loop import supervise
+from lightning_mpi_env.tools.supervise.policy import RestartPolicy
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -340,6 +342,16 @@ def _simcluster(args: argparse.Namespace) -> int:
     return status if status >= 0 else EXIT_SIGNAL_BASE - status
 
 
+# --- run (the supervisor) -------------------------------------------------------------------------------------------
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        raise UsageError("give the job step after --: run -- srun [OPTIONS] python train.py")
+    return supervise(command, RestartPolicy(args.restarts, backoff=args.backoff), env=os.environ, state=args.state_dir)
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "show": _show,
     "simulate": _simulate,
@@ -347,6 +359,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "torchrun-args": _torchrun_args,
     "doctor": _doctor,
     "simcluster": _simcluster,
+    "run": _supervise,
 }
 
 

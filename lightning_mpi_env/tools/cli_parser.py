@@ -15,6 +15,8 @@ from lightning_mpi_env.core.values import as_count, shown
 from lightning_mpi_env.tools.interop import TORCH_VARIABLES
 from lightning_mpi_env.tools.simcluster import MAX_NODES, MAX_SLOTS
 from lightning_mpi_env.tools.simulated_launch import LAUNCHER_KEYS, SCHEDULERS, MapBy
+from lightning_mpi_env.tools.supervise.loop import DEFAULT_STATE
+from lightning_mpi_env.tools.supervise.policy import MAX_RESTARTS
 
 PROG = "lightning-mpi-env"
 
@@ -23,6 +25,13 @@ def _positive(text: str) -> int:
     number = as_count(text)
     if number is None or number < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {shown(text)}")  # of at most 18 digits
+    return number
+
+
+def _count(text: str) -> int:
+    number = as_count(text)
+    if number is None or number > MAX_RESTARTS:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {MAX_RESTARTS}, got {shown(text)}")
     return number
 
 
@@ -126,6 +135,30 @@ def build_parser() -> argparse.ArgumentParser:
     targs.add_argument(
         "--nproc-per-node", type=_nproc, default=1, help="workers per node: a count, gpu, cpu or auto (default 1)"
     )
+
+    supervisor = commands.add_parser(
+        "run",
+        parents=[common],
+        usage=f"{PROG} run [-h] [--debug] [--restarts N] [--backoff S] [--state-dir D] -- srun [OPTIONS] CMD ...",
+        help="run a job step, and relaunch it without the failed hosts when the roll call or the watchdog stops it",
+        description="Run the srun line; when a step fails, read the failure records its ranks wrote, and relaunch "
+        "it in the same allocation with the hosts to blame excluded (srun --exclude), up to --restarts times. A "
+        "fault that comes back on other hosts stops the loop as the program's. One line per event on stderr, and "
+        "JSON lines in STATE_DIR/<job>/timeline.jsonl. The exit status is the last step's.",
+    )
+    supervisor.add_argument("--restarts", type=_count, default=3, help="relaunches at most (default 3)")
+    supervisor.add_argument(
+        "--backoff",
+        type=_seconds,
+        default=10.0,
+        help="seconds before the first relaunch, doubled for each next one (default 10)",
+    )
+    supervisor.add_argument(
+        "--state-dir",
+        default=DEFAULT_STATE,
+        help=f"where records and the timeline go (default {DEFAULT_STATE}, under the working directory)",
+    )
+    supervisor.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- srun ...", help="the job step")
 
     commands.add_parser(
         "doctor",

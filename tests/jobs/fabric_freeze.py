@@ -6,12 +6,15 @@ Usage: python fabric_freeze.py --strategy ddp|ddp_mpi --freeze RANK:STEP [--step
 ``environment.progress(step)``: the stall watchdog sees no progress marks at all. ``ddp_mpi`` marks progress in
 each ``fabric.backward()``. The launcher's own rank variable is not read here: Fabric's global rank is, so the same
 script runs under ``mpirun`` and ``srun``. Rank 0 prints ``JOB id=...`` (the Slurm job and step, where there is one);
-the frozen rank prints ``FREEZE rank=R step=S time=T`` (wall clock) right before it stops itself.
+the frozen rank prints ``FREEZE rank=R step=S time=T`` (wall clock) right before it stops itself; with
+``--freeze-once FILE`` only the first run that gets there does (a node fault that a relaunch leaves behind). Each
+rank that finishes prints ``DONE rank=R host=H``.
 """
 
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -30,6 +33,7 @@ def main():
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--num-nodes", type=int, default=2)
     parser.add_argument("--tag", help="ignored: marks the processes of one run")
+    parser.add_argument("--freeze-once", help="a file: freeze only if it does not exist yet, and make it (one fault)")
     args = parser.parse_args()
     frozen_rank, frozen_step = (int(part) for part in args.freeze.split(":"))
     plugins = [MPIClusterEnvironment()] if args.strategy == "ddp" else []
@@ -44,7 +48,7 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = fabric.setup(model, optimizer)
     for step in range(args.steps):
-        if fabric.global_rank == frozen_rank and step == frozen_step:
+        if fabric.global_rank == frozen_rank and step == frozen_step and _first_time(args.freeze_once):
             print(f"FREEZE rank={frozen_rank} step={step} time={time.time()!r}\n", end="", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
         loss = model(torch.ones(8, 4)).sum()
@@ -52,8 +56,19 @@ def main():
         optimizer.step()
         optimizer.zero_grad()
         time.sleep(0.05)
-    print(f"DONE rank={fabric.global_rank}\n", end="", flush=True)
+    print(f"DONE rank={fabric.global_rank} host={socket.gethostname()}\n", end="", flush=True)
     sys.exit(0)
+
+
+def _first_time(marker: str | None) -> bool:
+    """Whether this is the fault's first time: always without a marker; else only for whoever makes the marker."""
+    if marker is None:
+        return True
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -146,8 +146,9 @@ class RestartPolicy:
         if len(recent) == self.same_fault_limit and all(seen == fault for seen in recent):
             return self._stop(
                 StopReason.SAME_FAULT,
-                f"the same fault ({describe(outcome)}) ended {self.same_fault_limit} steps in a row, the hosts it "
-                "blamed left out: it follows the job, so it is the program's fault, not a node's",
+                f"the same fault ({describe(outcome)}) ended {self.same_fault_limit} steps in a row"
+                f"{', the hosts it blamed left out' if outcome.hosts_to_blame else ''}: it follows the job, so it is "
+                "the program's fault, not a node's",
             )
         if self.relaunched >= self.restarts:
             return self._stop(StopReason.CAP, f"the cap of {self.restarts} restart(s) is reached")

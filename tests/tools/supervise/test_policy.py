@@ -49,7 +49,9 @@ def test_the_same_rank_at_the_same_step_on_another_host_is_the_program_s_fault()
     assert policy.decide(_failed(host="node2")).action is Action.RELAUNCH
     decision = policy.decide(_failed(host="node3"))
     assert (decision.action, decision.reason) == (Action.STOP, StopReason.SAME_FAULT)
-    assert "the same fault (frozen: rank(s) 3 on node3 at step 10) ended 2 steps in a row" in decision.message
+    assert "the same fault (frozen: rank(s) 3 on node3 at step 10) ended 2 steps in a row, the hosts it blamed" in (
+        decision.message
+    )
     assert "it is the program's fault" in decision.message
 
 
@@ -58,7 +60,9 @@ def test_a_program_that_dies_alike_everywhere_stops_after_two_tries():
     assert policy.decide(StepOutcome(1)).action is Action.RELAUNCH  # no record: a traceback on every rank, say
     decision = policy.decide(StepOutcome(1))
     assert decision.reason is StopReason.SAME_FAULT
-    assert "the step died with status 1, no record" in decision.message
+    assert "the same fault (the step died with status 1, no record) ended 2 steps in a row: it follows" in (
+        decision.message
+    )
 
 
 def test_different_faults_in_a_row_are_node_faults():
