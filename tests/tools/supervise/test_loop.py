@@ -60,3 +60,10 @@ def test_a_frozen_rank_s_step_is_relaunched_without_its_node(slurm_cluster: Slur
     # One human line per event on stderr.
     shown = [line for line in done.stderr.splitlines() if line.startswith("lightning-mpi-env run: step ")]
     assert len(shown) == len(events), output[-6000:]
+    (frozen_at,) = [float(line.rsplit("time=", 1)[1]) for line in done.stdout.splitlines() if "FREEZE rank=1" in line]
+    failed, relaunched, finished_at = events[1]["when"], events[4]["when"], events[5]["when"]
+    print(
+        f"FIGURE run, srun, ddp_mpi, stall timeout {STALL_TIMEOUT} s: step 1 ended {failed - frozen_at:.1f} s after "
+        f"the freeze, step 2 started {relaunched - frozen_at:.1f} s after it, and finished "
+        f"{finished_at - frozen_at:.1f} s after it (Lightning's start included)"
+    )
