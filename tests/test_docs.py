@@ -24,6 +24,7 @@ ERRORS = {
     "JobIdError",
     "CheckpointError",
     "FailureRecordError",
+    "ProgressRecordError",
     "CommandError",
     "MpirunNotFoundError",
     "ApproximateNodeRankWarning",

@@ -57,6 +57,34 @@ def stall_here(rank: int, step: int) -> None:
     time.sleep(3600)
 
 
+def first_time(marker: str | None) -> bool:
+    """Whether a fault happens this time: always without a marker file; else only for whoever creates it."""
+    if marker is None:
+        return True
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+FAULTS = {"freeze": ("FREEZE", signal.SIGSTOP), "kill": ("KILL", signal.SIGKILL)}
+"""What ``fault_here`` does for each fault: the line it prints first, and the signal the rank sends itself."""
+
+
+def fault_here(rank: int, step: int, faults: dict[str, str | None], once: str | None = None) -> None:
+    """Freeze (``SIGSTOP``) or kill (``SIGKILL``) this rank at this global step, as ``faults`` ask (``RANK:STEP``).
+
+    With ``once`` (a file), only where the file did not exist yet; it is made first, so a step relaunched after the
+    fault runs through (a node fault that the relaunch leaves behind).
+    """
+    for fault, where in faults.items():
+        if where is not None and where == f"{rank}:{step}" and first_time(once):
+            word, signum = FAULTS[fault]
+            print(f"{word} rank={rank} step={step} time={time.time()!r}\n", end="", flush=True)
+            os.kill(os.getpid(), signum)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rank", type=int)

@@ -2,8 +2,13 @@
 
 Run it under your launcher to check a cluster (unique ranks, node ranks matching the hosts, disjoint data shards,
 identical weights): `mpirun -np 4 python examples/instrumented/trainer_job.py --devices 2 --num-nodes 2`. The
-demo, the tests and the benchmarks run it on simulated nodes; `--vanish-rank`, `--step-seconds` and `--tag` serve
-their fault and interruption scenarios.
+demo, the tests and the benchmarks run it on simulated nodes; `--vanish-rank`, `--freeze`, `--kill`, `--step-seconds`
+and `--tag` serve their fault and interruption scenarios.
+
+It resumes as a requeue-ready script does: `--root-dir DIR` is the Trainer's `default_root_dir`, and
+`fit(model, ckpt_path=hpc_checkpoint(trainer))` takes this job's own newest complete HPC checkpoint there (a requeue's,
+or a periodic one with LIGHTNING_MPI_ENV_CHECKPOINT_EVERY, for a step relaunched in the same allocation). The RESULT
+line lists the global steps this process trained (`steps`).
 """
 
 import argparse
@@ -20,7 +25,7 @@ from torch.utils.data import Dataset
 from lightning_mpi_env import MPIClusterEnvironment, hpc_checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tamper.py, beside this file
-from tamper import stall_here, start_gate  # noqa: E402
+from tamper import fault_here, stall_here, start_gate  # noqa: E402
 
 
 def main():
@@ -40,7 +45,15 @@ def main():
         help="leave devices and num_nodes out (ddp_mpi takes them from the launch)",
     )
     parser.add_argument("--root-dir", help="Trainer(default_root_dir=...): where HPC checkpoints go on a requeue")
-    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--epochs", type=int, help="max_epochs (1 by default; unbounded with --steps)")
+    parser.add_argument("--steps", type=int, help="max_steps: the global step at which training ends")
+    parser.add_argument("--freeze", metavar="RANK:STEP", help="that rank stops itself (SIGSTOP) at that global step")
+    parser.add_argument("--kill", metavar="RANK:STEP", help="that rank kills itself (SIGKILL) at that global step")
+    parser.add_argument(
+        "--freeze-once",
+        metavar="FILE",
+        help="--freeze and --kill only where FILE does not exist yet, made right before (a relaunch runs through)",
+    )
     parser.add_argument(
         "--lightning-resume",
         action="store_true",
@@ -76,6 +89,7 @@ def main():
             self.layer = torch.nn.Linear(4, 1)
             self.seen = []
             self.first_global_step = None
+            self.steps = []  # the global step of every training step this process ran
 
         def training_step(self, batch, batch_index):
             index, x, y = batch
@@ -94,7 +108,14 @@ def main():
                     flush=True,
                 )
                 os._exit(0)
+            fault_here(
+                self.global_rank,
+                self.trainer.global_step,
+                {"freeze": args.freeze, "kill": args.kill},
+                args.freeze_once,
+            )
             self.seen += index.tolist()
+            self.steps.append(self.trainer.global_step)
             stall_here(self.global_rank, self.trainer.global_step)
             time.sleep(args.step_seconds)
             return torch.nn.functional.mse_loss(self.layer(x) / 100, y / 100)
@@ -137,7 +158,8 @@ def main():
         strategy=strategy,
         plugins=plugins,
         default_root_dir=args.root_dir,
-        max_epochs=args.epochs,
+        max_epochs=args.epochs if args.epochs is not None else (None if args.steps else 1),
+        max_steps=args.steps or -1,
         logger=False,
         enable_checkpointing=bool(args.slow_eval),
         enable_progress_bar=False,
@@ -161,6 +183,8 @@ def main():
             "seen": model.seen,
             "first_global_step": model.first_global_step,
             "global_step": trainer.global_step,
+            "steps": model.steps,
+            "step_id": os.environ.get("SLURM_STEP_ID"),
             "restart_count": os.environ.get("SLURM_RESTART_COUNT"),
             "train_seconds": trained,  # from this process's first training step to the end of fit()
             "weights": [round(v, 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()],

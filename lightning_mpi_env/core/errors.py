@@ -101,6 +101,13 @@ class FailureRecordError(MpiEnvError, ValueError):
     """
 
 
+class ProgressRecordError(MpiEnvError, ValueError):
+    """A progress record in the state folder (``first-step.json``) that cannot be read.
+
+    Not a regular file, too long, or malformed.
+    """
+
+
 class LayoutWarning(Explained, UserWarning):
     """Something about the layout the user should hear about that does not stop the job."""
 
@@ -164,6 +171,7 @@ __all__ = [
     "MixedImportError",
     "MixedImportWarning",
     "MpiEnvError",
+    "ProgressRecordError",
     "RendezvousError",
     "SettingError",
     "StallError",

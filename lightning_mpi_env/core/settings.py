@@ -72,8 +72,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "state_dir",
         "LIGHTNING_MPI_ENV_STATE_DIR",
-        "the folder where the roll call and the stall watchdog write a failure record when they end the job "
-        "(read by a supervisor that relaunches the step); unset: none is written",
+        "the folder where the roll call and the stall watchdog write a failure record when they end the job, and "
+        "rank 0 of a Trainer `first-step.json` after its first batch (read by a supervisor that relaunches the "
+        "step); unset: none is written",
+    ),
+    Setting(
+        "checkpoint_every",
+        "LIGHTNING_MPI_ENV_CHECKPOINT_EVERY",
+        "training steps between periodic HPC checkpoints of a Trainer job under a scheduler, the job's newest 2 "
+        "kept (for a supervisor that relaunches the step); `0`: none",
     ),
 )
 """Every variable this package reads about itself; a test keeps the docs' table equal to these rows."""
@@ -88,6 +95,11 @@ DEFAULT_MAX_REQUEUES = 20
 """Requeues of one job before it stops requeueing: weeks of 24-hour slots, yet a job warned again right after each
 restart (a time limit shorter than the warning, a node that fails at once) stops after a bounded number of tries.
 Slurm's own cap on batch requeues, ``MaxBatchRequeue``, defaults to 5, and applies first where it is lower."""
+
+DEFAULT_CHECKPOINT_EVERY = 0
+"""No periodic checkpoints unless asked: each one stops every rank for a save of the whole training state (seconds
+to minutes for a large model, on a shared file system), and only a relaunch inside the allocation
+(``lightning-mpi-env run``) reads them; a requeue saves its own checkpoint on the scheduler's warning signal."""
 
 DEFAULT_STALL_TIMEOUT = 300.0
 """Seconds without progress on any rank, ranks not level, before the stall watchdog stops the job.
@@ -129,7 +141,10 @@ class Settings:
     ifname: str = ""
     """The fabric's interface for gloo and NCCL; empty: theirs to choose."""
     state_dir: str = ""
-    """The folder for failure records (:mod:`~lightning_mpi_env.core.failures`); empty: none are written."""
+    """The folder for failure records (:mod:`~lightning_mpi_env.core.failures`) and the first-step record
+    (:mod:`~lightning_mpi_env.core.progress`); empty: none are written."""
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
+    """Training steps between periodic HPC checkpoints (:mod:`~lightning_mpi_env.lightning.periodic`); ``0``: none."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -139,7 +154,7 @@ class Settings:
             SettingError: Naming the variable, its value and the values it takes.
 
         >>> Settings.from_env({"LIGHTNING_MPI_ENV_ROLL_CALL": "off", "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"})
-        Settings(roll_call=False, rendezvous_timeout=20.0, requeue=True, stall_timeout=300.0, stall_soft_timeout=60.0, max_requeues=20, debug=False, mixed_imports=<MixedImportMode.WARN: 'warn'>, main_host='', ifname='', state_dir='')
+        Settings(roll_call=False, rendezvous_timeout=20.0, requeue=True, stall_timeout=300.0, stall_soft_timeout=60.0, max_requeues=20, debug=False, mixed_imports=<MixedImportMode.WARN: 'warn'>, main_host='', ifname='', state_dir='', checkpoint_every=0)
         """  # noqa: E501
         return cls(
             roll_call=switch(env, VARIABLE["roll_call"], default=True),
@@ -153,6 +168,9 @@ class Settings:
             main_host=host_template(env),
             ifname=interface_name(env),
             state_dir=folder(env, VARIABLE["state_dir"]),
+            checkpoint_every=count_or_off(
+                env, VARIABLE["checkpoint_every"], DEFAULT_CHECKPOINT_EVERY, high=MAX_CHECKPOINT_EVERY, zero="none"
+            ),
         )
 
     def with_arguments(self, **arguments: object) -> Settings:
@@ -222,9 +240,14 @@ def seconds_or_off(value: float | None, env: Mapping[str, str], variable: str, d
 MAX_REQUEUES = 1_000_000
 """The largest ``LIGHTNING_MPI_ENV_MAX_REQUEUES`` taken."""
 
+MAX_CHECKPOINT_EVERY = 1_000_000_000
+"""The largest ``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY`` taken (steps; more than any training run takes)."""
 
-def count_or_off(env: Mapping[str, str], variable: str, default: int) -> int:
-    """A count of zero or more (``0``: no limit), up to :data:`MAX_REQUEUES`: ``variable`` of ``env``, else ``default``.
+
+def count_or_off(
+    env: Mapping[str, str], variable: str, default: int, *, high: int = MAX_REQUEUES, zero: str = "no limit"
+) -> int:
+    """A count from ``0`` (``zero``: what it means) to ``high``: ``variable`` of ``env``, else ``default``.
 
     Raises:
         SettingError: If the value is not a whole number of zero or more in plain digits, or is too large.
@@ -236,10 +259,11 @@ def count_or_off(env: Mapping[str, str], variable: str, default: int) -> int:
     if not raw:
         return default
     count = as_count(raw)
-    if count is None or count > MAX_REQUEUES:
+    if count is None or count > high:
+        example = default or 100
         raise SettingError(
-            f"{variable}={shown(raw)} is not a whole number from 0 to {MAX_REQUEUES} in plain digits.",
-            f"Set {variable} to a number, e.g. {default} (0: no limit), or unset it.",
+            f"{variable}={shown(raw)} is not a whole number from 0 to {high} in plain digits.",
+            f"Set {variable} to a number, e.g. {example} (0: {zero}), or unset it.",
             variable=variable,
             value=raw[:SHOWN_CHARACTERS],
         )
@@ -357,10 +381,12 @@ def _word(env: Mapping[str, str], field: str, form: re.Pattern[str], what: str, 
 
 
 __all__ = [
+    "DEFAULT_CHECKPOINT_EVERY",
     "DEFAULT_MAX_REQUEUES",
     "DEFAULT_RENDEZVOUS_TIMEOUT",
     "DEFAULT_STALL_SOFT_TIMEOUT",
     "DEFAULT_STALL_TIMEOUT",
+    "MAX_CHECKPOINT_EVERY",
     "MAX_PATH",
     "MAX_REQUEUES",
     "SETTINGS",

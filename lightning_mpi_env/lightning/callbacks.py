@@ -13,7 +13,10 @@ here. These add the callback only where it has something to do (:func:`needed`),
   ``error`` a ``MixedImportError``.
 - ``on_train_batch_end``: with an ``MPIClusterEnvironment`` whose job can requeue, it checkpoints and requeues at
   the step the ranks agreed on once any rank got the scheduler's warning signal
-  (:mod:`lightning_mpi_env.lightning.requeue`; no collective per step: :mod:`lightning_mpi_env.rollcall.agreement`).
+  (:mod:`lightning_mpi_env.lightning.requeue`; no collective per step: :mod:`lightning_mpi_env.rollcall.agreement`);
+  else, with ``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY`` under a scheduler job, it saves a periodic checkpoint where due,
+  and with ``LIGHTNING_MPI_ENV_STATE_DIR`` rank 0 records the fit's first step
+  (:mod:`lightning_mpi_env.lightning.periodic`).
 - the four hooks of a training step: progress marks for the stall watchdog
   (:mod:`lightning_mpi_env.rollcall.watchdog`).
 - ``on_sanity_check_start``/``on_train_start``: the requeue signal handler goes in (after Lightning set its own);
@@ -46,6 +49,7 @@ from lightning_mpi_env.imports.class_check import check_roles
 from lightning_mpi_env.imports.sites import both_namespaces_loaded, mode
 from lightning_mpi_env.lightning.compat import record_sigterm_without_collective
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
+from lightning_mpi_env.lightning.periodic import FitProgress
 from lightning_mpi_env.lightning.requeue import Requeue, checkpoint_and_requeue, refuse_another_jobs_resume
 
 _CLASSES: dict[str, type] = {}
@@ -69,6 +73,7 @@ def callback_class(package: str) -> type:
         def __init__(self) -> None:
             super().__init__()
             self._finished = 0  # training batches finished: a count every rank shares, for the requeue agreement
+            self._fit: FitProgress | None = None  # periodic checkpoints and the first-step record, per fit
 
         def __reduce__(self) -> tuple[Any, tuple[str]]:
             # The class is made per namespace: ddp_spawn pickles the Trainer, and it, by the namespace's name.
@@ -94,9 +99,12 @@ def callback_class(package: str) -> type:
             """The requeue handler; ``SIGTERM`` without a collective (Lightning registered its handlers by now)."""
             _start_training(trainer)
 
+        @shows_errors_briefly
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            """As :meth:`on_sanity_check_start`, when no sanity check ran before."""
+            """As :meth:`on_sanity_check_start`, when no sanity check ran before; this fit's progress to keep."""
             _start_training(trainer)
+            environment = _environment(trainer)
+            self._fit = None if environment is None else FitProgress.start(trainer, environment.settings, os.environ)
 
         def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
             """Put back what the environment changed process-wide (after Lightning put back its signal handlers)."""
@@ -118,14 +126,22 @@ def callback_class(package: str) -> type:
 
         @shows_errors_briefly
         def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
-            """After each training step: progress; checkpoint and requeue when any rank got the requeue signal."""
+            """After each training step: progress; checkpoint and requeue when any rank got the requeue signal.
+
+            Else the first-step record and a periodic checkpoint where due: at a step where the ranks requeue, the
+            requeue's checkpoint is the only one saved.
+            """
             _mark(trainer, 0)
             self._finished += 1
             environment = _environment(trainer)
-            if environment is None or environment.requeue is None:
+            if environment is None:
                 return
-            if environment.requeue_due(self._finished, trainer.strategy.reduce_boolean_decision):
+            if environment.requeue is not None and environment.requeue_due(
+                self._finished, trainer.strategy.reduce_boolean_decision
+            ):
                 checkpoint_and_requeue(trainer, environment.requeue, environment.settings.max_requeues)
+            if self._fit is not None:
+                self._fit = self._fit.after_batch(trainer)
 
         def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
             """A ``SIGTERM`` ends the job with status 143, not 0: the job did not finish."""

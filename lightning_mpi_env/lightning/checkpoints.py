@@ -12,6 +12,10 @@ checkpoints is skipped with a
 are never candidates. Deleting checkpoints does not reset the requeue count: the record keeps it (and under Slurm,
 ``SLURM_RESTART_COUNT`` is the count).
 
+Periodic checkpoints (``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY``, :mod:`lightning_mpi_env.lightning.periodic`) go
+through the same path, :func:`save_recorded`, and the same record, marked ``periodic``: a step relaunched in the same
+allocation (same job id) resumes from them as a requeued job does.
+
 Everything read here is bounded: names by their syntax (ASCII digits, at most :data:`MAX_DIGITS`), records by
 :data:`MAX_RECORD_BYTES` and regular files only, folders by :data:`MAX_ENTRIES`.
 """
@@ -22,7 +26,7 @@ import json
 import os
 import stat
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from lightning_mpi_env.core.errors import CheckpointError, CheckpointWarning
@@ -51,6 +55,9 @@ class Saved(NamedTuple):
     """Its size in bytes once every rank's save finished; ``None`` while pending."""
     step: int
     """The global step it was saved at."""
+    periodic: bool = False
+    """Saved every ``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY`` steps (pruned to the job's newest few), not on a requeue
+    signal (kept)."""
 
 
 class Record(NamedTuple):
@@ -139,7 +146,10 @@ def write_record(directory: str, job: SchedulerJob, record: Record) -> None:
         "variables": list(record.variables),
         "name": record.name,
         "requeues": record.requeues,
-        "saved": [{"file": item.file, "size": item.size, "step": item.step} for item in record.saved],
+        "saved": [
+            {"file": item.file, "size": item.size, "step": item.step, "periodic": item.periodic}
+            for item in record.saved
+        ],
     }
     temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w", encoding="utf-8") as file:
@@ -197,6 +207,57 @@ def resumable(directory: str, record: Record, *, report: bool = True) -> str | N
             stacklevel=3,  # the caller of hpc_checkpoint()
         )
     return None
+
+
+class Checkpointed(NamedTuple):
+    """One checkpoint :func:`save_recorded` saved, as each rank knows it."""
+
+    path: str
+    """Its path, the same on every rank."""
+    requeues: int
+    """The job's requeue count in its record before this save (rank 0's, on every rank)."""
+    record: Record | None
+    """Rank 0: the job's record as written, with this checkpoint finished; ``None`` on the other ranks."""
+
+
+def save_recorded(
+    trainer: Any, job: SchedulerJob, *, periodic: bool = False, finish: Callable[[Record], Record] | None = None
+) -> Checkpointed:
+    """Save an HPC checkpoint and record it in ``job``'s record; every rank calls this at the same step.
+
+    Rank 0 reserves the next name and records it as *pending*; its name and the job's requeue count go to every
+    rank; every rank takes part in the save; after a barrier rank 0 records the save as finished (with its size),
+    the record passed through ``finish`` first (a requeue counts itself there, in the same write), and writes it.
+    No collective comes after the barrier: a requeued job's ranks may be ended at any moment from there on.
+
+    Args:
+        trainer: The Trainer (its ``strategy``, ``save_checkpoint``, ``global_rank``, ``global_step``).
+        job: The job whose record it is.
+        periodic: A periodic checkpoint (``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY``), not a requeue's.
+        finish: Rank 0's last change to the record before it is written.
+
+    Raises:
+        CheckpointError: Rank 0 cannot read the job's record.
+    """
+    directory = str(trainer.default_root_dir)
+    record = read_record(directory, job) if trainer.global_rank == 0 else None
+    decided = None
+    if record is not None:
+        name = reserve_next(directory)
+        record = record._replace(saved=(*record.saved, Saved(name, None, trainer.global_step, periodic)))
+        write_record(directory, job, record)
+        decided = (os.path.join(directory, name), record.requeues)
+    path, requeues = trainer.strategy.broadcast(decided, src=0)  # one name and one count on every rank
+    trainer.save_checkpoint(path)
+    trainer.strategy.barrier("lightning_mpi_env.lightning.checkpoints.saved")
+    if record is None:
+        return Checkpointed(path, requeues, None)
+    finished = Saved(os.path.basename(path), os.path.getsize(path), trainer.global_step, periodic)
+    record = record._replace(saved=(*record.saved[:-1], finished))
+    if finish is not None:
+        record = finish(record)
+    write_record(directory, job, record)
+    return Checkpointed(path, requeues, record)
 
 
 def owner_of(directory: str, name: str) -> str | None:
@@ -280,15 +341,18 @@ def _parse(data: Any) -> Record:
 def _parse_saved(item: Any) -> Saved:
     if not isinstance(item, dict):
         raise ValueError("a checkpoint that is not an object")
-    file, size, step = item.get("file"), item.get("size"), item.get("step")
+    file, size, step, periodic = item.get("file"), item.get("size"), item.get("step"), item.get("periodic", False)
     if not (isinstance(file, str) and checkpoint_number(file) is not None):
         raise ValueError(f"a checkpoint named {file!r}, not hpc_ckpt_<n>.ckpt")
     if not ((size is None or (isinstance(size, int) and size >= 0)) and isinstance(step, int)):
         raise ValueError(f"{file}: a size or step that is not a count")
-    return Saved(file, size, step)
+    if not isinstance(periodic, bool):  # absent in records of older versions: a requeue's checkpoint
+        raise ValueError(f"{file}: periodic is not true or false")
+    return Saved(file, size, step, periodic)
 
 
 __all__ = [
+    "Checkpointed",
     "MAX_DIGITS",
     "MAX_ENTRIES",
     "MAX_RECORD_BYTES",
@@ -302,5 +366,6 @@ __all__ = [
     "record_path",
     "reserve_next",
     "resumable",
+    "save_recorded",
     "write_record",
 ]

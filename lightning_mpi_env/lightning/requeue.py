@@ -45,7 +45,7 @@ from lightning_mpi_env.core.errors import CheckpointError, SettingError
 from lightning_mpi_env.core.schedulers import Scheduler, SchedulerJob, detect_scheduler, scheduler_job
 from lightning_mpi_env.core.settings import VARIABLE
 from lightning_mpi_env.lightning import checkpoints
-from lightning_mpi_env.lightning.checkpoints import Saved
+from lightning_mpi_env.lightning.checkpoints import Record
 from lightning_mpi_env.lightning.compat import hpc_checkpoint_name, hpc_resume_path
 
 if TYPE_CHECKING:
@@ -272,8 +272,9 @@ def _say(message: str) -> None:
 def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int) -> None:
     """Save the HPC checkpoint on every rank, have rank 0 requeue the job, and end every rank.
 
-    Called by every rank at the same step, once the ranks agreed to stop there. Rank 0 reserves the checkpoint's
-    name and records it as pending in the job's record, every rank saves, and rank 0 records the save as finished.
+    Called by every rank at the same step, once the ranks agreed to stop there. The checkpoint goes through
+    :func:`~lightning_mpi_env.lightning.checkpoints.save_recorded` (reserved, pending, saved by every rank,
+    finished), and the job's record counts the requeue in the same write as the finished save.
 
     Args:
         trainer: The Trainer.
@@ -284,33 +285,29 @@ def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int) -> No
         SystemExit: Always, with the plan's exit status (Grid Engine: 99); 1 past ``max_requeues``, and on rank 0
             when the requeue command failed.
     """
-    strategy = trainer.strategy
     directory = str(trainer.default_root_dir)
-    record = checkpoints.read_record(directory, plan.job) if trainer.global_rank == 0 else None
-    decided = None
-    if record is not None:
-        name = checkpoints.reserve_next(directory)
-        record = record._replace(saved=(*record.saved, Saved(name, None, trainer.global_step)))
-        checkpoints.write_record(directory, plan.job, record)
-        restarts = plan.job.restarts if plan.job.restarts is not None else record.requeues
-        decided = (os.path.join(directory, name), restarts + 1)
-    path, number = strategy.broadcast(decided, src=0)  # one name and one count on every rank
-    trainer.save_checkpoint(path)
-    strategy.barrier("lightning_mpi_env.lightning.requeue.saved")
-    over = bool(max_requeues) and number > max_requeues
-    if record is None:
+
+    def number(requeues: int) -> int:  # this requeue's number: Slurm counts restarts itself, else the job's record
+        return (plan.job.restarts if plan.job.restarts is not None else requeues) + 1
+
+    def over(requeues: int) -> bool:
+        return bool(max_requeues) and number(requeues) > max_requeues
+
+    def counted(record: Record) -> Record:  # in the same write as the finished save: the requeue may end us at once
+        return record._replace(requeues=record.requeues + (not over(record.requeues)))
+
+    saved = checkpoints.save_recorded(trainer, plan.job, finish=counted)
+    path = saved.path
+    if saved.record is None:
         # No collective after this: Slurm, PBS and LSF end every rank of a requeued job at once, and a rank still
         # waiting on rank 0 would print a connection error. Rank 0's status says whether the requeue worked.
-        raise SystemExit(1 if over else plan.exit_code)
-    finished = Saved(os.path.basename(path), os.path.getsize(path), trainer.global_step)
-    record = record._replace(saved=(*record.saved[:-1], finished), requeues=record.requeues + (not over))
-    checkpoints.write_record(directory, plan.job, record)  # before the requeue: the scheduler may end us at once
+        raise SystemExit(1 if over(saved.requeues) else plan.exit_code)
     _say(f"saved {path} at step {trainer.global_step} after {plan.signum.name}")
-    if over:
-        counted = plan.job.scheduler.restart_count or f"the job's record {checkpoints.record_path(directory, plan.job)}"
+    if over(saved.requeues):
+        counter = plan.job.scheduler.restart_count or f"the job's record {checkpoints.record_path(directory, plan.job)}"
         _say(
-            f"not requeued: this would be requeue {number} of {plan.job}, past {VARIABLE['max_requeues']}="
-            f"{max_requeues} (counted by {counted}). Resume from {path} in a new job with "
+            f"not requeued: this would be requeue {number(saved.requeues)} of {plan.job}, past "
+            f"{VARIABLE['max_requeues']}={max_requeues} (counted by {counter}). Resume from {path} in a new job with "
             f"`trainer.fit(model, ckpt_path=...)`, or raise {VARIABLE['max_requeues']} (0: no limit)."
         )
         raise SystemExit(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_mpi_env.core.errors import SettingError
-from lightning_mpi_env.core.settings import MAX_REQUEUES, VARIABLE, Settings
+from lightning_mpi_env.core.settings import MAX_CHECKPOINT_EVERY, MAX_REQUEUES, VARIABLE, Settings
 from lightning_mpi_env.core.values import MAX_SECONDS, SWITCH_WORDS
 
 TIMEOUTS = [VARIABLE["rendezvous_timeout"], VARIABLE["stall_timeout"], VARIABLE["stall_soft_timeout"]]
@@ -74,3 +74,20 @@ def test_max_requeues_is_plain_digits_in_a_range(value):
     with pytest.raises(SettingError, match=r"LIGHTNING_MPI_ENV_MAX_REQUEUES=.* is not a whole number from 0 to"):
         Settings.from_env({VARIABLE["max_requeues"]: value})
     assert Settings.from_env({VARIABLE["max_requeues"]: str(MAX_REQUEUES)}).max_requeues == MAX_REQUEUES
+
+
+def test_periodic_checkpoints_are_off_unless_asked():
+    assert Settings.from_env({}).checkpoint_every == 0
+    assert Settings.from_env({VARIABLE["checkpoint_every"]: " 5 "}).checkpoint_every == 5
+    assert Settings.from_env({VARIABLE["checkpoint_every"]: "0"}).checkpoint_every == 0
+    assert Settings.from_env({VARIABLE["checkpoint_every"]: str(MAX_CHECKPOINT_EVERY)}).checkpoint_every > 0
+
+
+@pytest.mark.parametrize("value", ["\u0663", "1_0", "1e3", "-1", "5.0", "off", str(MAX_CHECKPOINT_EVERY + 1), "9" * 30])
+def test_checkpoint_every_is_plain_digits_in_a_range(value):
+    with pytest.raises(
+        SettingError, match=r"LIGHTNING_MPI_ENV_CHECKPOINT_EVERY=.* is not a whole number from 0 to"
+    ) as raised:
+        Settings.from_env({VARIABLE["checkpoint_every"]: value})
+    assert raised.value.hint == "Set LIGHTNING_MPI_ENV_CHECKPOINT_EVERY to a number, e.g. 100 (0: none), or unset it."
+    assert raised.value.variable == VARIABLE["checkpoint_every"]
