@@ -1,9 +1,9 @@
 """Periodic HPC checkpoints (``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY``) and the first-step record, for a relaunched step.
 
 The record logic and the pruning run on a one-rank stand-in Trainer (as ``test_requeue.py`` does); Lightning's real
-Trainer runs them in one process under a faked one-rank Open MPI launch inside a PBS job; and on the simulated Slurm
-cluster, a job step whose rank 1 kills itself at step 12 is run again in the same allocation (same job id) and resumes
-from the step-10 checkpoint.
+Trainer (the installed Lightning and the oldest supported, 2.1.4) runs them in one process under a faked one-rank
+Open MPI launch inside a PBS job; and on the simulated Slurm cluster, a job step whose rank 1 kills or freezes itself
+at step 12 is run again in the same allocation (same job id) and resumes from the step-10 checkpoint.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_mpi_env.core.failures import read_records
 from lightning_mpi_env.core.progress import read_first_step
 from lightning_mpi_env.core.schedulers import scheduler_job
 from lightning_mpi_env.core.settings import Settings
@@ -25,6 +26,7 @@ from lightning_mpi_env.lightning import checkpoints
 from lightning_mpi_env.lightning.checkpoints import Record, Saved
 from lightning_mpi_env.lightning.periodic import KEEP, FitProgress, Periodic, checkpoint_periodically, pruned
 from lightning_mpi_env.lightning.requeue import checkpoint_and_requeue, hpc_checkpoint
+from tests.clusters.lightning_versions import INSTALLED, Lightning, oldest_lightning  # noqa: F401  (a fixture)
 from tests.conftest import TRAINER_JOB
 from tests.lightning.test_requeue import OneRankTrainer, plan, stand_ins
 
@@ -231,7 +233,7 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def one_rank_fit(tmp_path: Path, root: Path, state: Path, max_steps: int, port: int) -> list[int]:
+def one_rank_fit(tmp_path: Path, root: Path, state: Path, max_steps: int, lightning: Lightning) -> list[int]:
     env = {name: value for name, value in os.environ.items() if not name.startswith(("SLURM_", "OMPI_", "PMI"))}
     env |= {
         "OMPI_COMM_WORLD_RANK": "0",
@@ -239,7 +241,7 @@ def one_rank_fit(tmp_path: Path, root: Path, state: Path, max_steps: int, port: 
         "OMPI_COMM_WORLD_LOCAL_RANK": "0",
         "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+        "MASTER_PORT": str(free_port()),
         "PBS_JOBID": "4242.pbs01",
         "LIGHTNING_MPI_ENV_CHECKPOINT_EVERY": "2",
         "LIGHTNING_MPI_ENV_STATE_DIR": str(state),
@@ -248,7 +250,7 @@ def one_rank_fit(tmp_path: Path, root: Path, state: Path, max_steps: int, port: 
     done = subprocess.run(
         [sys.executable, "-c", ONE_RANK, str(root), str(max_steps)],
         cwd=tmp_path,
-        env=env,
+        env=lightning.environ(env),
         capture_output=True,
         text=True,
         timeout=300,
@@ -259,9 +261,11 @@ def one_rank_fit(tmp_path: Path, root: Path, state: Path, max_steps: int, port: 
     return json.loads(line.split(" ", 1)[1])
 
 
-def test_a_real_trainer_saves_every_n_steps_and_a_second_fit_of_the_job_resumes(tmp_path):
+@pytest.mark.parametrize("version", ["installed", "oldest"])
+def test_a_real_trainer_saves_every_n_steps_and_a_second_fit_of_the_job_resumes(tmp_path, request, version):
+    lightning = INSTALLED if version == "installed" else request.getfixturevalue("oldest_lightning")
     root = tmp_path / "root"
-    assert one_rank_fit(tmp_path, root, tmp_path / "first", 7, free_port()) == list(range(7))
+    assert one_rank_fit(tmp_path, root, tmp_path / "first", 7, lightning) == list(range(7))
     job = scheduler_job({"PBS_JOBID": "4242.pbs01"})
     assert job is not None
     record = checkpoints.read_record(str(root), job)
@@ -273,7 +277,7 @@ def test_a_real_trainer_saves_every_n_steps_and_a_second_fit_of_the_job_resumes(
     assert first is not None
     assert (first.step, first.resumed_from, first.resumed_step, first.job_id) == (1, None, None, "4242.pbs01")
     # The same job's next fit resumes from step 6, goes on to 10, and keeps the newest two.
-    assert one_rank_fit(tmp_path, root, tmp_path / "second", 10, free_port()) == list(range(6, 10))
+    assert one_rank_fit(tmp_path, root, tmp_path / "second", 10, lightning) == list(range(6, 10))
     second = read_first_step(str(tmp_path / "second"))
     assert second is not None
     assert (second.step, second.resumed_from, second.resumed_step) == (7, "hpc_ckpt_3.ckpt", 6)
@@ -286,7 +290,7 @@ def test_a_real_trainer_saves_every_n_steps_and_a_second_fit_of_the_job_resumes(
 
 STEPS = 20
 EVERY = 5
-KILLED_AT = 12
+FAULT_AT = 12
 RELAUNCH = """set -u
 for step in 1 2; do
   export LIGHTNING_MPI_ENV_STATE_DIR="$STATE/step-$step"  # one folder per step, as lightning-mpi-env run sets it
@@ -298,25 +302,29 @@ done
 
 @pytest.mark.mpi
 @pytest.mark.slurm
-def test_slurm_a_step_run_again_in_its_allocation_resumes_from_the_last_periodic_checkpoint(slurm_cluster, tmp_path):
-    root, state, once = tmp_path / "root", tmp_path / "state", tmp_path / "killed-once"
+@pytest.mark.parametrize("fault", ["kill", "freeze"])
+def test_slurm_a_step_run_again_in_its_allocation_resumes_from_the_last_periodic_checkpoint(
+    slurm_cluster, tmp_path, fault
+):
+    root, state, once = tmp_path / "root", tmp_path / "state", tmp_path / "fault-once"
     (root / "results").mkdir(parents=True)
-    # 64 samples, batch 4, 2 ranks: 8 steps an epoch; rank 1 kills itself at global step 12, the first time only.
+    # 64 samples, batch 4, 2 ranks: 8 steps an epoch; rank 1 kills or freezes itself at global step 12, the first
+    # time only. A frozen rank is found by the stall watchdog, which records it and ends the step.
     train = [sys.executable, str(TRAINER_JOB), "--devices", "1", "--num-nodes", "2", "--samples", "64"]
     train += ["--steps", str(STEPS), "--step-seconds", "0.2", "--root-dir", str(root)]
-    train += ["--result-dir", str(root / "results"), "--kill", f"1:{KILLED_AT}", "--freeze-once", str(once)]
+    train += ["--result-dir", str(root / "results"), f"--{fault}", f"1:{FAULT_AT}", "--freeze-once", str(once)]
     env = {
         "TRAIN": " ".join(train),
         "STATE": str(state),
         "LIGHTNING_MPI_ENV_CHECKPOINT_EVERY": str(EVERY),
-        "LIGHTNING_MPI_ENV_STALL_TIMEOUT": "30",  # rank 0 alone after rank 1 died: ended, whatever gloo does
+        "LIGHTNING_MPI_ENV_STALL_TIMEOUT": "10",  # a frozen rank 1 (or rank 0 left alone): the step ends
         "OMP_NUM_THREADS": "1",
     }
     job = slurm_cluster.sbatch(RELAUNCH, ["--nodes=2", "--ntasks-per-node=1"], env=env)
     final = slurm_cluster.wait(job, timeout=600)
     output = slurm_cluster.output(job)
     assert final == "COMPLETED", output[-6000:]
-    assert f"KILL rank=1 step={KILLED_AT}" in output, output[-6000:]
+    assert f"{fault.upper()} rank=1 step={FAULT_AT}" in output, output[-6000:]
     assert "STEP 1 status=0" not in output, output[-6000:]
     assert "STEP 2 status=0" in output, output[-6000:]
     # The first step started afresh; the second resumed this job's step-10 checkpoint (not step 5's, not afresh).
@@ -334,7 +342,7 @@ def test_slurm_a_step_run_again_in_its_allocation_resumes_from_the_last_periodic
         assert result["steps"] == list(range(10, STEPS)), result["steps"]
         assert result["global_step"] == STEPS
     assert len({tuple(result["weights"]) for result in results}) == 1
-    assert KILLED_AT - results[0]["steps"][0] <= EVERY
+    assert FAULT_AT - results[0]["steps"][0] <= EVERY
     # The job's record keeps its newest two periodic checkpoints (steps 15 and 20); the older files are gone.
     record = json.loads((root / ".lightning-mpi-env" / f"slurm-{job}.json").read_text())
     assert [(item["file"], item["step"], item["periodic"]) for item in record["saved"]] == [
@@ -343,3 +351,14 @@ def test_slurm_a_step_run_again_in_its_allocation_resumes_from_the_last_periodic
     ]
     assert record["requeues"] == 0
     assert sorted(path.name for path in root.glob("hpc_ckpt_*")) == ["hpc_ckpt_3.ckpt", "hpc_ckpt_4.ckpt"]
+    if fault == "freeze":  # what the supervisor reads to leave the host out
+        [frozen] = read_records(str(state / "step-1"))
+        assert (frozen.kind.value, frozen.ranks, frozen.job_id) == ("frozen", (1,), job), frozen
+    marker = f"{fault.upper()} rank=1"
+    [fault_at] = [float(line.rsplit("time=", 1)[1]) for line in output.splitlines() if line.startswith(marker)]
+    print(
+        f"FIGURE periodic checkpoints every {EVERY} steps, srun, 2 ranks on 2 nodes: rank 1 {fault} at step "
+        f"{FAULT_AT} (stall timeout 10 s); the same srun line run again finished its first step (step "
+        f"{relaunched.step}) {relaunched.when - fault_at:.1f} s after the fault (Lightning's start included), "
+        f"{FAULT_AT - relaunched.resumed_step} steps redone"
+    )
