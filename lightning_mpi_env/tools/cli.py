@@ -349,7 +349,10 @@ def _supervise(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise UsageError("give the job step after --: run -- srun [OPTIONS] python train.py")
-    return supervise(command, RestartPolicy(args.restarts, backoff=args.backoff), env=os.environ, state=args.state_dir)
+    policy = RestartPolicy(args.restarts, backoff=args.backoff)
+    return supervise(
+        command, policy, env=os.environ, state=args.state_dir, probe_timeout=args.probe_timeout, grace=args.grace
+    )
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -17,8 +17,12 @@ from lightning_mpi_env.tools.simcluster import MAX_NODES, MAX_SLOTS
 from lightning_mpi_env.tools.simulated_launch import LAUNCHER_KEYS, SCHEDULERS, MapBy
 from lightning_mpi_env.tools.supervise.loop import DEFAULT_STATE
 from lightning_mpi_env.tools.supervise.policy import MAX_RESTARTS
+from lightning_mpi_env.tools.supervise.probe import PROBE_TIMEOUT
+from lightning_mpi_env.tools.supervise.step import GRACE
 
 PROG = "lightning-mpi-env"
+MAX_SECONDS = 86_400
+"""The most seconds an option takes (a day)."""
 
 
 def _positive(text: str) -> int:
@@ -46,8 +50,10 @@ def _seconds(text: str) -> float:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds, got {shown(text)} (at most {MAX_SECONDS})"
+        )
     return seconds
 
 
@@ -139,11 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     supervisor = commands.add_parser(
         "run",
         parents=[common],
-        usage=f"{PROG} run [-h] [--debug] [--restarts N] [--backoff S] [--state-dir D] -- srun [OPTIONS] CMD ...",
+        usage=f"{PROG} run [-h] [--debug] [--restarts N] [--backoff S] [--probe-timeout S] [--grace S] [--state-dir D] "
+        "-- srun [OPTIONS] CMD ...",
         help="run a job step, and relaunch it without the failed hosts when the roll call or the watchdog stops it",
         description="Run the srun line; when a step fails, read the failure records its ranks wrote, and relaunch "
-        "it in the same allocation with the hosts to blame excluded (srun --exclude), up to --restarts times. A "
-        "fault that comes back on other hosts stops the loop as the program's. One line per event on stderr, and "
+        "it in the same allocation with the hosts to blame excluded (srun --exclude), and hosts that fail a health "
+        "probe, up to --restarts times: on a spare node, or on fewer nodes where the line's --nodes=MIN-MAX allows. "
+        "A fault that comes back on other hosts stops the loop as the program's. One line per event on stderr, and "
         "JSON lines in STATE_DIR/<job>/timeline.jsonl. The exit status is the last step's.",
     )
     supervisor.add_argument("--restarts", type=_count, default=3, help="relaunches at most (default 3)")
@@ -152,6 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds,
         default=10.0,
         help="seconds before the first relaunch, doubled for each next one (default 10)",
+    )
+    supervisor.add_argument(
+        "--probe-timeout",
+        type=_seconds,
+        default=PROBE_TIMEOUT,
+        help=f"seconds each host has to run the health probe before a relaunch (default {PROBE_TIMEOUT:g})",
+    )
+    supervisor.add_argument(
+        "--grace",
+        type=_seconds,
+        default=GRACE,
+        help=f"seconds a step has to end after its failure is recorded, before its launcher is killed (default "
+        f"{GRACE:g})",
     )
     supervisor.add_argument(
         "--state-dir",

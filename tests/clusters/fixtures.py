@@ -22,6 +22,8 @@ from tests.clusters.slurm import ClusterBusyError, SlurmCluster
 
 SLURM_BASE_PORTS = 4
 """Base ports tried, 10 apart from ``LME_SLURM_BASE_PORT`` (16817), when another test run holds the first."""
+SPARE_PORT_OFFSET = 10 * SLURM_BASE_PORTS
+"""How far above the two-node cluster's base ports the three-node cluster's start (past all of them)."""
 
 LOCKS = Path(tempfile.gettempdir()) / "lightning-mpi-env-lanes"
 """Where each lane's lock lives (``<lane>.lock``), held by a test while it runs a real launcher job (``mpi`` mark)."""
@@ -72,13 +74,34 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         cluster.stop()
 
 
-def _start_slurm() -> SlurmCluster:
-    first = SlurmCluster().base_port
+@pytest.fixture(scope="module")
+def slurm_cluster_with_spare() -> Iterator[SlurmCluster]:
+    """A running three-node Slurm cluster (``node1`` to ``node3``): two nodes for a job step and a spare.
+
+    Its own ports (:data:`SPARE_PORT_OFFSET` above the two-node cluster's), so both can run at once; started for
+    the module that uses it, since three daemons cost CPU all the while.
+    """
+    reason = SlurmCluster.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    try:
+        SlurmCluster.ensure_installed()
+    except (RuntimeError, subprocess.SubprocessError) as error:  # no network, no package index...
+        pytest.skip(f"cannot install Slurm and MUNGE with apt-get: {error}")
+    cluster = _start_slurm(nodes=3, offset=SPARE_PORT_OFFSET)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _start_slurm(nodes: int = 2, offset: int = 0) -> SlurmCluster:
+    first = SlurmCluster().base_port + offset
     busy = ClusterBusyError(f"no free base port from {first}")
     for base_port in range(first, first + 10 * SLURM_BASE_PORTS, 10):
         # Another session on this machine (a second pytest run) may hold the ports: take the next ones.
         try:
-            return SlurmCluster(base_port=base_port).start()
+            return SlurmCluster(nodes, base_port=base_port).start()
         except ClusterBusyError as error:
             busy = error
     raise busy
@@ -134,4 +157,12 @@ def deepspeed() -> deepspeed_venv.DeepSpeed:
         pytest.skip(reason)
 
 
-__all__ = ["JAX_REQUIREMENT", "deepspeed", "hydra_cluster", "jax_python", "real_launch_lock", "slurm_cluster"]
+__all__ = [
+    "JAX_REQUIREMENT",
+    "deepspeed",
+    "hydra_cluster",
+    "jax_python",
+    "real_launch_lock",
+    "slurm_cluster",
+    "slurm_cluster_with_spare",
+]

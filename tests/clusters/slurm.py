@@ -344,6 +344,16 @@ class SlurmCluster:
         """slurmctld's port, then each slurmd's."""
         return [self.base_port + i for i in range(len(self.nodes) + 1)]
 
+    def daemon_pid(self, node: str) -> int:
+        """The process id of ``node``'s slurmd (for a test that stops it, as on a node that hangs).
+
+        Raises:
+            KeyError: ``node`` is not one of this cluster's started nodes.
+        """
+        if node not in self.nodes or node not in self._procs:
+            raise KeyError(f"{node} is not a started node of this cluster ({', '.join(self.nodes)})")
+        return self._procs[node].pid
+
     @property
     def hosts(self) -> tuple[str, ...]:
         """The host name each node's tasks see (``socket.gethostname()``), in the job's node order."""

@@ -1,52 +1,69 @@
 """The supervisor's loop: run the step, read its failure records, decide, relaunch without the hosts to blame.
 
 Each step gets a folder of its own, ``<state>/<job>/step-<n>``, which the child alone sees as
-``LIGHTNING_MPI_ENV_STATE_DIR``; the timeline goes to stderr and to ``<state>/<job>/timeline.jsonl``. The exit status
-is the last step's. ``SIGINT`` and ``SIGTERM`` to the supervisor go to the step (srun ends its tasks on them) and end
-the loop. What is not here yet (``docs/notes/issue-24-status.md``): node counts without spares, the health probe,
-``died`` records with a host, resume, launchers other than ``srun``.
+``LIGHTNING_MPI_ENV_STATE_DIR``; the timeline goes to stderr and to ``<state>/<job>/timeline.jsonl``. After a
+failed step:
+
+1. its records say what failed (:mod:`~lightning_mpi_env.core.failures`); with none, srun's lines about tasks a
+   signal ended make a ``died`` record (:mod:`~lightning_mpi_env.tools.supervise.deaths`);
+2. the policy decides: relaunch, or stop (:mod:`~lightning_mpi_env.tools.supervise.policy`);
+3. the hosts it blames are left out, and so are hosts of the allocation that fail the health probe
+   (:mod:`~lightning_mpi_env.tools.supervise.probe`);
+4. the relaunch goes where the allocation still has room (:mod:`~lightning_mpi_env.tools.supervise.placement`):
+   the same node count with a spare, fewer nodes where the line's ``--nodes=MIN-MAX`` allows, else a stop that
+   says to add a spare;
+5. the first training step of the relaunched step is an event of its own, with the checkpoint it resumed and the
+   steps lost since it (from the step's ``first-step.json``).
+
+The exit status is the last step's. ``SIGINT`` and ``SIGTERM`` to the supervisor go to the step (srun ends its
+tasks on them) and end the loop.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
-from lightning_mpi_env.core.errors import FailureRecordError
-from lightning_mpi_env.core.failures import read_records
+from lightning_mpi_env.core.errors import FailureRecordError, MpiEnvError
+from lightning_mpi_env.core.failures import FailureRecord, read_records
+from lightning_mpi_env.core.progress import read_first_step
 from lightning_mpi_env.core.schedulers import job_identity
 from lightning_mpi_env.core.settings import VARIABLE
+from lightning_mpi_env.tools.supervise.deaths import died_record
+from lightning_mpi_env.tools.supervise.placement import Shortfall, allocation, place
 from lightning_mpi_env.tools.supervise.policy import Action, RestartPolicy, StepOutcome, describe
+from lightning_mpi_env.tools.supervise.probe import PROBE_TIMEOUT, probe
 from lightning_mpi_env.tools.supervise.srun_line import SrunLine
+from lightning_mpi_env.tools.supervise.step import GRACE, StepEnd, run_step
 from lightning_mpi_env.tools.supervise.timeline import Event, EventKind, Timeline, Value
 
 DEFAULT_STATE = ".lightning-mpi-env-run"
 """The state folder under the working directory (a batch job's, on a file system every node sees)."""
+LAUNCHER = "Slurm srun"
+"""The launcher's name in the records the supervisor makes."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
+RunStep = Callable[..., StepEnd]
+Probe = Callable[..., dict[str, str]]
 
-def run_step(argv: Sequence[str], env: Mapping[str, str]) -> int:
-    """Run one step and return its exit status (128 + N for a signal); forward SIGINT/SIGTERM to it meanwhile."""
-    process = subprocess.Popen(list(argv), env=dict(env))
 
-    def forward(signum: int, frame: FrameType | None) -> None:
-        process.send_signal(signum)
+@dataclass
+class _Job:
+    """What the loop knows of the job across its steps."""
 
-    previous = {number: signal.signal(number, forward) for number in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        status = process.wait()
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-    return 128 - status if status < 0 else status
+    line: SrunLine
+    hosts: tuple[str, ...] | None
+    timeline: Timeline
+    excluded: list[str] = field(default_factory=list)
+    last_fault_step: int | None = None
+    first_step_seen: bool = False
 
 
 def supervise(
@@ -55,20 +72,26 @@ def supervise(
     *,
     env: Mapping[str, str],
     state: str = DEFAULT_STATE,
+    probe_timeout: float = PROBE_TIMEOUT,
+    grace: float = GRACE,
     say: Callable[[str], object] = lambda line: print(line, file=sys.stderr, flush=True),
-    run: Callable[[Sequence[str], Mapping[str, str]], int] = run_step,
+    run: RunStep = run_step,
+    check: Probe = probe,
     sleep: Callable[[float], object] = time.sleep,
 ) -> int:
     """Run the srun line ``words`` under ``policy`` until it succeeds or the policy stops; the last step's status.
 
     Raises:
         SrunLineError: The line is not one the supervisor can relaunch (before anything runs).
+        LayoutError: ``SLURM_JOB_NODELIST`` is not a node list (before anything runs).
     """
     line = SrunLine.parse(words)
     line.excluded()  # a malformed or file exclusion is refused before the first step
+    line.chosen()
+    hosts = allocation(env)
     identity = job_identity(env)
-    job = _UNSAFE.sub("_", identity[0]) if identity is not None else f"pid-{os.getpid()}"
-    root = Path(state) / job
+    job_id = identity[0] if identity is not None else None
+    root = Path(state) / (_UNSAFE.sub("_", job_id) if job_id is not None else f"pid-{os.getpid()}")
     root.mkdir(parents=True, exist_ok=True)
     with open(root / "timeline.jsonl", "a", encoding="utf-8") as journal:
 
@@ -76,47 +99,106 @@ def supervise(
             journal.write(text + "\n")
             journal.flush()  # a reader (or the next step's supervisor) sees each event as it happens
 
-        timeline = Timeline(say, keep)
-        excluded: list[str] = []
+        job = _Job(line, hosts, Timeline(say, keep))
+        argv = list(line.words)
         step = 0
         while True:
             step += 1
             folder = root / f"step-{step}"
             folder.mkdir(parents=True, exist_ok=True)
-            argv = line.with_excluded(excluded)
-            timeline.add(Event(EventKind.LAUNCH, step, " ".join(argv), fields={"argv": list(argv)}))
-            status = run(argv, {**env, VARIABLE["state_dir"]: str(folder)})
-            try:
-                records = tuple(read_records(str(folder)))
-            except FailureRecordError as error:
-                say(f"lightning-mpi-env run: {error.one_line()}")
-                records = ()
-            outcome = StepOutcome(status, records)
-            if status != 0:
-                failure: dict[str, Value] = {"status": status, "hosts": list(outcome.hosts_to_blame)}
-                timeline.add(Event(EventKind.FAILURE, step, describe(outcome), fields=failure))
+            job.timeline.add(Event(EventKind.LAUNCH, step, " ".join(argv), fields={"argv": list(argv)}))
+            job.first_step_seen = False
+            end = run(
+                argv,
+                {**env, VARIABLE["state_dir"]: str(folder)},
+                str(folder),
+                tick=functools.partial(_look_for_first_step, job, step, str(folder)),
+                grace=grace,
+            )
+            outcome = StepOutcome(end.status, _records(str(folder), end, job_id, say))
+            if end.status != 0:
+                job.timeline.add(_failure(step, outcome, end))
+                job.last_fault_step = next((r.step for r in outcome.records if r.step is not None), None)
             decision = policy.decide(outcome)
             if decision.action is Action.DONE:
-                timeline.add(Event(EventKind.DONE, step, "the step succeeded", fields={"status": status}))
-                return status
+                job.timeline.add(Event(EventKind.DONE, step, "the step succeeded", fields={"status": end.status}))
+                return end.status
             if decision.action is Action.STOP:
                 reason = decision.reason.value if decision.reason is not None else None
-                stop: dict[str, Value] = {"status": status, "reason": reason}
-                timeline.add(Event(EventKind.STOP, step, decision.message, fields=stop))
-                return status
-            new = [host for host in decision.exclude if host not in excluded]
-            if new:
-                excluded.extend(new)
-                timeline.add(Event(EventKind.EXCLUDED, step, ", ".join(new), fields={"hosts": new}))
-            timeline.add(
-                Event(
-                    EventKind.RELAUNCH,
-                    step + 1,
-                    f"{decision.message}; in {decision.wait:g} s",
-                    fields={"wait": decision.wait},
-                )
-            )
+                stop: dict[str, Value] = {"status": end.status, "reason": reason}
+                job.timeline.add(Event(EventKind.STOP, step, decision.message, fields=stop))
+                return end.status
+            _exclude(job, step, list(decision.exclude), EventKind.EXCLUDED)
             sleep(decision.wait)
+            if job.hosts is not None:
+                candidates = [host for host in job.hosts if host not in job.excluded]
+                failed = check(candidates, env=env, timeout=probe_timeout)
+                _exclude(job, step, [host for host in candidates if host in failed], EventKind.PROBE, failed)
+            placed = place(line, job.hosts, job.excluded, overlap=end.abandoned)
+            if isinstance(placed, Shortfall):
+                message = f"{placed.message} {placed.hint}"
+                job.timeline.add(Event(EventKind.STOP, step, message, fields={"status": end.status, "reason": "hosts"}))
+                return end.status
+            argv = placed.argv
+            relaunch: dict[str, Value] = {"wait": decision.wait, "nodes": placed.nodes}
+            job.timeline.add(Event(EventKind.RELAUNCH, step + 1, decision.message, fields=relaunch))
 
 
-__all__ = ["DEFAULT_STATE", "run_step", "supervise"]
+def _records(folder: str, end: StepEnd, job_id: str | None, say: Callable[[str], object]) -> tuple[FailureRecord, ...]:
+    try:
+        records = tuple(read_records(folder))
+    except FailureRecordError as error:
+        say(f"lightning-mpi-env run: {error.one_line()}")
+        records = ()
+    if records or end.status == 0:
+        return records
+    died = died_record(end.deaths, launcher=LAUNCHER, job_id=job_id)
+    return (died,) if died is not None else ()
+
+
+def _failure(step: int, outcome: StepOutcome, end: StepEnd) -> Event:
+    fields: dict[str, Value] = {"status": end.status, "hosts": list(outcome.hosts_to_blame)}
+    fields["verdict_at"] = min((record.when for record in outcome.records), default=None)
+    fields["abandoned"] = end.abandoned
+    message = describe(outcome)
+    if end.abandoned:
+        message += "; the step did not end after the verdict, so its launcher was killed"
+    return Event(EventKind.FAILURE, step, message, fields=fields)
+
+
+def _exclude(job: _Job, step: int, hosts: list[str], kind: EventKind, why: Mapping[str, str] | None = None) -> None:
+    new = [host for host in hosts if host not in job.excluded]
+    if not new:
+        return
+    job.excluded.extend(new)
+    text = ", ".join(f"{host} ({why[host]})" for host in new) if why else ", ".join(new)
+    job.timeline.add(Event(kind, step, text, fields={"hosts": new}))
+
+
+def _look_for_first_step(job: _Job, step: int, folder: str) -> None:
+    """The ``first_step`` event, once per step, when the step's first training step is recorded."""
+    if job.first_step_seen:
+        return
+    try:
+        first = read_first_step(folder)
+    except MpiEnvError as error:
+        job.first_step_seen = True
+        job.timeline.say(f"lightning-mpi-env run: {error.one_line()}")
+        return
+    if first is None:
+        return
+    job.first_step_seen = True
+    fields: dict[str, Value] = {"global_step": first.step, "resumed_from": first.resumed_from}
+    fields["resumed_step"] = first.resumed_step
+    if first.resumed_from is None:
+        message = f"training step {first.step}, started afresh: no checkpoint of this job to resume"
+    else:
+        message = f"training step {first.step}, resumed from {first.resumed_from} (step {first.resumed_step})"
+    if first.resumed_step is not None and job.last_fault_step is not None:
+        lost = max(0, job.last_fault_step - first.resumed_step)
+        fields["steps_lost"] = lost
+        message += f"; {lost} step(s) since that checkpoint were lost and are done again"
+    job.timeline.add(Event(EventKind.FIRST_STEP, step, message, when=first.when, fields=fields))
+
+
+__all__ = ["DEFAULT_STATE", "LAUNCHER", "supervise"]

@@ -161,17 +161,29 @@ class SrunLine:
             SrunLineError: An exclusion given as a file (srun(1): a value with a ``/`` is a file name).
             LayoutError: A host list that is not in Slurm's syntax.
         """
+        return self._hosts("exclude")
+
+    def chosen(self) -> list[str]:
+        """The hosts the line asks for by name (every ``-w``/``--nodelist``, expanded), each once.
+
+        Raises:
+            SrunLineError: A node list given as a file.
+            LayoutError: A host list that is not in Slurm's syntax.
+        """
+        return self._hosts("nodelist")
+
+    def _hosts(self, name: str) -> list[str]:
         hosts: list[str] = []
-        for value in self.values("exclude"):
+        for value in self.values(name):
             if "/" in value:
                 raise SrunLineError(
-                    f"srun --exclude={value} names a file of hosts (srun(1): a value with '/' is a file name); the "
+                    f"srun --{name}={value} names a file of hosts (srun(1): a value with '/' is a file name); the "
                     "supervisor merges host lists, not files.",
-                    "Put the hosts on the line: --exclude=node[3-4].",
-                    variable="srun --exclude",
+                    f"Put the hosts on the line: --{name}=node[3-4].",
+                    variable=f"srun --{name}",
                     value=value,
                 )
-            hosts.extend(expand_nodelist(value, variable="srun --exclude"))
+            hosts.extend(expand_nodelist(value, variable=f"srun --{name}"))
         return list(dict.fromkeys(hosts))
 
     def with_excluded(self, hosts: Iterable[str]) -> list[str]:
@@ -182,19 +194,60 @@ class SrunLine:
         >>> SrunLine.parse(["srun", "-N2", "./a.out"]).with_excluded([])
         ['srun', '-N2', './a.out']
         """
-        merged = list(dict.fromkeys([*self.excluded(), *hosts]))
-        excludes = {option.start: option for option in self.options if option.name == "exclude"}
+        return self.relaunched(hosts)
+
+    def relaunched(self, hosts: Iterable[str], nodes: int | None = None, *, overlap: bool = False) -> list[str]:
+        """The line for a relaunch: ``hosts`` excluded too, and on ``nodes`` nodes where that is given.
+
+        The options it sets go right after ``srun``, and every occurrence of them is taken out of the rest of the
+        line, so none later overrides them: ``--exclude=`` with the line's own hosts and ``hosts``; ``--nodelist=``
+        without ``hosts`` (dropped when none is left: srun refuses a host both chosen and excluded); with
+        ``nodes``, ``--nodes=<nodes>`` and ``--ntasks=<nodes x the line's --ntasks-per-node>``; with ``overlap``,
+        ``--overlap``: the step may use CPUs that Slurm still counts for an abandoned step (one whose hung node
+        never confirmed its end) until it declares that node down (``SlurmdTimeout``).
+
+        Raises:
+            SrunLineError: ``nodes`` is given, and the line has no ``--ntasks-per-node``: its ranks per node on
+                fewer nodes are unknown.
+
+        >>> SrunLine.parse(["srun", "-N2", "-n4", "--ntasks-per-node=2", "a"]).relaunched(["n2"], 1, overlap=True)
+        ['srun', '--exclude=n2', '--nodes=1', '--ntasks=2', '--overlap', '--ntasks-per-node=2', 'a']
+        >>> SrunLine.parse(["srun", "-w", "n[1-2]", "a"]).relaunched(["n2"])
+        ['srun', '--exclude=n2', '--nodelist=n1', 'a']
+        """
+        excluded = list(dict.fromkeys([*self.excluded(), *hosts]))
+        chosen = [host for host in self.chosen() if host not in excluded]
+        changed: list[str] = [f"--exclude={','.join(excluded)}"] if excluded else []
+        changed += [f"--nodelist={','.join(chosen)}"] if chosen else []
+        names = {"exclude", "nodelist"}
+        if nodes is not None:
+            # Inside an allocation srun takes --ntasks from SLURM_NTASKS (the allocation's) when the line has none,
+            # so the count is always given: the line's ranks per node, times the nodes.
+            per_node = self.values("ntasks-per-node")
+            if not per_node or not (per_node[-1].isascii() and per_node[-1].isdigit()):
+                raise SrunLineError(
+                    f"The step must run on {nodes} node(s), and its srun line gives no number of tasks per node, so "
+                    "the supervisor cannot tell how many ranks fewer nodes hold.",
+                    "Give the ranks per node on the line: srun --nodes=1-2 --ntasks-per-node=4 ...",
+                    variable="srun --ntasks-per-node",
+                    value=per_node[-1] if per_node else None,
+                )
+            changed += [f"--nodes={nodes}", f"--ntasks={nodes * int(per_node[-1])}"]
+            names |= {"nodes", "ntasks"}
+        if overlap and not any(option.name == "overlap" for option in self.options):
+            changed.append("--overlap")
+        taken = {option.start: option for option in self.options if option.name in names}
         kept: list[str] = []
         index = 0
         while index < len(self.words):
-            option = excludes.get(index)
+            option = taken.get(index)
             if option is None:
                 kept.append(self.words[index])
                 index += 1
                 continue
             kept.extend([option.flags] if option.flags else [])
             index = option.stop
-        return [kept[0], f"--exclude={','.join(merged)}", *kept[1:]] if merged else kept
+        return [kept[0], *changed, *kept[1:]]
 
     def nodes(self) -> tuple[int, int] | None:
         """The node count the line asks for (srun(1): ``-N, --nodes=<minnodes>[-maxnodes]``), the last one given.

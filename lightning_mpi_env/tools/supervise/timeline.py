@@ -1,10 +1,10 @@
 """The supervisor's timeline: one event per thing that happens, as one human line and one JSON line.
 
 Events: a step's start (``launch``), its failure (``failure``, with the records' verdict), the hosts left out
-(``excluded``), the wait and the relaunch (``relaunch``), the first training step after it (``first_step``), and the
-end (``done`` or ``stop``, with the exit status). The human line goes to stderr; the JSON lines go to a file beside
-the failure records, one object per line, for a program to read. Writing is injected (:class:`Timeline`), so the
-events themselves are pure.
+(``excluded``), hosts the health probe left out (``probe``), the wait and the relaunch (``relaunch``), the first
+training step of a step (``first_step``), and the end (``done`` or ``stop``, with the exit status). The human line
+goes to stderr; the JSON lines go to a file beside the failure records, one object per line, for a program to read.
+Writing is injected (:class:`Timeline`), so the events themselves are pure.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class EventKind(enum.Enum):
     LAUNCH = "launch"
     FAILURE = "failure"
     EXCLUDED = "excluded"
+    PROBE = "probe"
     RELAUNCH = "relaunch"
     FIRST_STEP = "first_step"
     DONE = "done"

@@ -14,9 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from lightning_mpi_env.core.failures import FailureKind, FailureRecorder, Fault
+from lightning_mpi_env.core.progress import first_step, write_first_step
+from lightning_mpi_env.tools.supervise.deaths import read_death
 from lightning_mpi_env.tools.supervise.loop import supervise
 from lightning_mpi_env.tools.supervise.policy import RestartPolicy
 from lightning_mpi_env.tools.supervise.srun_line import SrunLineError
+from lightning_mpi_env.tools.supervise.step import StepEnd
 from tests.clusters.slurm import SlurmCluster
 from tests.test_slurm import FABRIC_FREEZE, LIGHTNING_TIMEOUT, STALL_TIMEOUT
 
@@ -27,6 +31,128 @@ def test_a_line_that_is_not_srun_runs_nothing(tmp_path):
         supervise(["mpirun", "-np", "2", "a"], RestartPolicy(1), env={}, state=str(tmp_path), run=ran.append)
     assert ran == []
     assert list(tmp_path.iterdir()) == []
+
+
+LINE = ["srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "python", "train.py"]
+ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-3]"}
+
+
+class Steps:
+    """Stand-in steps for the loop's logic (the real ones run in test_relaunch_slurm.py): each call plays the next
+    scripted step, writing into its state folder what its ranks would, and returns how it ended."""
+
+    def __init__(self, *plays):
+        self.plays = list(plays)
+        self.argvs: list[list[str]] = []
+
+    def __call__(self, argv, env, folder, *, tick, grace):
+        self.argvs.append(list(argv))
+        assert env["LIGHTNING_MPI_ENV_STATE_DIR"] == folder
+        end = self.plays.pop(0)(folder)
+        tick()
+        return end
+
+
+def frozen_on(host: str, step: int = 10):
+    def play(folder: str) -> StepEnd:
+        recorder = FailureRecorder.plan(folder, "Slurm srun", "77")
+        assert recorder is not None
+        recorder.write(Fault(FailureKind.FROZEN, (2,), (host,), step), problem="rank 2 froze", written_by=0)
+        return StepEnd(137)
+
+    return play
+
+
+def resumed(step: int, at: int | None):
+    def play(folder: str) -> StepEnd:
+        name = None if at is None else f"/runs/hpc_ckpt_{at // 5}.ckpt"
+        write_first_step(folder, first_step(step, name, at, 1.0, "77"))
+        return StepEnd(0)
+
+    return play
+
+
+def killed_by_srun(folder: str) -> StepEnd:
+    lines = ["srun: error: node2: task 3: Killed", "srun: error: node1: tasks 0-1: Exited with exit code 1"]
+    return StepEnd(137, [death for line in lines if (death := read_death(line)) is not None])
+
+
+def _supervise(tmp_path, steps, *, probe_fails=None, line=LINE, env=ALLOCATION):
+    shown: list[str] = []
+    probed: list[list[str]] = []
+
+    def check(hosts, *, env, timeout):
+        probed.append(list(hosts))
+        return {host: "no answer in 20 s" for host in hosts if host in (probe_fails or {})}
+
+    status = supervise(
+        line,
+        RestartPolicy(3, backoff=0),
+        env=env,
+        state=str(tmp_path),
+        say=shown.append,
+        run=steps,
+        check=check,
+        sleep=lambda seconds: None,
+    )
+    (journal,) = tmp_path.glob("*/timeline.jsonl")
+    return status, [json.loads(line) for line in journal.read_text().splitlines()], probed, shown
+
+
+def test_a_frozen_node_is_left_out_and_the_relaunch_resumes_with_the_steps_lost_said(tmp_path):
+    steps = Steps(frozen_on("node2", step=12), resumed(10, at=10))
+    status, events, probed, shown = _supervise(tmp_path, steps)
+    assert status == 0
+    assert [event["event"] for event in events] == [
+        "launch",
+        "failure",
+        "excluded",
+        "relaunch",
+        "launch",
+        "first_step",
+        "done",
+    ]
+    assert probed == [["node1", "node3"]]  # the blamed host is not probed; the others are
+    assert steps.argvs[1] == ["srun", "--exclude=node2", *LINE[1:]]
+    first = events[5]
+    assert first["resumed_step"] == 10
+    assert first["steps_lost"] == 2
+    assert "2 step(s) since that checkpoint were lost" in first["message"]
+    assert len(shown) == len(events)
+
+
+def test_a_host_that_fails_the_probe_is_left_out_and_without_a_spare_the_loop_stops(tmp_path):
+    status, events, _, _ = _supervise(tmp_path, Steps(frozen_on("node2")), probe_fails={"node3"})
+    assert status == 137
+    assert [event["event"] for event in events] == ["launch", "failure", "excluded", "probe", "stop"]
+    assert events[3]["hosts"] == ["node3"]
+    assert events[3]["message"] == "node3 (no answer in 20 s)"
+    assert events[4]["reason"] == "hosts"
+    assert "add a spare node" in events[4]["message"].lower()
+
+
+def test_a_rank_srun_saw_killed_blames_its_host_when_no_rank_wrote_a_record(tmp_path):
+    steps = Steps(killed_by_srun, resumed(10, at=None))
+    status, events, _, _ = _supervise(tmp_path, steps)
+    assert status == 0
+    failure = events[1]
+    assert failure["hosts"] == ["node2"]
+    assert failure["message"] == "died: rank(s) 3 on node2"
+    assert steps.argvs[1][1] == "--exclude=node2"
+    assert "started afresh" in events[5]["message"]
+
+
+def test_an_abandoned_step_is_relaunched_overlapping_its_cpus(tmp_path):
+    def hung(folder: str) -> StepEnd:
+        end = frozen_on("node2")(folder)
+        return StepEnd(end.status, abandoned=True)
+
+    steps = Steps(hung, resumed(10, at=10))
+    status, events, _, _ = _supervise(tmp_path, steps)
+    assert status == 0
+    assert events[1]["abandoned"] is True
+    assert "its launcher was killed" in events[1]["message"]
+    assert "--overlap" in steps.argvs[1]
 
 
 @pytest.mark.mpi

@@ -1,0 +1,94 @@
+"""What srun says of tasks that died, read from its error lines, for a step that ended with no failure record.
+
+srun reports each task that ended badly, per host, on its standard error, as ``srun: error: <host>: task <ranks>:
+<how>``: ``Exited with exit code <n>`` for a task that exited, and the signal's description (``Killed``,
+``Segmentation fault``) for one a signal ended (seen from Slurm 22.05 on the simulated cluster; ``<ranks>`` as
+``3``, ``0-1`` or ``0,2-3``). A rank killed by a signal, with no verdict from the roll call or the watchdog, points
+at its host (the kernel's out-of-memory killer, a node going away): :func:`died_record` makes the ``died`` record
+that blames it. Tasks that merely exited with an error blame no host: that is the program's doing, and the restart
+policy's same-fault rule stops a program that fails the same way everywhere. Pure: standard library and ``core``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from lightning_mpi_env.core.failures import FailureKind, FailureRecord
+from lightning_mpi_env.core.values import MAX_WORLD_SIZE
+
+_DEATH = re.compile(r"^srun: error: ([A-Za-z0-9._-]{1,255}): tasks? ([0-9,-]{1,4096}): (.{1,200})$")
+EXITED = "Exited with exit code "
+"""How srun starts the line of a task that exited (rather than one a signal ended)."""
+SUPERVISOR = -1
+"""``written_by`` of a record the supervisor made from the launcher's output (no rank wrote it)."""
+
+
+@dataclass(frozen=True)
+class Death:
+    """One ``srun: error: <host>: task <ranks>: <how>`` line."""
+
+    host: str
+    ranks: tuple[int, ...]
+    how: str
+
+    @property
+    def signalled(self) -> bool:
+        """Whether a signal ended the tasks (rather than their own exit)."""
+        return not self.how.startswith(EXITED)
+
+
+def read_death(line: str) -> Death | None:
+    """The death an srun error line reports, or ``None`` for any other line (or one past the bounds).
+
+    >>> read_death("srun: error: node2: task 3: Killed")
+    Death(host='node2', ranks=(3,), how='Killed')
+    >>> read_death("srun: error: node1: tasks 0-1,4: Exited with exit code 1").ranks
+    (0, 1, 4)
+    >>> read_death("srun: error: node1: tasks 9-0: Killed") is None
+    True
+    """
+    match = _DEATH.match(line.rstrip("\r\n"))
+    if match is None:
+        return None
+    ranks: list[int] = []
+    for part in match.group(2).split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            return None
+        first, last = int(low), int(high or low)
+        if not first <= last < MAX_WORLD_SIZE or len(ranks) + last - first >= MAX_WORLD_SIZE:
+            return None
+        ranks.extend(range(first, last + 1))
+    return Death(match.group(1), tuple(ranks), match.group(3))
+
+
+def died_record(deaths: Iterable[Death], *, launcher: str, job_id: str | None) -> FailureRecord | None:
+    """The ``died`` record blaming the hosts of tasks a signal ended; ``None`` where no signal ended one.
+
+    >>> lines = ["srun: error: node2: task 3: Killed", "srun: error: node1: task 0: Exited with exit code 1"]
+    >>> deaths = [read_death(line) for line in lines]
+    >>> record = died_record(deaths, launcher="Slurm srun", job_id="7")
+    >>> record.ranks, record.hosts, record.problem
+    ((3,), ('node2',), 'rank(s) 3 on node2: Killed')
+    """
+    signalled = [death for death in deaths if death.signalled]
+    if not signalled:
+        return None
+    problem = "; ".join(f"rank(s) {','.join(map(str, d.ranks))} on {d.host}: {d.how}" for d in signalled)
+    return FailureRecord(
+        kind=FailureKind.DIED,
+        ranks=tuple(sorted({rank for death in signalled for rank in death.ranks})),
+        hosts=tuple(dict.fromkeys(death.host for death in signalled)),
+        when=time.time(),
+        step=None,
+        launcher=launcher,
+        job_id=job_id,
+        written_by=SUPERVISOR,
+        problem=problem,
+    )
+
+
+__all__ = ["EXITED", "SUPERVISOR", "Death", "died_record", "read_death"]

@@ -1,0 +1,107 @@
+"""Where a relaunched ``srun`` step runs: the allocation's hosts less those left out, at the node count it allows.
+
+The batch script's allocation (``SLURM_JOB_NODELIST``, from the Slurm row of
+:data:`~lightning_mpi_env.core.schedulers.SCHEDULERS`) holds the hosts a step can use. After a failure, the hosts
+the records blame and those that failed the health probe are left out; what is left decides the relaunch
+(:func:`place`):
+
+- enough hosts for the step's node count (``srun --nodes=N``, or the top of ``--nodes=MIN-MAX``): the same line, with
+  the hosts excluded, on the same number of nodes (a spare node takes the failed one's place);
+- fewer, but at least ``MIN`` of a ``--nodes=MIN-MAX`` line: the line on the nodes left, ``--ntasks`` scaled to
+  give the ranks per node. srun's own range is how the user says that the program takes its size from the launch
+  (``Trainer(strategy="ddp_mpi")`` without ``devices`` and ``num_nodes``), so nothing else is guessed;
+- fewer than that: no relaunch, and a :class:`Shortfall` saying to add a spare node.
+
+Outside an allocation (no node list) or with no node count on the line, the line is relaunched with the hosts
+excluded, and ``srun`` itself says whether it fits. Pure: standard library and ``core`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from lightning_mpi_env.core.hostlist import expand_nodelist
+from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY
+from lightning_mpi_env.tools.supervise.srun_line import SrunLine
+
+ALLOCATION = SCHEDULERS_BY_KEY["slurm"].host_lists[0].variable
+"""The variable that lists the batch job's hosts (``SLURM_JOB_NODELIST``)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the relaunch runs."""
+
+    argv: list[str]
+    """The line to run."""
+    hosts: tuple[str, ...] | None
+    """The allocation's hosts it may use; ``None`` where the allocation is unknown."""
+    nodes: int | None
+    """The node count it was changed to, where it runs on fewer nodes than the line asked; else ``None``."""
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """No relaunch fits in what is left of the allocation."""
+
+    message: str
+    hint: str
+
+
+def allocation(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The allocation's hosts, in order; ``None`` outside a Slurm allocation.
+
+    Raises:
+        LayoutError: A node list that is not in Slurm's syntax, or longer than the bound.
+
+    >>> allocation({"SLURM_JOB_NODELIST": "node[1-3]"}), allocation({})
+    (('node1', 'node2', 'node3'), None)
+    """
+    value = env.get(ALLOCATION)
+    return tuple(dict.fromkeys(expand_nodelist(value, variable=ALLOCATION))) if value else None
+
+
+def place(
+    line: SrunLine, hosts: Sequence[str] | None, excluded: Sequence[str], *, overlap: bool = False
+) -> Placement | Shortfall:
+    """The relaunch of ``line`` in an allocation of ``hosts`` without ``excluded``, or why none fits.
+
+    ``overlap``: the last step was abandoned (see :meth:`SrunLine.relaunched`).
+
+    Raises:
+        SrunLineError: The line must shrink and cannot (``--ntasks`` without ``--ntasks-per-node``), or it lists
+            hosts in a file.
+
+    >>> line = SrunLine.parse(["srun", "--nodes=1-2", "--ntasks-per-node=2", "a"])
+    >>> place(line, ("n1", "n2", "n3"), ["n2"]).argv
+    ['srun', '--exclude=n2', '--nodes=1-2', '--ntasks-per-node=2', 'a']
+    >>> place(line, ("n1", "n2"), ["n2"]).argv
+    ['srun', '--exclude=n2', '--nodes=1', '--ntasks=2', '--ntasks-per-node=2', 'a']
+    >>> place(line, ("n1", "n2"), ["n1", "n2"]).message.split(":")[0]
+    'The step needs 1 to 2 nodes (srun --nodes=1-2), and the allocation n1,n2 has none left'
+    """
+    wanted = line.nodes()
+    if hosts is None:
+        return Placement(line.relaunched(excluded, overlap=overlap), None, None)
+    gone = set(excluded) | set(line.excluded())
+    left = tuple(host for host in hosts if host not in gone)
+    low, high = wanted if wanted is not None else (1, 1)
+    if len(left) >= high:
+        return Placement(line.relaunched(excluded, overlap=overlap), left, None)
+    if len(left) >= low:
+        return Placement(line.relaunched(excluded, len(left), overlap=overlap), left, len(left))
+    asked = f"{low} to {high} nodes (srun --nodes={low}-{high})" if low != high else f"{low} node(s)"
+    if wanted is not None and low == high:
+        asked += f" (srun --nodes={low})"
+    has = f"only {', '.join(left)} left" if left else "none left"
+    return Shortfall(
+        f"The step needs {asked}, and the allocation {','.join(hosts)} has {has}: {', '.join(sorted(gone))} "
+        "failed or were excluded.",
+        f"Add a spare node to the allocation (#SBATCH --nodes={len(hosts) + high - len(left)} for a step of "
+        f'{high}); or, where the program takes its size from the launch (Trainer(strategy="ddp_mpi") '
+        f"without devices and num_nodes), let the step run on fewer nodes: srun --nodes=1-{high}.",
+    )
+
+
+__all__ = ["ALLOCATION", "Placement", "Shortfall", "allocation", "place"]

@@ -1,0 +1,114 @@
+"""One job step under the supervisor: run it, pass its output on, watch its state folder, end it if it hangs.
+
+:func:`run_step` starts the launcher line with the step's own ``LIGHTNING_MPI_ENV_STATE_DIR`` and, while it runs:
+
+- passes its standard error on line by line, and keeps srun's lines about tasks that died
+  (:mod:`~lightning_mpi_env.tools.supervise.deaths`);
+- forwards ``SIGINT`` and ``SIGTERM`` to it (srun ends its tasks on them);
+- calls ``tick`` twice a second (the loop looks for the first training step there);
+- once a failure record appears, gives the step :data:`GRACE` seconds to end, then kills the launcher
+  (``SIGKILL``): the verdict is in, and a step whose node hangs does not end until Slurm declares the node down
+  (``SlurmdTimeout``, 300 s by default), since the signal that ends it never reaches that node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import BinaryIO
+
+from lightning_mpi_env.core.failures import RECORD_NAME
+from lightning_mpi_env.tools.supervise.deaths import Death, read_death
+
+GRACE = 10.0
+"""Seconds a step has to end once a failure record is written, before the supervisor kills its launcher."""
+TICK = 0.5
+"""Seconds between two looks at the step."""
+MAX_LINE = 1 << 16
+"""The longest line of the launcher's standard error read at once (a longer one is passed on in pieces)."""
+MAX_DEATHS = 4096
+"""The most srun death lines kept."""
+
+
+@dataclass
+class StepEnd:
+    """How a step ended."""
+
+    status: int
+    """The launcher's exit status; 128 + N for a signal."""
+    deaths: list[Death] = field(default_factory=list)
+    """srun's lines about tasks that died."""
+    abandoned: bool = False
+    """The launcher was killed :data:`GRACE` seconds after a failure record, without ending by itself."""
+
+
+def recorded(folder: str) -> bool:
+    """Whether a failure record is in ``folder`` (by its name only; :func:`read_records` reads it)."""
+    try:
+        with os.scandir(folder) as entries:
+            return any(RECORD_NAME.match(entry.name) for entry in entries)
+    except OSError:
+        return False
+
+
+def run_step(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    folder: str,
+    *,
+    tick: Callable[[], object] = lambda: None,
+    grace: float = GRACE,
+) -> StepEnd:
+    """Run one step to its end (see the module's docstring); its :class:`StepEnd`."""
+    process = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
+    assert process.stderr is not None
+    end = StepEnd(0)
+    reader = threading.Thread(target=_pass_on, args=(process.stderr, end.deaths), daemon=True)
+    reader.start()
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        process.send_signal(signum)
+
+    previous = {number: signal.signal(number, forward) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        verdict_at: float | None = None
+        while process.poll() is None:
+            tick()
+            if verdict_at is None and recorded(folder):
+                verdict_at = time.monotonic()
+            if verdict_at is not None and time.monotonic() - verdict_at > grace:
+                process.kill()
+                end.abandoned = True
+                break
+            time.sleep(TICK)
+        status = process.wait()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    reader.join(timeout=5)  # the launcher's last lines; a task that keeps the pipe open is not waited for
+    tick()
+    end.status = 128 - status if status < 0 else status
+    return end
+
+
+def _pass_on(stream: BinaryIO, deaths: list[Death]) -> None:
+    for raw in iter(lambda: stream.readline(MAX_LINE), b""):
+        out = getattr(sys.stderr, "buffer", None)
+        if out is not None:
+            out.write(raw)
+            out.flush()
+        else:  # a text stream without bytes underneath (a test's capture)
+            sys.stderr.write(raw.decode(errors="replace"))
+        death = read_death(raw.decode(errors="replace"))
+        if death is not None and len(deaths) < MAX_DEATHS:
+            deaths.append(death)
+
+
+__all__ = ["GRACE", "MAX_DEATHS", "MAX_LINE", "TICK", "StepEnd", "recorded", "run_step"]
