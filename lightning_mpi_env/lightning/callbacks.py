@@ -108,6 +108,7 @@ def callback_class(package: str) -> type:
 
         def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
             """Put back what the environment changed process-wide (after Lightning put back its signal handlers)."""
+            self._fit = None  # the fit is over: nothing more to save or record for it
             environment = _environment(trainer)
             if environment is not None:
                 environment.teardown()
