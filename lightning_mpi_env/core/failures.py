@@ -44,7 +44,8 @@ MAX_STEP = (1 << 63) - 1
 RECORD_NAME = re.compile(r"^failure-rank(\d{1,8})-(\d{1,10})\.json$")
 """The name of a record file: the rank that wrote it and its process id."""
 _HOST = re.compile(r"^[A-Za-z0-9._:-]{1,255}$")  # a host name or an IPv4/IPv6 address, as the claims carry it
-_JOB_ID = re.compile(r"^[A-Za-z0-9._/\[\]-]{1,128}$")  # schedulers' job ids: "4242", "4242.pbs01", "77/3", "12[3]"
+JOB_ID = re.compile(r"^[A-Za-z0-9._/\[\]-]{1,128}$")
+"""A scheduler's job id as the state folder's records carry it: ``4242``, ``4242.pbs01``, ``77/3``, ``12[3]``."""
 _LAUNCHER = re.compile(r"^[A-Za-z0-9 ._()/-]{1,64}$")  # "Slurm srun", "MPICH/Intel MPI (Hydra)"
 
 
@@ -210,7 +211,7 @@ def _record(data: object) -> FailureRecord:
         when=_time(data["when"]),
         step=None if data["step"] is None else _integer(data["step"], "step", MAX_STEP),
         launcher=_matching(data["launcher"], "launcher", _LAUNCHER),
-        job_id=None if data["job_id"] is None else _matching(data["job_id"], "job_id", _JOB_ID),
+        job_id=None if data["job_id"] is None else _matching(data["job_id"], "job_id", JOB_ID),
         written_by=_integer(data["written_by"], "written_by", MAX_WORLD_SIZE - 1),
         problem=_text(data["problem"], "problem"),
     )
@@ -318,7 +319,7 @@ class FailureRecorder:
         """A recorder for ``folder``; ``None`` where it is empty (the setting is unset: nothing is written)."""
         if not folder:
             return None
-        shown_id = job_id if job_id is not None and _JOB_ID.match(job_id) else None
+        shown_id = job_id if job_id is not None and JOB_ID.match(job_id) else None
         return cls(folder, launcher if _LAUNCHER.match(launcher) else "unknown", shown_id)
 
     def record(self, fault: Fault, *, problem: str, written_by: int, when: float | None = None) -> FailureRecord:
@@ -385,6 +386,7 @@ def summary(records: Sequence[FailureRecord]) -> str:
 __all__ = [
     "BLAMES_HOSTS",
     "FORMAT",
+    "JOB_ID",
     "KINDS",
     "MAX_HOSTS",
     "MAX_RECORDS",

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import stat
 import tempfile
 from dataclasses import dataclass, field
 
 from lightning_mpi_env.core.errors import ProgressRecordError
+from lightning_mpi_env.core.failures import JOB_ID
 from lightning_mpi_env.core.values import shown
 
 FORMAT = 1
@@ -33,7 +33,6 @@ MAX_STEP = (1 << 63) - 1
 """The largest step believed."""
 MAX_NAME = 255
 """The longest checkpoint file name believed (Linux's ``NAME_MAX``)."""
-_JOB_ID = re.compile(r"^[A-Za-z0-9._/\[\]-]{1,128}$")  # schedulers' job ids, as failure records carry them
 _FIELDS = ("format", "step", "resumed_from", "resumed_step", "when", "job_id")
 
 
@@ -80,7 +79,7 @@ def first_step(
         resumed_from=name,
         resumed_step=None if name is None else resumed_step,
         when=when,
-        job_id=job_id if job_id is not None and _JOB_ID.match(job_id) else None,
+        job_id=job_id if job_id is not None and JOB_ID.match(job_id) else None,
     )
 
 
@@ -185,7 +184,7 @@ def _record(data: object) -> FirstStep:
         if resumed_step > step:
             raise _Invalid(f"resumed_step {resumed_step} is past step {step}")
     job_id = data["job_id"]
-    if job_id is not None and not (isinstance(job_id, str) and _JOB_ID.match(job_id)):
+    if job_id is not None and not (isinstance(job_id, str) and JOB_ID.match(job_id)):
         raise _Invalid(f"job_id holds {shown(str(job_id))}, which is not a job id")
     return FirstStep(step, resumed_from, resumed_step, _time(data["when"]), job_id)
 
