@@ -101,6 +101,13 @@ class FailureRecordError(MpiEnvError, ValueError):
     """
 
 
+class MpirunLineError(MpiEnvError, ValueError):
+    """The command after ``lightning-mpi-env run --`` is not an ``mpirun``/``mpiexec`` line the supervisor can relaunch.
+
+    An option it cannot read, a host list or host file it cannot rewrite, or too few hosts left for the step.
+    """
+
+
 class LayoutWarning(Explained, UserWarning):
     """Something about the layout the user should hear about that does not stop the job."""
 
@@ -164,6 +171,7 @@ __all__ = [
     "MixedImportError",
     "MixedImportWarning",
     "MpiEnvError",
+    "MpirunLineError",
     "RendezvousError",
     "SettingError",
     "StallError",
