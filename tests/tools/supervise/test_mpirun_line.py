@@ -18,8 +18,10 @@ The forms, by family (the tables and their sources are in ``lightning_mpi_env/to
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -359,3 +361,48 @@ def test_hydra_runs_the_relaunch_on_the_hosts_left(hydra_cluster, tmp_path: Path
     )
     assert done.returncode == 0, done.stderr
     assert _hosts_of(done.stdout) == {"127.0.0.2": 2, "127.0.0.4": 2}
+
+
+DRIVER = """
+import json, os, subprocess, sys
+sys.path.insert(0, {repo!r})
+from lightning_mpi_env.tools.supervise.mpirun_family import detect_family
+from lightning_mpi_env.tools.supervise.mpirun_line import MpirunLine, TooFewHostsError
+words, out = json.loads(sys.argv[1]), sys.argv[2]
+line = MpirunLine.parse(words, detect_family(words[0], env=os.environ))
+allocation = line.allocation(os.environ)
+result = {{"hosts": [list(host) for host in allocation.hosts], "source": allocation.source}}
+try:
+    line.relaunch(allocation, ["node1"], out + "/hosts")
+except TooFewHostsError as error:
+    result["too_few"] = error.problem
+plan = line.relaunch(allocation, ["node1"], out + "/hosts", nodes=1)
+with open(out + "/hosts", "w") as file:
+    file.write(plan.host_file_text)
+done = subprocess.run(plan.argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+result |= {{"argv": plan.argv, "returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-3000:]}}
+with open(out + "/result.json", "w") as file:
+    json.dump(result, file)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_inside_a_slurm_job_the_relaunch_leaves_the_failed_node_out(slurm_cluster, tmp_path: Path):
+    # In `sbatch -N2 --ntasks-per-node=2` on the simulated Slurm cluster, the batch script (on node1) reads the line
+    # `mpirun -np 4 -N 2 hostname` and the job's allocation from SLURM_JOB_NODELIST/SLURM_TASKS_PER_NODE. node1, the
+    # batch host itself, is blamed: no spare is left, so the relaunch runs on the one node left with 2 per node, and
+    # Open MPI takes the host file inside the allocation: both ranks on node2.
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(repo=str(Path(__file__).resolve().parents[3])))
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    words = [find_mpirun(), *root, *session_dir_arguments(tmp_path / "prte"), "-np", "4", "-N", "2", "hostname"]
+    script = f"#!/bin/bash\n'{sys.executable}' '{driver}' '{json.dumps(words)}' '{tmp_path}'\n"
+    job = slurm_cluster.sbatch(script, ["--nodes=2", "--ntasks-per-node=2"])
+    assert slurm_cluster.wait(job, timeout=180) == "COMPLETED", slurm_cluster.output(job)[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (result["hosts"], result["source"]) == ([["node1", 2], ["node2", 2]], "SLURM_JOB_NODELIST")
+    assert "The step needs 2 host(s) (2 processes each); 1 of the 2 hosts" in result["too_few"]
+    assert result["returncode"] == 0, result["stderr"]
+    assert result["stdout"].split() == ["node2", "node2"]
+    assert (tmp_path / "hosts").read_text() == "node2 slots=2\n"
