@@ -227,7 +227,9 @@ class MpirunLine:
         elif shape.per_node is not None:
             if len(left) < shape.nodes:
                 raise self._too_few(shape, shape.nodes, left, allocation)
-            hosts = tuple(Host(host.name, shape.per_node) for host in left[: shape.nodes])
+            # More processes than per-node x hosts: the line oversubscribed, and the relaunch does as much.
+            each = max(shape.per_node, -(-shape.world // shape.nodes))
+            hosts = tuple(Host(host.name, each) for host in left[: shape.nodes])
             world = shape.world
         else:
             filled = _fill(left, shape.world)

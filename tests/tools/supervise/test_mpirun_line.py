@@ -27,6 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lightning_mpi_env.core.errors import LayoutError, MpirunLineError
 from lightning_mpi_env.tools.simcluster import RSH_AGENT, find_mpirun, session_dir_arguments
@@ -406,3 +408,42 @@ def test_inside_a_slurm_job_the_relaunch_leaves_the_failed_node_out(slurm_cluste
     assert result["returncode"] == 0, result["stderr"]
     assert result["stdout"].split() == ["node2", "node2"]
     assert (tmp_path / "hosts").read_text() == "node2 slots=2\n"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    family=st.sampled_from(sorted(FAMILIES)),
+    slots=st.lists(st.integers(1, 4), min_size=1, max_size=6),
+    per_node=st.one_of(st.none(), st.integers(1, 4)),
+    world=st.one_of(st.none(), st.integers(1, 16)),
+    excluded=st.sets(st.integers(0, 7), max_size=4),
+)
+def test_a_relaunch_never_names_an_excluded_host_and_holds_the_world(family, slots, per_node, world, excluded):
+    fam = FAMILIES[family]
+    words = [fam.world_option, str(world)] if world is not None else []
+    if per_node is not None:
+        words += ["-N", str(per_node)] if not fam.hydra else ["-ppn", str(per_node)]
+    line = MpirunLine.parse(["mpirun", *words, "python", "t.py", "-np", "3"], fam)
+    allocation = Allocation(tuple(Host(f"n{index}", count) for index, count in enumerate(slots)), "test")
+    gone = {f"n{index}" for index in excluded}
+    shape = line.shape(allocation)
+    left = [host for host in allocation.hosts if host.name not in gone]
+    if shape.per_node is not None and left:  # on every host left, the same processes per host
+        fewer = line.relaunch(allocation, gone, "/h", nodes=len(left))
+        assert (fewer.hosts, fewer.world) == (
+            tuple(host._replace(slots=shape.per_node) for host in left),
+            len(left) * shape.per_node,
+        )
+    try:
+        relaunch = line.relaunch(allocation, gone, "/h")
+    except TooFewHostsError:
+        capacity = len(left) * shape.per_node if shape.per_node else sum(host.slots or 0 for host in left)
+        assert len(left) < shape.nodes or capacity < shape.world
+        return
+    names = [host.name for host in relaunch.hosts]
+    assert not gone & set(names)
+    assert relaunch.world == shape.world
+    assert sum(host.slots or 0 for host in relaunch.hosts) >= relaunch.world
+    assert relaunch.argv[1:5] == (fam.host_file_option, "/h", fam.world_option, str(shape.world))
+    assert relaunch.argv[-4:] == ("python", "t.py", "-np", "3")  # the program's own words, untouched
+    assert relaunch.host_file_text.count("\n") == len(names)
