@@ -108,6 +108,13 @@ class ProgressRecordError(MpiEnvError, ValueError):
     """
 
 
+class MpirunLineError(MpiEnvError, ValueError):
+    """The command after ``lightning-mpi-env run --`` is not an ``mpirun``/``mpiexec`` line the supervisor can relaunch.
+
+    An option it cannot read, a host list or host file it cannot rewrite, or too few hosts left for the step.
+    """
+
+
 class LayoutWarning(Explained, UserWarning):
     """Something about the layout the user should hear about that does not stop the job."""
 
@@ -171,6 +178,7 @@ __all__ = [
     "MixedImportError",
     "MixedImportWarning",
     "MpiEnvError",
+    "MpirunLineError",
     "ProgressRecordError",
     "RendezvousError",
     "SettingError",

@@ -92,6 +92,24 @@ def read_host_file(path: str, *, host_lines: int = HOST_LINES_NEEDED, max_bytes:
         lines.close()  # closes the file now, not when the generator is collected
 
 
+def read_whole_host_file(path: str, *, max_bytes: int) -> str:
+    """The whole host file at ``path``, as UTF-8 text: refused, not cut, when it is longer than ``max_bytes``.
+
+    For a list of every host (the supervisor's allocation), where the head of the file would silently drop hosts.
+
+    Raises:
+        HostFileError: The path is not a regular file, it is longer than ``max_bytes``, or a line is not UTF-8.
+        OSError: The file cannot be opened or read.
+    """
+    lines = _lines(path, max_bytes)
+    try:
+        return "".join(lines)
+    except _PastTheCap as error:
+        raise HostFileError(f"{path} is longer than {max_bytes} bytes") from error
+    finally:
+        lines.close()
+
+
 def _lines(path: str, max_bytes: int) -> Generator[str, None, None]:
     # O_NONBLOCK: opening a FIFO for reading waits for a writer otherwise (fstat then refuses it).
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
@@ -121,4 +139,5 @@ __all__ = [
     "host_file_head",
     "names_a_host",
     "read_host_file",
+    "read_whole_host_file",
 ]

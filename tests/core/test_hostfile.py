@@ -15,6 +15,7 @@ from lightning_mpi_env.core.hostfile import (
     HostFileError,
     host_file_head,
     read_host_file,
+    read_whole_host_file,
 )
 from lightning_mpi_env.core.layout import from_env
 
@@ -117,3 +118,13 @@ def test_the_layout_names_the_variable_for_a_file_it_will_not_read(tmp_path: Pat
         os.mkfifo(path)
     with pytest.raises(LayoutError, match=r"PBS_NODEFILE=.* \(PBS\) names a host file that cannot be read: .* not a"):
         from_env({**OPEN_MPI_TWO_NODES, "PBS_NODEFILE": path})
+
+
+def test_the_whole_file_is_read_or_refused_never_cut(tmp_path: Path):
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("# job 7\nnode1\nnode1\nnode2\nnode2\n")
+    assert read_whole_host_file(str(nodefile), max_bytes=100) == "# job 7\nnode1\nnode1\nnode2\nnode2\n"
+    with pytest.raises(HostFileError, match=r"nodefile is longer than 20 bytes"):
+        read_whole_host_file(str(nodefile), max_bytes=20)  # the head holds hosts: still refused, not cut
+    with pytest.raises(HostFileError, match=r"/dev/zero is a character device"):
+        read_whole_host_file("/dev/zero", max_bytes=100)

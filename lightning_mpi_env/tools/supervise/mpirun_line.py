@@ -1,0 +1,368 @@
+"""The user's ``mpirun``/``mpiexec`` line, read as its launcher reads it, and the same line on other hosts.
+
+The relaunch writes a host file (its text is :attr:`Relaunch.host_file_text`, the path the caller's, in the step's
+state folder) and names it with one option of the line's family (:mod:`.mpirun_options`): Open MPI's
+``--hostfile F`` of ``host slots=N`` lines, Hydra's ``-machinefile F`` of ``host:N`` lines (MPICH and Intel MPI; Intel
+MPI's ``-f``/``-hostfile`` would ignore the counts). Every host option of the line (``-H``, ``--hostfile``,
+``-hosts``, ``-f``, ...) and every count of processes (``-np``) is taken out, and ``<host file option> F <world
+option> N`` goes right after the launcher: one source of hosts, one world size, whatever the line said before. Per-node
+options (``-N``, ``--map-by ppr:2:node``, ``-ppn``) stay, and the host file gives each host that many slots.
+
+Where the hosts come from, in one place (:meth:`MpirunLine.allocation`): the line's own host options, else the
+scheduler's allocation (:mod:`.allocation`). The program after the launcher's options keeps its own arguments; a line
+of several programs (``:``) is refused. Standard library and ``core`` only; which family a line is comes from
+:mod:`.mpirun_family`, which runs the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from lightning_mpi_env.core.errors import MpirunLineError
+from lightning_mpi_env.core.hostlist import expand_nodelist
+from lightning_mpi_env.core.values import MAX_WORLD_SIZE, SHOWN_CHARACTERS, parse_count, shown
+from lightning_mpi_env.tools.supervise.allocation import (
+    Allocation,
+    Host,
+    allocation_from_env,
+    merge,
+    parse_slots,
+    read_allocation_file,
+)
+from lightning_mpi_env.tools.supervise.mpirun_options import LAUNCHER_NAMES, Family, Role
+from lightning_mpi_env.tools.supervise.mpirun_parse import Option, parse_options
+
+_HOST_ROLES = frozenset({Role.HOSTS, Role.HOST_FILE, Role.HOST_NAME_FILE, Role.HOST_RANGES})
+_REPLACED_ROLES = _HOST_ROLES | {Role.WORLD}
+
+
+class TooFewHostsError(MpirunLineError):
+    """Too few hosts are left in the allocation for the step as the line asks for it."""
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """How many processes the step runs, on how many hosts, how many on each."""
+
+    world: int
+    per_node: int | None
+    """Processes on every host; ``None`` where the hosts' slots differ and the line gives no per-node count."""
+    nodes: int
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """The relaunched step: its command line, and the host file it names."""
+
+    argv: tuple[str, ...]
+    host_file_text: str
+    """To write at the path given to :meth:`MpirunLine.relaunch` before running :attr:`argv`."""
+    hosts: tuple[Host, ...]
+    """The hosts of the host file, in order, each with the slots written for it."""
+    world: int
+    per_node: int | None
+    unmatched: tuple[str, ...]
+    """Excluded names that match no host of the allocation (a record naming a host the scheduler spells
+    otherwise): nothing was excluded for them."""
+
+
+@dataclass(frozen=True)
+class MpirunLine:
+    """A parsed ``mpirun``/``mpiexec`` line of one family: its options, and where the program starts."""
+
+    family: Family
+    words: tuple[str, ...]
+    options: tuple[Option, ...]
+    program: int
+    """Index of the program's first word."""
+
+    @classmethod
+    def parse(cls, words: Sequence[str], family: Family) -> MpirunLine:
+        """Read ``words`` (``mpirun ... program args``) as ``family``'s launcher does.
+
+        Raises:
+            MpirunLineError: Not an ``mpirun``/``mpiexec`` line, an option unknown, ambiguous, missing its value or
+                refused (a rank file, an application file), no program, or several programs (``:``).
+
+        >>> from lightning_mpi_env.tools.supervise.mpirun_options import OPEN_MPI
+        >>> line = MpirunLine.parse(["mpirun", "-np", "4", "-H", "a:2,b:2", "python", "t.py", "-H", "x"], OPEN_MPI)
+        >>> [(o.name, o.values) for o in line.options], line.words[line.program:]
+        ([('np', ('4',)), ('host', ('a:2,b:2',))], ('python', 't.py', '-H', 'x'))
+        """
+        first = words[0] if words else "nothing"
+        if os.path.basename(first) not in LAUNCHER_NAMES:
+            raise MpirunLineError(
+                f"The command to run and relaunch is {shown(first)}, not mpirun or mpiexec.",
+                "Give the job step as you would in the batch script: lightning-mpi-env run -- mpirun [OPTIONS] "
+                "python train.py.",
+                value=first[:SHOWN_CHARACTERS],
+                launcher=family.name,
+            )
+        options, program = parse_options(words, family)
+        return cls(family, tuple(words), tuple(options), program)
+
+    def with_role(self, *roles: Role) -> list[Option]:
+        """The options that have one of ``roles``, in order."""
+        return [option for option in self.options if self.family.roles.get(option.name) in roles]
+
+    def world(self) -> int | None:
+        """The number of processes the line asks for (the last ``-np``/``-n``), or ``None``.
+
+        Raises:
+            LayoutError: A value that is not a count from 1 to 16,777,216.
+        """
+        given = self.with_role(Role.WORLD)
+        if not given:
+            return None
+        return parse_count(
+            given[-1].values[0],
+            variable=given[-1].spelled,
+            launcher=self.family.name,
+            minimum=1,
+            maximum=MAX_WORLD_SIZE,
+            hint="Give the number of processes as a plain count: -np 8.",
+        )
+
+    def per_node(self) -> int | None:
+        """Processes per host as the line asks for them, or ``None``.
+
+        The last of ``-N``, ``--npernode``, ``--pernode``, ``--map-by ppr:N:node``, ``-ppn``, ``-perhost``, ``-rr``.
+
+        Raises:
+            LayoutError: A count that is not one.
+        """
+        for option in reversed(self.with_role(Role.PER_NODE, Role.ONE_PER_NODE, Role.MAP_BY, Role.PPR)):
+            role = self.family.roles[option.name]
+            if role is Role.ONE_PER_NODE:
+                return 1
+            value = option.values[0]
+            if role in (Role.MAP_BY, Role.PPR):
+                # Open MPI: --map-by ppr:N:node[:modifiers]; the deprecated --ppr N:node means --map-by ppr:N:node.
+                parts = (value if role is Role.MAP_BY else f"ppr:{value}").split(":")
+                if len(parts) < 3 or parts[0].lower() != "ppr" or parts[2].lower() != "node":
+                    continue  # another policy (slot, node, ppr:N:socket): no per-node count from it
+                value = parts[1]
+            return parse_slots(value, where=option.spelled, launcher=self.family.name)
+        return None
+
+    def allocation(
+        self, env: Mapping[str, str], *, read_text: Callable[[str], str] = read_allocation_file
+    ) -> Allocation:
+        """The hosts the step may run on: the line's own, else the scheduler's.
+
+        The line's own are those of ``-H``, ``--hostfile``, ``-hosts``, ``-f`` ...; the scheduler's, those of
+        :func:`~.allocation.allocation_from_env`.
+
+        Args:
+            env: The supervisor's environment (the batch script's).
+            read_text: Reads a host file; the file system, bounded, by default.
+
+        Raises:
+            MpirunLineError: Hosts given twice over (a list and a file), a host file that cannot be read or is not
+                in the family's syntax, or no hosts at all.
+            LayoutError: A scheduler variable, or a host or count, that is malformed.
+        """
+        given = self.with_role(*_HOST_ROLES)
+        if given:
+            return self._own_hosts(given, read_text)
+        found = allocation_from_env(env, read_text=read_text)
+        if found is None:
+            raise MpirunLineError(
+                f"The {self.family.name} line names no hosts, and no scheduler's allocation is set "
+                "(SLURM_JOB_NODELIST, PBS_NODEFILE, PE_HOSTFILE, LSB_DJOB_HOSTFILE, LSB_MCPU_HOSTS): there is no other "
+                "host to relaunch on.",
+                "Run the supervisor inside the batch job, or name the hosts on the line "
+                f"({self.family.host_file_option} FILE).",
+                launcher=self.family.name,
+            )
+        return found
+
+    def shape(self, allocation: Allocation) -> StepShape:
+        """The step as the line runs it on ``allocation``: one process per slot unless it says otherwise.
+
+        Raises:
+            MpirunLineError: The world size cannot be told (no ``-np``, and hosts whose slots are not known).
+        """
+        per_node = self.per_node()
+        slots = [host.slots or 0 for host in allocation.hosts]
+        if per_node is None:
+            if any(host.slots is None for host in allocation.hosts):
+                raise self._unknown("per-node count", allocation)
+            if len(set(slots)) == 1:
+                per_node = slots[0]
+        world = self.world()
+        if world is None:
+            world = per_node * len(slots) if per_node is not None else sum(slots)
+        if per_node is not None:
+            return StepShape(world, per_node, min(len(slots), -(-world // per_node)))
+        return StepShape(world, None, len(_fill(allocation.hosts, world) or allocation.hosts))
+
+    def relaunch(
+        self, allocation: Allocation, excluded: Iterable[str], host_file: str, *, nodes: int | None = None
+    ) -> Relaunch:
+        """The line on ``allocation`` without the ``excluded`` hosts, naming a host file at ``host_file``.
+
+        Args:
+            allocation: The hosts of the step (:meth:`allocation`).
+            excluded: Hosts to leave out (as failure records name them: ``node2`` matches ``node2.cluster``).
+            host_file: Where the caller writes :attr:`Relaunch.host_file_text` (the step's state folder).
+            nodes: ``None``: the same world size on the hosts left. ``k``: ``k`` hosts with the same processes per
+                host (a smaller world; for programs that take their size from the launch, such as ``ddp_mpi``).
+
+        Raises:
+            TooFewHostsError: Too few hosts are left (the message says to add a spare host).
+            MpirunLineError: ``nodes`` without a per-node count, or a world size that cannot be told.
+        """
+        shape = self.shape(allocation)
+        left, unmatched = allocation.split(excluded)
+        if nodes is not None:
+            if shape.per_node is None:
+                raise self._unknown("per-node count", allocation)
+            if not 1 <= nodes <= len(left):
+                raise self._too_few(shape, nodes, left, allocation)
+            hosts = tuple(Host(host.name, shape.per_node) for host in left[:nodes])
+            world = nodes * shape.per_node
+        elif shape.per_node is not None:
+            if len(left) < shape.nodes:
+                raise self._too_few(shape, shape.nodes, left, allocation)
+            # More processes than per-node x hosts: the line oversubscribed, and the relaunch does as much.
+            each = max(shape.per_node, -(-shape.world // shape.nodes))
+            hosts = tuple(Host(host.name, each) for host in left[: shape.nodes])
+            world = shape.world
+        else:
+            filled = _fill(left, shape.world)
+            if filled is None:
+                raise self._too_few(shape, shape.nodes, left, allocation)
+            hosts, world = filled, shape.world
+        line = self.family.host_line
+        text = "".join(line.format(name=host.name, slots=host.slots) for host in hosts)
+        family = self.family
+        return Relaunch(
+            (self.words[0], family.host_file_option, host_file, family.world_option, str(world), *self._kept()),
+            text,
+            hosts,
+            world,
+            shape.per_node,
+            unmatched,
+        )
+
+    def _kept(self) -> list[str]:
+        """The line's words after the launcher, without its host and world options."""
+        dropped = {index for option in self.with_role(*_REPLACED_ROLES) for index in range(option.start, option.stop)}
+        return [word for index, word in enumerate(self.words[1:], start=1) if index not in dropped]
+
+    def _own_hosts(self, given: list[Option], read_text: Callable[[str], str]) -> Allocation:
+        family = self.family
+        kinds = {family.roles[option.name] for option in given}
+        if len(given) > 1 and (family.hydra or kinds != {Role.HOSTS}):
+            # Hydra refuses a second host option ("duplicate host file or host list setting"); Open MPI filters a
+            # host file by --host, which the relaunch's one host file cannot keep.
+            raise MpirunLineError(
+                f"The {family.name} line names its hosts {len(given)} times "
+                f"({', '.join(option.spelled for option in given)}).",
+                f"Name them once: one {family.host_file_option} FILE, or one host list.",
+                variable=given[1].spelled,
+                launcher=family.name,
+            )
+        entries: list[tuple[str, int | None]] = []
+        for option in given:
+            role = family.roles[option.name]
+            if role is Role.HOSTS:
+                entries += [_host_and_slots(item, option.spelled, family) for item in option.values[0].split(",")]
+            elif role is Role.HOST_RANGES:
+                entries += [(host, None) for host in expand_nodelist(option.values[0], variable=option.spelled)]
+            else:
+                entries += _host_file(option, read_text, family)
+        return merge(entries, source=f"{family.name} {given[0].spelled}", where=given[0].spelled, launcher=family.name)
+
+    def _unknown(self, what: str, allocation: Allocation) -> MpirunLineError:
+        per_node = "-N N or --map-by ppr:N:node" if not self.family.hydra else "-ppn N"
+        return MpirunLineError(
+            f"The {what} of the {self.family.name} step cannot be told: the line gives no count and the hosts of "
+            f"{allocation.source} carry no slot counts.",
+            f"Give the counts on the line: {self.family.world_option} N and {per_node}.",
+            launcher=self.family.name,
+        )
+
+    def _too_few(self, shape: StepShape, needed: int, left: Sequence[Host], allocation: Allocation) -> TooFewHostsError:
+        each = f"{shape.per_node} processes each" if shape.per_node is not None else f"{shape.world} processes"
+        return TooFewHostsError(
+            f"The step needs {needed} host(s) ({each}); {len(left)} of the {len(allocation.hosts)} hosts of "
+            f"{allocation.source} are left once the failed ones are excluded.",
+            f"Add a spare host to the allocation (one more node than the step uses), or, for a program that takes its "
+            f"size from the launch (strategy='ddp_mpi'), relaunch on the {len(left)} host(s) left.",
+            launcher=self.family.name,
+        )
+
+
+def _fill(hosts: Sequence[Host], world: int) -> tuple[Host, ...] | None:
+    """The first hosts whose slots hold ``world`` processes (the last one with just what it needs), or ``None``."""
+    taken: list[Host] = []
+    left = world
+    for host in hosts:
+        if left <= 0:
+            break
+        slots = host.slots or 0  # known: shape() refuses hosts without slots where it needs them
+        taken.append(Host(host.name, min(slots, left)))
+        left -= slots
+    return tuple(taken) if left <= 0 else None
+
+
+def _host_and_slots(item: str, where: str, family: Family) -> tuple[str, int | None]:
+    """``host`` or ``host:N`` of a host list: one slot when no count is given (both families)."""
+    name, colon, count = item.strip().rpartition(":")
+    if not colon:
+        return item.strip(), 1
+    return name, parse_slots(count, where=f"{where} {shown(item)}", launcher=family.name)
+
+
+def _host_file(option: Option, read_text: Callable[[str], str], family: Family) -> list[tuple[str, int | None]]:
+    path = option.values[0]
+    try:
+        text = read_text(path)
+    except OSError as error:
+        raise MpirunLineError(
+            f"{family.name} {option.spelled} {shown(path)} cannot be read: {error}.",
+            "Name a readable host file, or list the hosts on the line.",
+            variable=option.spelled,
+            value=path[:SHOWN_CHARACTERS],
+            launcher=family.name,
+        ) from error
+    entries: list[tuple[str, int | None]] = []
+    counted = family.roles[option.name] is not Role.HOST_NAME_FILE
+    for number, raw in enumerate(text.splitlines(), start=1):
+        words = raw.partition("#")[0].split()
+        if not words:
+            continue
+        where = f"{option.spelled} {path[:SHOWN_CHARACTERS]} line {number}"
+        if family.hydra:
+            if len(words) > 1:
+                raise MpirunLineError(
+                    f"{where} is {shown(raw.strip())}: more than 'host:N', which the relaunch's host file cannot "
+                    "carry over.",
+                    "Keep one 'host:N' per line.",
+                    variable=option.spelled,
+                    launcher=family.name,
+                )
+            name, count = _host_and_slots(words[0], where, family)
+            entries.append((name, count if counted else None))
+            continue
+        slots: int | None = None  # Open MPI: a host without slots= gets its cores
+        for word in words[1:]:
+            key, equals, value = word.partition("=")
+            if not equals or key not in ("slots", "max_slots", "max-slots"):
+                raise MpirunLineError(
+                    f"{where} has {shown(word)}, which the relaunch's host file cannot carry over.",
+                    "Keep 'host slots=N' (and max_slots=M) per line.",
+                    variable=option.spelled,
+                    launcher=family.name,
+                )
+            if key == "slots":
+                slots = parse_slots(value, where=where, launcher=family.name)
+        entries.append((words[0], slots))
+    return entries
+
+
+__all__ = ["MpirunLine", "MpirunLineError", "Relaunch", "StepShape", "TooFewHostsError"]
