@@ -1,6 +1,7 @@
 """The hosts a job step may run on, and their slots: from the launcher line's own hosts, else the scheduler's.
 
-One table, :data:`ALLOCATION_SOURCES`, names each scheduler's variable and its format, in the order consulted:
+Each scheduler's host lists come from its row of :data:`~lightning_mpi_env.core.schedulers.SCHEDULERS` (the one
+table of them), in its order (:data:`ALLOCATION_SOURCES`):
 
 - Slurm: ``SLURM_JOB_NODELIST`` (``node[1-3]``), slots from ``SLURM_TASKS_PER_NODE`` (``2(x3)``) where set;
 - PBS: ``PBS_NODEFILE``, a file naming each host once per slot (per MPI process);
@@ -26,6 +27,7 @@ from lightning_mpi_env.core import hostfile
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.hostlist import HostListForm, expand_nodelist, expand_tasks_per_node
 from lightning_mpi_env.core.ports import host_syntax_problem
+from lightning_mpi_env.core.schedulers import SCHEDULERS
 from lightning_mpi_env.core.values import MAX_LOCAL_SIZE, SHOWN_CHARACTERS, parse_count, shown
 
 MAX_ALLOCATION_HOSTS = 1 << 16
@@ -106,20 +108,17 @@ class AllocationSource(NamedTuple):
     """The variable holding the slots per host, where the list itself does not (Slurm)."""
 
 
-ALLOCATION_SOURCES: tuple[AllocationSource, ...] = (
-    # sbatch(1): SLURM_JOB_NODELIST "List of nodes allocated to the job"; SLURM_TASKS_PER_NODE "Number of tasks to be
-    # initiated on each node ... compressed as in SLURM_JOB_CPUS_PER_NODE" (2(x3),1).
-    AllocationSource("SLURM_JOB_NODELIST", "Slurm", HostListForm.NODELIST, slots="SLURM_TASKS_PER_NODE"),
-    # PBS Professional Reference Guide: PBS_NODEFILE, "the file containing the list of vnodes assigned to the job",
-    # one line per MPI process (mpiprocs) of each chunk.
-    AllocationSource("PBS_NODEFILE", "PBS", HostListForm.HOST_PER_LINE),
-    # sge_pe(5): PE_HOSTFILE, "each line ... the hostname, the number of parallel processes to be run on the host,
-    # the queue, and the processor range".
-    AllocationSource("PE_HOSTFILE", "SGE", HostListForm.PE_HOSTFILE),
-    # LSF environment variable reference: LSB_DJOB_HOSTFILE, "the path to the hostfile ... one host per line, repeated
-    # for each slot"; LSB_MCPU_HOSTS "hostA 2 hostB 3": host names and the slots on each.
-    AllocationSource("LSB_DJOB_HOSTFILE", "LSF", HostListForm.HOST_PER_LINE),
-    AllocationSource("LSB_MCPU_HOSTS", "LSF", HostListForm.LSF_PAIRS),
+SLOTS_VARIABLE = {"SLURM_JOB_NODELIST": "SLURM_TASKS_PER_NODE"}
+"""The variable with each host's slots, where a host list gives none (sbatch(1): SLURM_TASKS_PER_NODE "Number of
+tasks to be initiated on each node ... compressed as in SLURM_JOB_CPUS_PER_NODE", ``2(x3),1``)."""
+WITHOUT_SLOTS = frozenset({"SGE_JOB_HOSTLIST"})
+"""Host lists of the scheduler table that name each host once, with no slots (ABCI's): the next one is read."""
+
+ALLOCATION_SOURCES: tuple[AllocationSource, ...] = tuple(
+    AllocationSource(source.variable, scheduler.name, source.form, SLOTS_VARIABLE.get(source.variable, ""))
+    for scheduler in SCHEDULERS
+    for source in scheduler.host_lists
+    if source.variable not in WITHOUT_SLOTS
 )
 """Where each scheduler lists the job's hosts, in the order consulted (the first one set wins)."""
 

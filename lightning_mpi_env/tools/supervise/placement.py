@@ -1,9 +1,9 @@
 """Where a relaunched ``srun`` step runs: the allocation's hosts less those left out, at the node count it allows.
 
-The batch script's allocation (``SLURM_JOB_NODELIST``, from the Slurm row of
-:data:`~lightning_mpi_env.core.schedulers.SCHEDULERS`) holds the hosts a step can use. After a failure, the hosts
-the records blame and those that failed the health probe are left out; what is left decides the relaunch
-(:func:`place`):
+The batch script's allocation (``SLURM_JOB_NODELIST``, read by
+:func:`~lightning_mpi_env.tools.supervise.allocation.allocation_from_env`) holds the hosts a step can use. After a
+failure, the hosts the records blame and those that failed the health probe are left out; what is left decides the
+relaunch (:func:`place`):
 
 - enough hosts for the step's node count (``srun --nodes=N``, or the top of ``--nodes=MIN-MAX``): the same line, with
   the hosts excluded, on the same number of nodes (a spare node takes the failed one's place);
@@ -21,12 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from lightning_mpi_env.core.hostlist import expand_nodelist
-from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY
+from lightning_mpi_env.tools.supervise.allocation import Allocation, Host, allocation_from_env
 from lightning_mpi_env.tools.supervise.srun_line import SrunLine
-
-ALLOCATION = SCHEDULERS_BY_KEY["slurm"].host_lists[0].variable
-"""The variable that lists the batch job's hosts (``SLURM_JOB_NODELIST``)."""
 
 
 @dataclass(frozen=True)
@@ -50,16 +46,17 @@ class Shortfall:
 
 
 def allocation(env: Mapping[str, str]) -> tuple[str, ...] | None:
-    """The allocation's hosts, in order; ``None`` outside a Slurm allocation.
+    """The allocation's hosts, in order, as its scheduler lists them; ``None`` outside a scheduler's job.
 
     Raises:
-        LayoutError: A node list that is not in Slurm's syntax, or longer than the bound.
+        LayoutError: A host list that is malformed or past its bounds
+            (:func:`~lightning_mpi_env.tools.supervise.allocation.allocation_from_env`).
 
     >>> allocation({"SLURM_JOB_NODELIST": "node[1-3]"}), allocation({})
     (('node1', 'node2', 'node3'), None)
     """
-    value = env.get(ALLOCATION)
-    return tuple(dict.fromkeys(expand_nodelist(value, variable=ALLOCATION))) if value else None
+    found = allocation_from_env(env)
+    return tuple(found.names()) if found is not None else None
 
 
 def place(
@@ -84,8 +81,10 @@ def place(
     wanted = line.nodes()
     if hosts is None:
         return Placement(line.relaunched(excluded, overlap=overlap), None, None)
-    gone = set(excluded) | set(line.excluded())
-    left = tuple(host for host in hosts if host not in gone)
+    gone = list(dict.fromkeys([*line.excluded(), *excluded]))
+    # A record names a host as the rank saw it (node2); the scheduler may spell it in full (node2.cluster).
+    kept, _ = Allocation(tuple(Host(host, None) for host in hosts), "allocation").split(gone)
+    left = tuple(host.name for host in kept)
     low, high = wanted if wanted is not None else (1, 1)
     if len(left) >= high:
         return Placement(line.relaunched(excluded, overlap=overlap), left, None)
@@ -104,4 +103,4 @@ def place(
     )
 
 
-__all__ = ["ALLOCATION", "Placement", "Shortfall", "allocation", "place"]
+__all__ = ["Placement", "Shortfall", "allocation", "place"]

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from lightning_mpi_env.core.errors import LayoutError
+from lightning_mpi_env.core.schedulers import SCHEDULERS
 from lightning_mpi_env.tools.supervise.allocation import (
     ALLOCATION_SOURCES,
     MAX_ALLOCATION_HOSTS,
@@ -80,8 +81,12 @@ def test_outside_a_scheduler_there_is_no_allocation():
     assert allocation_from_env({"PATH": "/bin"}) is None
 
 
-def test_the_table_names_every_scheduler_once_in_order():
-    assert [source.scheduler for source in ALLOCATION_SOURCES] == ["Slurm", "PBS", "SGE", "LSF", "LSF"]
+def test_the_sources_are_the_scheduler_table_s_host_lists_that_carry_slots():
+    # One home for which variable lists a job's hosts: core/schedulers.py's rows; ABCI's list has no slots.
+    rows = [(h.variable, s.name) for s in SCHEDULERS for h in s.host_lists if h.variable != "SGE_JOB_HOSTLIST"]
+    assert [(source.variable, source.scheduler) for source in ALLOCATION_SOURCES] == rows
+    assert {source.variable for source in ALLOCATION_SOURCES} >= {"SLURM_JOB_NODELIST", "PBS_NODEFILE", "PE_HOSTFILE"}
+    assert [source.slots for source in ALLOCATION_SOURCES if source.slots] == ["SLURM_TASKS_PER_NODE"]
 
 
 def test_a_real_file_is_read_whole(tmp_path: Path):
