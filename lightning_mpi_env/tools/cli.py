@@ -348,10 +348,16 @@ def _simcluster(args: argparse.Namespace) -> int:
 def _supervise(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
-        raise UsageError("give the job step after --: run -- srun [OPTIONS] python train.py")
+        raise UsageError("give the job step after --: run -- srun [OPTIONS] python train.py (or mpirun, mpiexec)")
     policy = RestartPolicy(args.restarts, backoff=args.backoff)
     return supervise(
-        command, policy, env=os.environ, state=args.state_dir, probe_timeout=args.probe_timeout, grace=args.grace
+        command,
+        policy,
+        env=os.environ,
+        state=args.state_dir,
+        probe_timeout=args.probe_timeout,
+        grace=args.grace,
+        min_nodes=args.min_nodes,
     )
 
 

@@ -145,14 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
     supervisor = commands.add_parser(
         "run",
         parents=[common],
-        usage=f"{PROG} run [-h] [--debug] [--restarts N] [--backoff S] [--probe-timeout S] [--grace S] [--state-dir D] "
-        "-- srun [OPTIONS] CMD ...",
+        usage=f"{PROG} run [-h] [--debug] [--restarts N] [--backoff S] [--probe-timeout S] [--grace S] [--min-nodes K] "
+        "[--state-dir D] -- srun|mpirun|mpiexec [OPTIONS] CMD ...",
         help="run a job step, and relaunch it without the failed hosts when the roll call or the watchdog stops it",
-        description="Run the srun line; when a step fails, read the failure records its ranks wrote, and relaunch "
-        "it in the same allocation with the hosts to blame excluded (srun --exclude), and hosts that fail a health "
-        "probe, up to --restarts times: on a spare node, or on fewer nodes where the line's --nodes=MIN-MAX allows. "
-        "A fault that comes back on other hosts stops the loop as the program's. One line per event on stderr, and "
-        "JSON lines in STATE_DIR/<job>/timeline.jsonl. The exit status is the last step's.",
+        description="Run the srun, mpirun or mpiexec line; when a step fails, read the failure records its ranks "
+        "wrote, and relaunch it in the same allocation without the hosts to blame (srun --exclude, or a host file "
+        "for mpirun) and the hosts that fail a health probe, up to --restarts times: on a spare node, or on fewer "
+        "nodes where srun's --nodes=MIN-MAX or --min-nodes allows. A fault that comes back on other hosts stops the "
+        "loop as the program's. One line per event on stderr, and JSON lines in STATE_DIR/<job>/timeline.jsonl. "
+        "The exit status is the last step's.",
     )
     supervisor.add_argument("--restarts", type=_count, default=3, help="relaunches at most (default 3)")
     supervisor.add_argument(
@@ -173,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=GRACE,
         help=f"seconds a step has to end after its failure is recorded, before its launcher is killed (default "
         f"{GRACE:g})",
+    )
+    supervisor.add_argument(
+        "--min-nodes",
+        type=_positive,
+        help="an mpirun line may be relaunched on as few hosts, with its ranks per host (a program that takes its "
+        "size from the launch, ddp_mpi); an srun line says it as --nodes=MIN-MAX",
     )
     supervisor.add_argument(
         "--state-dir",

@@ -34,6 +34,11 @@ def main():
     parser.add_argument("--num-nodes", type=int, default=2)
     parser.add_argument("--tag", help="ignored: marks the processes of one run")
     parser.add_argument("--freeze-once", help="a file: freeze only if it does not exist yet, and make it (one fault)")
+    parser.add_argument(
+        "--checkpoint",
+        help="the loop's own checkpoint (docs/preemption.md, Fabric): loaded where it exists, saved each --every steps",
+    )
+    parser.add_argument("--every", type=int, default=5, help="steps between two saves of --checkpoint")
     args = parser.parse_args()
     frozen_rank, frozen_step = (int(part) for part in args.freeze.split(":"))
     plugins = [MPIClusterEnvironment()] if args.strategy == "ddp" else []
@@ -47,7 +52,12 @@ def main():
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = fabric.setup(model, optimizer)
-    for step in range(args.steps):
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        fabric.load(args.checkpoint, state)  # a relaunched step goes on from the loop's last save
+    first = state["step"]
+    print(f"START rank={fabric.global_rank} step={first} time={time.time()!r}\n", end="", flush=True)
+    for step in range(first, args.steps):
         if fabric.global_rank == frozen_rank and step == frozen_step and _first_time(args.freeze_once):
             print(f"FREEZE rank={frozen_rank} step={step} time={time.time()!r}\n", end="", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
@@ -56,7 +66,13 @@ def main():
         optimizer.step()
         optimizer.zero_grad()
         time.sleep(0.05)
-    print(f"DONE rank={fabric.global_rank} host={socket.gethostname()}\n", end="", flush=True)
+        if args.checkpoint and (step + 1) % args.every == 0:
+            state["step"] = step + 1
+            fabric.save(args.checkpoint + ".tmp", state)
+            fabric.barrier()
+            if fabric.global_rank == 0:
+                os.replace(args.checkpoint + ".tmp", args.checkpoint)  # whole or not at all
+    print(f"DONE rank={fabric.global_rank} host={socket.gethostname()} first={first}\n", end="", flush=True)
     sys.exit(0)
 
 

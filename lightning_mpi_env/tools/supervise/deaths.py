@@ -1,12 +1,17 @@
-"""What srun says of tasks that died, read from its error lines, for a step that ended with no failure record.
+"""What the launcher says of ranks that died, read from its standard error, for a step that ended with no record.
 
-srun reports each task that ended badly, per host, on its standard error, as ``srun: error: <host>: task <ranks>:
-<how>``: ``Exited with exit code <n>`` for a task that exited, and the signal's description (``Killed``,
-``Segmentation fault``) for one a signal ended (seen from Slurm 22.05 on the simulated cluster; ``<ranks>`` as
-``3``, ``0-1`` or ``0,2-3``). A rank killed by a signal, with no verdict from the roll call or the watchdog, points
-at its host (the kernel's out-of-memory killer, a node going away): :func:`died_record` makes the ``died`` record
-that blames it. Tasks that merely exited with an error blame no host: that is the program's doing, and the restart
-policy's same-fault rule stops a program that fails the same way everywhere. Pure: standard library and ``core``.
+- srun reports each task that ended badly, per host, as ``srun: error: <host>: task <ranks>: <how>``: ``Exited
+  with exit code <n>`` for a task that exited, and the signal's description (``Killed``, ``Segmentation fault``) for
+  one a signal ended (seen from Slurm 22.05 on the simulated cluster; ``<ranks>`` as ``3``, ``0-1`` or ``0,2-3``).
+- Open MPI 5 reports the first rank a signal ended: ``prterun noticed that process rank 3 with PID 26321 on node
+  node2 exited on signal 9 (Killed).`` (over two lines; seen from Open MPI 5.0.11 here).
+- Hydra (MPICH, Intel MPI): ``=   RANK 3 PID 1234 RUNNING AT node2`` then ``=   KILLED BY SIGNAL: 9 (Killed)``
+  (MPICH's ``pm/hydra`` ``HYD_pmcd_pmiserv_...`` report).
+
+A rank killed by a signal, with no verdict from the roll call or the watchdog, points at its host (the kernel's
+out-of-memory killer, a node going away): :func:`died_record` makes the ``died`` record that blames it. Ranks that
+merely exited with an error blame no host: that is the program's doing, and the restart policy's same-fault rule
+stops a program that fails the same way everywhere. Pure: standard library and ``core``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,14 @@ from lightning_mpi_env.core.failures import FailureKind, FailureRecord
 from lightning_mpi_env.core.values import MAX_WORLD_SIZE
 
 _DEATH = re.compile(r"^srun: error: ([A-Za-z0-9._-]{1,255}): tasks? ([0-9,-]{1,4096}): (.{1,200})$")
+_OPEN_MPI = re.compile(
+    r"noticed that process rank (\d{1,8}) with PID \d{1,10} on node ([A-Za-z0-9._:-]{1,255}) exited on\s+"
+    r"signal (\d{1,3}) \(([^)\n]{1,100})\)"
+)
+_HYDRA = re.compile(
+    r"RANK (\d{1,8}) PID \d{1,10} RUNNING AT ([A-Za-z0-9._:-]{1,255})\s*\n"
+    r"=\s+KILLED BY SIGNAL: (\d{1,3}) \(([^)\n]{1,100})\)"
+)
 EXITED = "Exited with exit code "
 """How srun starts the line of a task that exited (rather than one a signal ended)."""
 SUPERVISOR = -1
@@ -65,6 +78,27 @@ def read_death(line: str) -> Death | None:
     return Death(match.group(1), tuple(ranks), match.group(3))
 
 
+def srun_deaths(errors: str) -> list[Death]:
+    """Every srun line of ``errors`` about tasks that died (:func:`read_death`)."""
+    return [death for line in errors.splitlines() if (death := read_death(line)) is not None]
+
+
+def mpirun_deaths(errors: str) -> list[Death]:
+    r"""The ranks Open MPI or Hydra says a signal ended, in ``errors``.
+
+    >>> mpirun_deaths("prterun noticed that process rank 3 with PID 26321 on node n3 exited on\nsignal 9 (Killed).")
+    [Death(host='n3', ranks=(3,), how='Killed')]
+    >>> mpirun_deaths("=   RANK 2 PID 77 RUNNING AT node2\n=   KILLED BY SIGNAL: 11 (Segmentation fault)")
+    [Death(host='node2', ranks=(2,), how='Segmentation fault')]
+    """
+    found = [*_OPEN_MPI.finditer(errors), *_HYDRA.finditer(errors)]
+    return [
+        Death(match.group(2), (int(match.group(1)),), match.group(4))
+        for match in found
+        if int(match.group(1)) < MAX_WORLD_SIZE
+    ]
+
+
 def died_record(deaths: Iterable[Death], *, launcher: str, job_id: str | None) -> FailureRecord | None:
     """The ``died`` record blaming the hosts of tasks a signal ended; ``None`` where no signal ended one.
 
@@ -91,4 +125,4 @@ def died_record(deaths: Iterable[Death], *, launcher: str, job_id: str | None) -
     )
 
 
-__all__ = ["EXITED", "SUPERVISOR", "Death", "died_record", "read_death"]
+__all__ = ["EXITED", "SUPERVISOR", "Death", "died_record", "mpirun_deaths", "read_death", "srun_deaths"]

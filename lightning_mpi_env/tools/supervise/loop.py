@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,21 +34,20 @@ from pathlib import Path
 from lightning_mpi_env.core.errors import FailureRecordError, MpiEnvError
 from lightning_mpi_env.core.failures import FailureRecord, read_records
 from lightning_mpi_env.core.progress import read_first_step
-from lightning_mpi_env.core.schedulers import job_identity
+from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY, job_identity
 from lightning_mpi_env.core.settings import VARIABLE
 from lightning_mpi_env.tools.supervise.deaths import died_record
-from lightning_mpi_env.tools.supervise.placement import Shortfall, allocation, place
+from lightning_mpi_env.tools.supervise.lines import StepLine, step_line
+from lightning_mpi_env.tools.supervise.placement import Shortfall, allocation
 from lightning_mpi_env.tools.supervise.policy import Action, RestartPolicy, StepOutcome, describe
 from lightning_mpi_env.tools.supervise.probe import PROBE_TIMEOUT, probe
-from lightning_mpi_env.tools.supervise.srun_line import SrunLine
 from lightning_mpi_env.tools.supervise.step import GRACE, StepEnd, run_step
 from lightning_mpi_env.tools.supervise.timeline import Event, EventKind, Timeline, Value
 
 DEFAULT_STATE = ".lightning-mpi-env-run"
 """The state folder under the working directory (a batch job's, on a file system every node sees)."""
-LAUNCHER = "Slurm srun"
-"""The launcher's name in the records the supervisor makes."""
-
+SLURM_JOB = SCHEDULERS_BY_KEY["slurm"].job_id[0]
+"""The variable set in a Slurm job (``SLURM_JOB_ID``)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 RunStep = Callable[..., StepEnd]
@@ -58,8 +58,7 @@ Probe = Callable[..., dict[str, str]]
 class _Job:
     """What the loop knows of the job across its steps."""
 
-    line: SrunLine
-    hosts: tuple[str, ...] | None
+    line: StepLine
     timeline: Timeline
     excluded: list[str] = field(default_factory=list)
     last_fault_step: int | None = None
@@ -74,21 +73,29 @@ def supervise(
     state: str = DEFAULT_STATE,
     probe_timeout: float = PROBE_TIMEOUT,
     grace: float = GRACE,
+    min_nodes: int | None = None,
     say: Callable[[str], object] = lambda line: print(line, file=sys.stderr, flush=True),
     run: RunStep = run_step,
     check: Probe = probe,
     sleep: Callable[[float], object] = time.sleep,
 ) -> int:
-    """Run the srun line ``words`` under ``policy`` until it succeeds or the policy stops; the last step's status.
+    """Run the launcher line ``words`` under ``policy`` until it succeeds or the policy stops; the last step's status.
+
+    ``min_nodes``: an ``mpirun`` line may be relaunched on as few hosts (see :mod:`.lines`).
 
     Raises:
-        SrunLineError: The line is not one the supervisor can relaunch (before anything runs).
-        LayoutError: ``SLURM_JOB_NODELIST`` is not a node list (before anything runs).
+        SrunLineError: The line is not srun, mpirun or mpiexec, or one the supervisor cannot relaunch (before anything
+            runs).
+        MpirunLineError: An mpirun line the supervisor cannot relaunch (before anything runs).
+        LayoutError: The allocation's variables are malformed (before anything runs).
     """
-    line = SrunLine.parse(words)
-    line.excluded()  # a malformed or file exclusion is refused before the first step
-    line.chosen()
-    hosts = allocation(env)
+    line = step_line(words, env, min_nodes=min_nodes)
+    # The probe is a Slurm step: it runs where the step runs in a Slurm allocation, on the allocation's hosts.
+    probed = (
+        frozenset(allocation(env) or ())
+        if env.get(SLURM_JOB) and shutil.which("srun", path=env.get("PATH"))
+        else frozenset()
+    )
     identity = job_identity(env)
     job_id = identity[0] if identity is not None else None
     root = Path(state) / (_UNSAFE.sub("_", job_id) if job_id is not None else f"pid-{os.getpid()}")
@@ -99,8 +106,8 @@ def supervise(
             journal.write(text + "\n")
             journal.flush()  # a reader (or the next step's supervisor) sees each event as it happens
 
-        job = _Job(line, hosts, Timeline(say, keep))
-        argv = list(line.words)
+        job = _Job(line, Timeline(say, keep))
+        argv = line.first
         step = 0
         while True:
             step += 1
@@ -115,7 +122,7 @@ def supervise(
                 tick=functools.partial(_look_for_first_step, job, step, str(folder)),
                 grace=grace,
             )
-            outcome = StepOutcome(end.status, _records(str(folder), end, job_id, say))
+            outcome = StepOutcome(end.status, _records(str(folder), end, line, job_id, say))
             if end.status != 0:
                 job.timeline.add(_failure(step, outcome, end))
                 job.last_fault_step = next((r.step for r in outcome.records if r.step is not None), None)
@@ -130,11 +137,11 @@ def supervise(
                 return end.status
             _exclude(job, step, list(decision.exclude), EventKind.EXCLUDED)
             sleep(decision.wait)
-            if job.hosts is not None:
-                candidates = [host for host in job.hosts if host not in job.excluded]
+            if probed:
+                candidates = [host for host in line.hosts() or () if host in probed and host not in job.excluded]
                 failed = check(candidates, env=env, timeout=probe_timeout)
                 _exclude(job, step, [host for host in candidates if host in failed], EventKind.PROBE, failed)
-            placed = place(line, job.hosts, job.excluded, overlap=end.abandoned)
+            placed = line.relaunch(job.excluded, overlap=end.abandoned, folder=root / f"step-{step + 1}")
             if isinstance(placed, Shortfall):
                 message = f"{placed.message} {placed.hint}"
                 job.timeline.add(Event(EventKind.STOP, step, message, fields={"status": end.status, "reason": "hosts"}))
@@ -144,7 +151,9 @@ def supervise(
             job.timeline.add(Event(EventKind.RELAUNCH, step + 1, decision.message, fields=relaunch))
 
 
-def _records(folder: str, end: StepEnd, job_id: str | None, say: Callable[[str], object]) -> tuple[FailureRecord, ...]:
+def _records(
+    folder: str, end: StepEnd, line: StepLine, job_id: str | None, say: Callable[[str], object]
+) -> tuple[FailureRecord, ...]:
     try:
         records = tuple(read_records(folder))
     except FailureRecordError as error:
@@ -152,7 +161,7 @@ def _records(folder: str, end: StepEnd, job_id: str | None, say: Callable[[str],
         records = ()
     if records or end.status == 0:
         return records
-    died = died_record(end.deaths, launcher=LAUNCHER, job_id=job_id)
+    died = died_record(line.deaths(end.errors), launcher=line.launcher, job_id=job_id)
     return (died,) if died is not None else ()
 
 
@@ -201,4 +210,4 @@ def _look_for_first_step(job: _Job, step: int, folder: str) -> None:
     job.timeline.add(Event(EventKind.FIRST_STEP, step, message, when=first.when, fields=fields))
 
 
-__all__ = ["DEFAULT_STATE", "LAUNCHER", "supervise"]
+__all__ = ["DEFAULT_STATE", "supervise"]

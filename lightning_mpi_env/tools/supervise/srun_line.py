@@ -113,7 +113,7 @@ class SrunLine:
         if not words or os.path.basename(words[0]) != "srun":
             first = words[0] if words else "nothing"
             raise SrunLineError(
-                f"The command to run and relaunch is {first!r}, not srun.",
+                f"The command to run and relaunch is {first!r}, not srun, mpirun or mpiexec.",
                 "Give the job step as you would in the batch script: lightning-mpi-env run -- srun [OPTIONS] "
                 "python train.py.",
                 value=first,

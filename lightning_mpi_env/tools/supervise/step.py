@@ -2,8 +2,8 @@
 
 :func:`run_step` starts the launcher line with the step's own ``LIGHTNING_MPI_ENV_STATE_DIR`` and, while it runs:
 
-- passes its standard error on line by line, and keeps srun's lines about tasks that died
-  (:mod:`~lightning_mpi_env.tools.supervise.deaths`);
+- passes its standard error on line by line, and keeps its last :data:`MAX_ERRORS` characters (where the launcher
+  says which ranks died: :mod:`~lightning_mpi_env.tools.supervise.deaths`);
 - forwards ``SIGINT`` and ``SIGTERM`` to it (srun ends its tasks on them);
 - calls ``tick`` twice a second (the loop looks for the first training step there);
 - once a failure record appears, gives the step :data:`GRACE` seconds to end, then kills the launcher
@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -20,12 +21,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import BinaryIO
 
 from lightning_mpi_env.core.failures import RECORD_NAME
-from lightning_mpi_env.tools.supervise.deaths import Death, read_death
 
 GRACE = 10.0
 """Seconds a step has to end once a failure record is written, before the supervisor kills its launcher."""
@@ -33,8 +33,8 @@ TICK = 0.5
 """Seconds between two looks at the step."""
 MAX_LINE = 1 << 16
 """The longest line of the launcher's standard error read at once (a longer one is passed on in pieces)."""
-MAX_DEATHS = 4096
-"""The most srun death lines kept."""
+MAX_ERRORS = 1 << 20
+"""The most characters of the launcher's standard error kept (its end)."""
 
 
 @dataclass
@@ -43,8 +43,8 @@ class StepEnd:
 
     status: int
     """The launcher's exit status; 128 + N for a signal."""
-    deaths: list[Death] = field(default_factory=list)
-    """srun's lines about tasks that died."""
+    errors: str = ""
+    """The end of the launcher's standard error (at most :data:`MAX_ERRORS` characters)."""
     abandoned: bool = False
     """The launcher was killed :data:`GRACE` seconds after a failure record, without ending by itself."""
 
@@ -70,7 +70,8 @@ def run_step(
     process = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
     assert process.stderr is not None
     end = StepEnd(0)
-    reader = threading.Thread(target=_pass_on, args=(process.stderr, end.deaths), daemon=True)
+    kept: collections.deque[str] = collections.deque()
+    reader = threading.Thread(target=_pass_on, args=(process.stderr, kept), daemon=True)
     reader.start()
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -95,10 +96,12 @@ def run_step(
     reader.join(timeout=5)  # the launcher's last lines; a task that keeps the pipe open is not waited for
     tick()
     end.status = 128 - status if status < 0 else status
+    end.errors = "".join(kept)[-MAX_ERRORS:]
     return end
 
 
-def _pass_on(stream: BinaryIO, deaths: list[Death]) -> None:
+def _pass_on(stream: BinaryIO, kept: collections.deque[str]) -> None:
+    size = 0
     for raw in iter(lambda: stream.readline(MAX_LINE), b""):
         out = getattr(sys.stderr, "buffer", None)
         if out is not None:
@@ -106,9 +109,10 @@ def _pass_on(stream: BinaryIO, deaths: list[Death]) -> None:
             out.flush()
         else:  # a text stream without bytes underneath (a test's capture)
             sys.stderr.write(raw.decode(errors="replace"))
-        death = read_death(raw.decode(errors="replace"))
-        if death is not None and len(deaths) < MAX_DEATHS:
-            deaths.append(death)
+        kept.append(raw.decode(errors="replace"))
+        size += len(kept[-1])
+        while size > 2 * MAX_ERRORS and len(kept) > 1:  # keep the end, in bounded memory
+            size -= len(kept.popleft())
 
 
-__all__ = ["GRACE", "MAX_DEATHS", "MAX_LINE", "TICK", "StepEnd", "recorded", "run_step"]
+__all__ = ["GRACE", "MAX_ERRORS", "MAX_LINE", "TICK", "StepEnd", "recorded", "run_step"]

@@ -16,7 +16,6 @@ import pytest
 
 from lightning_mpi_env.core.failures import FailureKind, FailureRecorder, Fault
 from lightning_mpi_env.core.progress import first_step, write_first_step
-from lightning_mpi_env.tools.supervise.deaths import read_death
 from lightning_mpi_env.tools.supervise.loop import supervise
 from lightning_mpi_env.tools.supervise.policy import RestartPolicy
 from lightning_mpi_env.tools.supervise.srun_line import SrunLineError
@@ -25,10 +24,10 @@ from tests.clusters.slurm import SlurmCluster
 from tests.test_slurm import FABRIC_FREEZE, LIGHTNING_TIMEOUT, STALL_TIMEOUT
 
 
-def test_a_line_that_is_not_srun_runs_nothing(tmp_path):
+def test_a_line_of_another_launcher_runs_nothing(tmp_path):
     ran: list[object] = []
-    with pytest.raises(SrunLineError, match=r"is 'mpirun', not srun"):
-        supervise(["mpirun", "-np", "2", "a"], RestartPolicy(1), env={}, state=str(tmp_path), run=ran.append)
+    with pytest.raises(SrunLineError, match=r"is 'torchrun', not srun, mpirun or mpiexec"):
+        supervise(["torchrun", "--nnodes=2", "a"], RestartPolicy(1), env={}, state=str(tmp_path), run=ran.append)
     assert ran == []
     assert list(tmp_path.iterdir()) == []
 
@@ -73,8 +72,7 @@ def resumed(step: int, at: int | None):
 
 
 def killed_by_srun(folder: str) -> StepEnd:
-    lines = ["srun: error: node2: task 3: Killed", "srun: error: node1: tasks 0-1: Exited with exit code 1"]
-    return StepEnd(137, [death for line in lines if (death := read_death(line)) is not None])
+    return StepEnd(137, "srun: error: node2: task 3: Killed\nsrun: error: node1: tasks 0-1: Exited with exit code 1\n")
 
 
 def _supervise(tmp_path, steps, *, probe_fails=None, line=LINE, env=ALLOCATION):
@@ -182,7 +180,9 @@ def test_a_frozen_rank_s_step_is_relaunched_without_its_node(slurm_cluster: Slur
     # The relaunched step ran on the other node, and finished there.
     (other,) = [host for host in slurm_cluster.hosts if host != frozen_host]
     finished = [line for line in done.stdout.splitlines() if line.startswith("DONE rank=")]
-    assert sorted(finished) == [f"DONE rank=0 host={other}", f"DONE rank=1 host={other}"], output[-6000:]
+    assert sorted(finished) == [f"DONE rank=0 host={other} first=0", f"DONE rank=1 host={other} first=0"], output[
+        -6000:
+    ]
     # One human line per event on stderr.
     shown = [line for line in done.stderr.splitlines() if line.startswith("lightning-mpi-env run: step ")]
     assert len(shown) == len(events), output[-6000:]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from lightning_mpi_env.tools.supervise.deaths import Death
+from lightning_mpi_env.tools.supervise import step
 from lightning_mpi_env.tools.supervise.step import recorded, run_step
 
 
@@ -12,15 +12,23 @@ def _python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def test_the_status_and_srun_s_death_lines_come_back_and_the_output_is_passed_on(tmp_path, capfd):
+def test_the_status_and_the_end_of_stderr_come_back_and_the_output_is_passed_on(tmp_path, capfd):
     code = "import sys; sys.stderr.write('srun: error: node2: task 3: Killed\\nsomething else\\n'); sys.exit(3)"
     ticks: list[None] = []
     end = run_step(_python(code), {}, str(tmp_path), tick=lambda: ticks.append(None))
     assert end.status == 3
-    assert end.deaths == [Death("node2", (3,), "Killed")]
+    assert end.errors == "srun: error: node2: task 3: Killed\nsomething else\n"
     assert not end.abandoned
     assert ticks  # at least once, after the end
     assert "something else" in capfd.readouterr().err
+
+
+def test_only_the_end_of_a_long_stderr_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(step, "MAX_ERRORS", 1000)
+    code = "import sys; [sys.stderr.write(f'line {n:06d}\\n') for n in range(5000)]"
+    end = run_step(_python(code), {}, str(tmp_path))
+    assert len(end.errors) == 1000
+    assert end.errors.endswith("line 004999\n")
 
 
 def test_a_step_killed_by_a_signal_has_status_128_plus_it(tmp_path):

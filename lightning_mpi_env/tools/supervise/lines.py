@@ -1,0 +1,162 @@
+"""The job step's launcher line, whichever launcher it is: what the loop asks of it.
+
+The loop needs four things of the line the user gave after ``lightning-mpi-env run --``: the words of the first
+launch, the hosts of the allocation (for the health probe), the line for a relaunch without some hosts (or why none
+fits), and which ranks the launcher's standard error says a signal ended. :func:`step_line` reads the line once:
+
+- ``srun``: :class:`SrunStep`, over :mod:`.srun_line` and :mod:`.placement`; a step on fewer nodes where the line
+  says ``--nodes=MIN-MAX``;
+- ``mpirun``/``mpiexec`` (Open MPI 5, MPICH, Intel MPI; the family from ``--version``, :mod:`.mpirun_family`):
+  :class:`MpirunStep`, over :mod:`.mpirun_line`: the relaunch names a host file it writes into the next step's
+  state folder; a step on fewer hosts where ``--min-nodes`` allows (the launcher has no range of its own).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from lightning_mpi_env.core.launchers import SLURM
+from lightning_mpi_env.tools.supervise.allocation import Allocation
+from lightning_mpi_env.tools.supervise.deaths import Death, mpirun_deaths, srun_deaths
+from lightning_mpi_env.tools.supervise.mpirun_family import detect_family
+from lightning_mpi_env.tools.supervise.mpirun_line import MpirunLine, TooFewHostsError
+from lightning_mpi_env.tools.supervise.mpirun_options import LAUNCHER_NAMES
+from lightning_mpi_env.tools.supervise.placement import Placement, Shortfall, allocation, place
+from lightning_mpi_env.tools.supervise.srun_line import SrunLine, SrunLineError
+
+HOST_FILE = "hosts"
+"""The host file an ``mpirun`` relaunch names, in the relaunched step's state folder."""
+
+
+class StepLine(Protocol):
+    """What the loop asks of a launcher line."""
+
+    @property
+    def launcher(self) -> str:
+        """The launcher's name, in the records the supervisor makes."""
+        ...
+
+    @property
+    def first(self) -> list[str]:
+        """The words of the first launch: the line as given."""
+        ...
+
+    def hosts(self) -> tuple[str, ...] | None:
+        """The allocation's hosts, where known (the health probe's candidates)."""
+        ...
+
+    def relaunch(self, excluded: Sequence[str], *, overlap: bool, folder: Path) -> Placement | Shortfall:
+        """The line without ``excluded``, or why none fits; ``folder`` is the next step's state folder."""
+        ...
+
+    def deaths(self, errors: str) -> list[Death]:
+        """The ranks the launcher's standard error says died."""
+        ...
+
+
+@dataclass(frozen=True)
+class SrunStep:
+    """An ``srun`` line in a Slurm allocation."""
+
+    line: SrunLine
+    allocation: tuple[str, ...] | None
+
+    @property
+    def launcher(self) -> str:
+        """``Slurm srun``, as the records of the roll call name it (the launcher table's row)."""
+        return SLURM.name
+
+    @property
+    def first(self) -> list[str]:
+        """The line as given."""
+        return list(self.line.words)
+
+    def hosts(self) -> tuple[str, ...] | None:
+        """``SLURM_JOB_NODELIST``'s hosts."""
+        return self.allocation
+
+    def relaunch(self, excluded: Sequence[str], *, overlap: bool, folder: Path) -> Placement | Shortfall:
+        """See :func:`~.placement.place`."""
+        return place(self.line, self.allocation, excluded, overlap=overlap)
+
+    def deaths(self, errors: str) -> list[Death]:
+        """``srun: error: <host>: task <ranks>: <how>`` lines."""
+        return srun_deaths(errors)
+
+
+@dataclass(frozen=True)
+class MpirunStep:
+    """An ``mpirun``/``mpiexec`` line of one family, and the hosts it may run on."""
+
+    line: MpirunLine
+    allocation: Allocation
+    min_nodes: int | None
+
+    @property
+    def launcher(self) -> str:
+        """The family's name (``Open MPI``)."""
+        return self.line.family.name
+
+    @property
+    def first(self) -> list[str]:
+        """The line as given."""
+        return list(self.line.words)
+
+    def hosts(self) -> tuple[str, ...] | None:
+        """The line's own hosts, else the scheduler's."""
+        return tuple(self.allocation.names())
+
+    def relaunch(self, excluded: Sequence[str], *, overlap: bool, folder: Path) -> Placement | Shortfall:
+        """The same world on the hosts left, else ``--min-nodes`` or more hosts at the same ranks per host."""
+        path = folder / HOST_FILE
+        nodes = None
+        try:
+            plan = self.line.relaunch(self.allocation, excluded, str(path))
+        except TooFewHostsError as error:
+            left, _ = self.allocation.split(excluded)
+            if self.min_nodes is None or len(left) < self.min_nodes:
+                return Shortfall(error.problem, error.hint or "")
+            nodes = len(left)
+            plan = self.line.relaunch(self.allocation, excluded, str(path), nodes=nodes)
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(plan.host_file_text, encoding="utf-8")
+        return Placement(list(plan.argv), tuple(host.name for host in plan.hosts), nodes)
+
+    def deaths(self, errors: str) -> list[Death]:
+        """Open MPI's and Hydra's reports of a rank a signal ended."""
+        return mpirun_deaths(errors)
+
+
+def step_line(words: Sequence[str], env: Mapping[str, str], *, min_nodes: int | None = None) -> StepLine:
+    """The line ``words``, read once, before anything runs.
+
+    Raises:
+        SrunLineError: Neither ``srun`` nor ``mpirun``/``mpiexec``, an ``srun`` line it cannot relaunch, or
+            ``min_nodes`` with ``srun`` (whose own ``--nodes=MIN-MAX`` says it).
+        MpirunLineError: An ``mpirun`` line it cannot relaunch, or no hosts to relaunch on.
+        LayoutError: An allocation variable that is malformed.
+    """
+    name = os.path.basename(words[0]) if words else ""
+    if name in LAUNCHER_NAMES:
+        line = MpirunLine.parse(words, detect_family(words[0], env=env))
+        found = line.allocation(env)
+        line.shape(found)  # a world size it cannot tell is refused now, not after the first failure
+        return MpirunStep(line, found, min_nodes)
+    srun = SrunLine.parse(words)
+    srun.excluded()  # a malformed or file exclusion is refused before the first step
+    srun.chosen()
+    if min_nodes is not None:
+        raise SrunLineError(
+            "--min-nodes is for mpirun lines; an srun line says its own range of nodes.",
+            f"Write it on the srun line: srun --nodes={min_nodes}-N ...",
+            variable="--min-nodes",
+            value=str(min_nodes),
+        )
+    return SrunStep(srun, allocation(env))
+
+
+__all__ = ["HOST_FILE", "MpirunStep", "SrunStep", "StepLine", "step_line"]
