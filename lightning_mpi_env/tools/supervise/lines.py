@@ -26,6 +26,7 @@ from lightning_mpi_env.tools.supervise.mpirun_family import detect_family
 from lightning_mpi_env.tools.supervise.mpirun_line import MpirunLine, TooFewHostsError
 from lightning_mpi_env.tools.supervise.mpirun_options import LAUNCHER_NAMES
 from lightning_mpi_env.tools.supervise.placement import Placement, Shortfall, allocation, place
+from lightning_mpi_env.tools.supervise.probe import probe_line
 from lightning_mpi_env.tools.supervise.srun_line import SrunLine, SrunLineError
 
 HOST_FILE = "hosts"
@@ -51,6 +52,10 @@ class StepLine(Protocol):
 
     def relaunch(self, excluded: Sequence[str], *, overlap: bool, folder: Path) -> Placement | Shortfall:
         """The line without ``excluded``, or why none fits; ``folder`` is the next step's state folder."""
+        ...
+
+    def probe_line(self, host: str) -> list[str]:
+        """The health probe's line for ``host``."""
         ...
 
     def deaths(self, errors: str) -> list[Death]:
@@ -86,6 +91,10 @@ class SrunStep:
     def deaths(self, errors: str) -> list[Death]:
         """``srun: error: <host>: task <ranks>: <how>`` lines."""
         return srun_deaths(errors)
+
+    def probe_line(self, host: str) -> list[str]:
+        """A one-task step on ``host`` (:func:`~.probe.probe_line`)."""
+        return probe_line(host)
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,10 @@ class MpirunStep:
     def deaths(self, errors: str) -> list[Death]:
         """Open MPI's and Hydra's reports of a rank a signal ended."""
         return mpirun_deaths(errors)
+
+    def probe_line(self, host: str) -> list[str]:
+        """The line's own launcher on ``host`` alone (:meth:`~.mpirun_line.MpirunLine.probe_line`)."""
+        return self.line.probe_line(host)
 
 
 def step_line(words: Sequence[str], env: Mapping[str, str], *, min_nodes: int | None = None) -> StepLine:

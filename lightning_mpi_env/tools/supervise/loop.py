@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,11 +33,11 @@ from pathlib import Path
 from lightning_mpi_env.core.errors import FailureRecordError, MpiEnvError
 from lightning_mpi_env.core.failures import FailureRecord, read_records
 from lightning_mpi_env.core.progress import read_first_step
-from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY, job_identity
+from lightning_mpi_env.core.schedulers import job_identity
 from lightning_mpi_env.core.settings import VARIABLE
 from lightning_mpi_env.tools.supervise.deaths import died_record
 from lightning_mpi_env.tools.supervise.lines import StepLine, step_line
-from lightning_mpi_env.tools.supervise.placement import Shortfall, allocation
+from lightning_mpi_env.tools.supervise.placement import Shortfall
 from lightning_mpi_env.tools.supervise.policy import Action, RestartPolicy, StepOutcome, describe
 from lightning_mpi_env.tools.supervise.probe import PROBE_TIMEOUT, probe
 from lightning_mpi_env.tools.supervise.step import GRACE, StepEnd, run_step
@@ -46,8 +45,6 @@ from lightning_mpi_env.tools.supervise.timeline import Event, EventKind, Timelin
 
 DEFAULT_STATE = ".lightning-mpi-env-run"
 """The state folder under the working directory (a batch job's, on a file system every node sees)."""
-SLURM_JOB = SCHEDULERS_BY_KEY["slurm"].job_id[0]
-"""The variable set in a Slurm job (``SLURM_JOB_ID``)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 RunStep = Callable[..., StepEnd]
@@ -90,12 +87,6 @@ def supervise(
         LayoutError: The allocation's variables are malformed (before anything runs).
     """
     line = step_line(words, env, min_nodes=min_nodes)
-    # The probe is a Slurm step: it runs where the step runs in a Slurm allocation, on the allocation's hosts.
-    probed = (
-        frozenset(allocation(env) or ())
-        if env.get(SLURM_JOB) and shutil.which("srun", path=env.get("PATH"))
-        else frozenset()
-    )
     identity = job_identity(env)
     job_id = identity[0] if identity is not None else None
     root = Path(state) / (_UNSAFE.sub("_", job_id) if job_id is not None else f"pid-{os.getpid()}")
@@ -137,9 +128,10 @@ def supervise(
                 return end.status
             _exclude(job, step, list(decision.exclude), EventKind.EXCLUDED)
             sleep(decision.wait)
-            if probed:
-                candidates = [host for host in line.hosts() or () if host in probed and host not in job.excluded]
-                failed = check(candidates, env=env, timeout=probe_timeout)
+            hosts = line.hosts()
+            if hosts is not None:
+                candidates = [host for host in hosts if host not in job.excluded]
+                failed = check(candidates, env=env, timeout=probe_timeout, line_for=line.probe_line)
                 _exclude(job, step, [host for host in candidates if host in failed], EventKind.PROBE, failed)
             placed = line.relaunch(job.excluded, overlap=end.abandoned, folder=root / f"step-{step + 1}")
             if isinstance(placed, Shortfall):

@@ -36,6 +36,7 @@ from lightning_mpi_env.tools.supervise.mpirun_parse import Option, parse_options
 
 _HOST_ROLES = frozenset({Role.HOSTS, Role.HOST_FILE, Role.HOST_NAME_FILE, Role.HOST_RANGES})
 _REPLACED_ROLES = _HOST_ROLES | {Role.WORLD}
+_PLACEMENT_ROLES = frozenset({Role.PER_NODE, Role.ONE_PER_NODE, Role.MAP_BY, Role.PPR})
 
 
 class TooFewHostsError(MpirunLineError):
@@ -247,6 +248,25 @@ class MpirunLine:
             shape.per_node,
             unmatched,
         )
+
+    def probe_line(self, host: str) -> list[str]:
+        """The health probe on ``host``: the line's launcher and options, on that host alone, one ``true`` process.
+
+        The line's own options are kept (an agent, a session folder, MCA settings: what it takes to reach a host);
+        its hosts, counts and placement are replaced.
+
+        >>> from lightning_mpi_env.tools.supervise.mpirun_options import OPEN_MPI
+        >>> MpirunLine.parse(["mpirun", "--mca", "a", "b", "-np", "4", "-N", "2", "t"], OPEN_MPI).probe_line("n3")
+        ['mpirun', '--mca', 'a', 'b', '--host', 'n3', '-np', '1', 'true']
+        """
+        dropped = {
+            index
+            for option in self.with_role(*_REPLACED_ROLES, *_PLACEMENT_ROLES)
+            for index in range(option.start, option.stop)
+        }
+        options = [word for index, word in enumerate(self.words[1 : self.program], start=1) if index not in dropped]
+        family = self.family
+        return [self.words[0], *options, family.host_list_option, host, family.world_option, "1", "true"]
 
     def _kept(self) -> list[str]:
         """The line's words after the launcher, without its host and world options."""

@@ -75,6 +75,8 @@ class Family:
     """The option the relaunch names its host file with."""
     world_option: str
     """The option the relaunch gives the number of processes with."""
+    host_list_option: str
+    """The option that names hosts on the line (the health probe's one host)."""
     host_line: str
     """One host of the relaunch's host file: ``{name}`` and ``{slots}``."""
     version_mark: str
@@ -133,6 +135,7 @@ OPEN_MPI = Family(
     case_sensitive=True,
     host_file_option="--hostfile",
     world_option="-np",
+    host_list_option="--host",
     host_line="{name} slots={slots}\n",
     version_mark="(Open MPI)",
     refused_hint=MappingProxyType(
@@ -198,6 +201,7 @@ MPICH = Family(
     case_sensitive=False,
     host_file_option="-machinefile",
     world_option="-n",
+    host_list_option="-hosts",
     host_line="{name}:{slots}\n",
     version_mark="HYDRA build details",
     refused_hint=MappingProxyType(_HYDRA_REFUSED),
@@ -232,6 +236,7 @@ INTEL_MPI = Family(
     # "control process placement through a machine file" (host:N). MPICH's -machinefile is its -f.
     host_file_option="-machinefile",
     world_option="-n",
+    host_list_option="-hosts",
     host_line="{name}:{slots}\n",
     version_mark="Intel(R) MPI Library",
     refused_hint=MappingProxyType(_HYDRA_REFUSED),

@@ -1,5 +1,8 @@
 """The health probe: before a relaunch, each host it may use runs a one-task step, within a time limit.
 
+Under Slurm (an ``srun`` line) the probe is a step of its own; an ``mpirun`` line's probe is its own launcher on that
+host alone (:meth:`~.mpirun_line.MpirunLine.probe_line`), through the same agent the step uses.
+
 A host whose ``slurmd`` hangs or is gone cannot start a step: srun waits on it for ``MessageTimeout`` and more,
 and Slurm declares the node down only after ``SlurmdTimeout`` (300 s by default). The probe, ``srun --nodes=1
 --ntasks=1 --nodelist=<host> --overlap true`` per host, all at once, finds it within :data:`PROBE_TIMEOUT`; a host
@@ -42,14 +45,18 @@ def probe(
     *,
     env: Mapping[str, str],
     timeout: float = PROBE_TIMEOUT,
+    line_for: Callable[[str], list[str]] = probe_line,
     start: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], object] = time.sleep,
 ) -> dict[str, str]:
-    """Probe ``hosts`` at once; the hosts that failed, each with what went wrong in a few words."""
+    """Probe ``hosts`` at once; the hosts that failed, each with what went wrong in a few words.
+
+    ``line_for``: each host's probe line (srun's, :func:`probe_line`, by default; an ``mpirun`` line's own launcher
+    otherwise: :meth:`~.mpirun_line.MpirunLine.probe_line`).
+    """
     running = {
-        host: start(probe_line(host), env=dict(env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        for host in hosts
+        host: start(line_for(host), env=dict(env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for host in hosts
     }
     deadline = clock() + timeout
     while any(process.poll() is None for process in running.values()) and clock() < deadline:

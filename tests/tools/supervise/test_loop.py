@@ -79,8 +79,9 @@ def _supervise(tmp_path, steps, *, probe_fails=None, line=LINE, env=ALLOCATION):
     shown: list[str] = []
     probed: list[list[str]] = []
 
-    def check(hosts, *, env, timeout):
+    def check(hosts, *, env, timeout, line_for):
         probed.append(list(hosts))
+        assert line_for(hosts[0])[:2] == ["srun", "--nodes=1"]  # the srun line's probe is a Slurm step
         return {host: "no answer in 20 s" for host in hosts if host in (probe_fails or {})}
 
     status = supervise(

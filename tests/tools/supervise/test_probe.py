@@ -7,9 +7,15 @@ reasons.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
+import pytest
+
+from lightning_mpi_env.tools.simcluster import RSH_AGENT, find_mpirun, session_dir_arguments
+from lightning_mpi_env.tools.supervise.mpirun_line import MpirunLine
+from lightning_mpi_env.tools.supervise.mpirun_options import OPEN_MPI
 from lightning_mpi_env.tools.supervise.probe import probe, probe_line
 
 BEHAVIOUR = {
@@ -38,3 +44,19 @@ def test_the_probe_is_one_task_on_that_host_sharing_its_cpus():
     line = probe_line("node7")
     assert line[0] == "srun"
     assert {"--nodes=1", "--ntasks=1", "--nodelist=node7", "--overlap"} <= set(line)
+
+
+@pytest.mark.mpi
+def test_an_mpirun_line_s_probe_runs_its_own_launcher_on_one_host(tmp_path):
+    # Real Open MPI: through the project's rsh agent (the line's own --mca setting, kept by the probe) a simulated
+    # node answers; with Open MPI's own agent (ssh), a host that does not resolve fails in the launcher's words.
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    launcher = [find_mpirun(), *root, *session_dir_arguments(tmp_path / "p")]
+    step = ["-H", "127.0.0.2:2,127.0.0.3:2", "-np", "4", "-N", "2", "hostname"]
+    simulated = MpirunLine.parse([*launcher, "--mca", "plm_rsh_agent", str(RSH_AGENT), *step], OPEN_MPI)
+    assert simulated.probe_line("127.0.0.3")[-5:] == ["--host", "127.0.0.3", "-np", "1", "true"]
+    assert probe(["127.0.0.3"], env=os.environ, timeout=60, line_for=simulated.probe_line) == {}
+    plain = MpirunLine.parse([*launcher, *step], OPEN_MPI)
+    failed = probe(["no-such-node.invalid"], env=os.environ, timeout=60, line_for=plain.probe_line)
+    assert list(failed) == ["no-such-node.invalid"]
+    assert failed["no-such-node.invalid"].startswith("the probe step failed (exit status")
