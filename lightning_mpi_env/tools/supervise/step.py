@@ -71,7 +71,8 @@ def run_step(
     assert process.stderr is not None
     end = StepEnd(0)
     kept: collections.deque[str] = collections.deque()
-    reader = threading.Thread(target=_pass_on, args=(process.stderr, kept), daemon=True)
+    lock = threading.Lock()  # a process that outlives the launcher may hold its stderr open: the reader goes on
+    reader = threading.Thread(target=_pass_on, args=(process.stderr, kept, lock), daemon=True)
     reader.start()
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -96,11 +97,12 @@ def run_step(
     reader.join(timeout=5)  # the launcher's last lines; a task that keeps the pipe open is not waited for
     tick()
     end.status = 128 - status if status < 0 else status
-    end.errors = "".join(kept)[-MAX_ERRORS:]
+    with lock:
+        end.errors = "".join(kept)[-MAX_ERRORS:]
     return end
 
 
-def _pass_on(stream: BinaryIO, kept: collections.deque[str]) -> None:
+def _pass_on(stream: BinaryIO, kept: collections.deque[str], lock: threading.Lock) -> None:
     size = 0
     for raw in iter(lambda: stream.readline(MAX_LINE), b""):
         out = getattr(sys.stderr, "buffer", None)
@@ -109,10 +111,11 @@ def _pass_on(stream: BinaryIO, kept: collections.deque[str]) -> None:
             out.flush()
         else:  # a text stream without bytes underneath (a test's capture)
             sys.stderr.write(raw.decode(errors="replace"))
-        kept.append(raw.decode(errors="replace"))
-        size += len(kept[-1])
-        while size > 2 * MAX_ERRORS and len(kept) > 1:  # keep the end, in bounded memory
-            size -= len(kept.popleft())
+        with lock:
+            kept.append(raw.decode(errors="replace"))
+            size += len(kept[-1])
+            while size > 2 * MAX_ERRORS and len(kept) > 1:  # keep the end, in bounded memory
+                size -= len(kept.popleft())
 
 
 __all__ = ["GRACE", "MAX_ERRORS", "MAX_LINE", "TICK", "StepEnd", "recorded", "run_step"]
