@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from lightning_mpi_env.core.errors import MpirunLineError
 from lightning_mpi_env.core.launchers import SLURM
 from lightning_mpi_env.tools.supervise.allocation import Allocation
 from lightning_mpi_env.tools.supervise.deaths import Death, mpirun_deaths, srun_deaths
@@ -130,7 +131,10 @@ class MpirunStep:
             if self.min_nodes is None or len(left) < self.min_nodes:
                 return Shortfall(error.problem, error.hint or "")
             nodes = len(left)
-            plan = self.line.relaunch(self.allocation, excluded, str(path), nodes=nodes)
+            try:
+                plan = self.line.relaunch(self.allocation, excluded, str(path), nodes=nodes)
+            except MpirunLineError as fewer:  # no ranks per host on the line: it cannot shrink
+                return Shortfall(f"{error.problem} {fewer.problem}", fewer.hint)
         folder.mkdir(parents=True, exist_ok=True)
         path.write_text(plan.host_file_text, encoding="utf-8")
         return Placement(list(plan.argv), tuple(host.name for host in plan.hosts), nodes)

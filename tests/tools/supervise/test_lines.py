@@ -1,0 +1,50 @@
+"""The launcher line as the loop sees it: an mpirun relaunch's host file, its shrinking, and the srun refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_mpi_env.tools.supervise.lines import HOST_FILE, MpirunStep, step_line
+from lightning_mpi_env.tools.supervise.mpirun_line import MpirunLine
+from lightning_mpi_env.tools.supervise.mpirun_options import OPEN_MPI
+from lightning_mpi_env.tools.supervise.placement import Placement, Shortfall
+from lightning_mpi_env.tools.supervise.srun_line import SrunLineError
+
+
+def _step(hosts: str, *placement: str, min_nodes: int | None = None) -> MpirunStep:
+    line = MpirunLine.parse(["mpirun", "-H", hosts, "-np", "4", *placement, "python", "t.py"], OPEN_MPI)
+    return MpirunStep(line, line.allocation({}), min_nodes)
+
+
+def test_a_spare_host_takes_the_failed_one_s_place_through_the_host_file(tmp_path):
+    placed = _step("n1:2,n2:2,n3:2", "-N", "2").relaunch(["n2"], overlap=False, folder=tmp_path / "step-2")
+    assert isinstance(placed, Placement)
+    assert placed.argv[:5] == ["mpirun", "--hostfile", str(tmp_path / "step-2" / HOST_FILE), "-np", "4"]
+    assert (tmp_path / "step-2" / HOST_FILE).read_text() == "n1 slots=2\nn3 slots=2\n"
+    assert placed.nodes is None
+
+
+def test_without_a_spare_the_step_stops_unless_min_nodes_lets_it_shrink(tmp_path):
+    stopped = _step("n1:2,n2:2", "-N", "2").relaunch(["n2"], overlap=False, folder=tmp_path / "a")
+    assert isinstance(stopped, Shortfall)
+    assert "spare" in f"{stopped.message} {stopped.hint}"
+    assert not (tmp_path / "a" / HOST_FILE).exists()
+    shrunk = _step("n1:2,n2:2", "-N", "2", min_nodes=1).relaunch(["n2"], overlap=False, folder=tmp_path / "b")
+    assert isinstance(shrunk, Placement)
+    assert shrunk.nodes == 1
+    assert shrunk.argv[3:5] == ["-np", "2"]
+    assert (tmp_path / "b" / HOST_FILE).read_text() == "n1 slots=2\n"
+
+
+def test_a_line_without_ranks_per_host_cannot_shrink_and_says_so(tmp_path):
+    # Hosts of different slots and no -N: the ranks per host on fewer hosts are unknown. A stop, not a traceback.
+    placed = _step("n1:3,n2:1", min_nodes=1).relaunch(["n2"], overlap=False, folder=tmp_path)
+    assert isinstance(placed, Shortfall)
+    assert "per-node" in placed.message
+
+
+def test_srun_lines_say_their_own_range_of_nodes():
+    with pytest.raises(SrunLineError, match=r"--min-nodes is for mpirun lines"):
+        step_line(["srun", "-N2", "python", "t.py"], {}, min_nodes=1)
+    with pytest.raises(SrunLineError, match=r"not srun, mpirun or mpiexec"):
+        step_line(["flux", "run", "python", "t.py"], {})
