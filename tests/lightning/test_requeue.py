@@ -531,7 +531,7 @@ GATED_SAMPLES = 256  # 96 steps of 0.3 s: a job still trains while the other one
 GATED_STEPS = 96
 
 
-def submit_gated(cluster, root, gate, *extra: str) -> str:
+def submit_gated(cluster, root, gate, *extra: str, together: str | None = None) -> str:
     """The srun example job script (2 nodes, 1 rank each), whose restart waits for the file ``gate``.
 
     Each rank writes its result to ``root/results`` as well: its RESULT line, longer than 1024 bytes after 96 steps,
@@ -545,6 +545,8 @@ def submit_gated(cluster, root, gate, *extra: str) -> str:
     train = [sys.executable, str(TRAINER_JOB), "--samples", str(GATED_SAMPLES), "--epochs", "3"]
     train += ["--step-seconds", "0.3", "--root-dir", str(root), "--result-dir", str(root / "results"), *extra]
     env = {"TRAIN": " ".join(train), "GATE": str(gate), "OMP_NUM_THREADS": "1"}
+    if together is not None:  # DIR:COUNT: no rank starts fit() before COUNT ranks reached it (tamper.start_gate)
+        env["INSTRUMENTED_START_GATE"] = together
     return cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)
 
 
@@ -579,7 +581,14 @@ def saved_step(root, job: str, name: str) -> int:
 def test_slurm_two_jobs_in_one_folder_each_resume_their_own_checkpoint(slurm_cluster, tmp_path):
     root, gate = tmp_path / "root", tmp_path / "gate"
     root.mkdir()
-    first, second = submit_gated(slurm_cluster, root, gate), submit_gated(slurm_cluster, root, gate)
+    # Both jobs start training together, before either saves: a job still starting when the other's checkpoint
+    # appears has none of its own, and hpc_checkpoint() rightly refuses to let Lightning resume the other's (seen
+    # under load, with the first job late).
+    together = f"{tmp_path / 'started'}:4"
+    first = submit_gated(slurm_cluster, root, gate, together=together)
+    second = submit_gated(slurm_cluster, root, gate, together=together)
+    for job in (first, second):
+        slurm_cluster.wait_output(job, "FIRST_STEP rank=0", timeout=SLURM_TIMEOUT)
     # The second job saves hpc_ckpt_1 and is requeued; then the first saves hpc_ckpt_2, the highest number, which
     # Lightning's own Slurm resume would take for the second job too.
     signal_once_training(slurm_cluster, second)
