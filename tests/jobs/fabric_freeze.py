@@ -24,6 +24,9 @@ from lightning.fabric import Fabric
 import lightning_mpi_env  # noqa: F401  (registers "ddp_mpi")
 from lightning_mpi_env import MPIClusterEnvironment
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "instrumented"))
+from tamper import first_time  # noqa: E402  (the one "fault only the first time" marker, trainer_job.py's too)
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,7 +61,7 @@ def main():
     first = state["step"]
     print(f"START rank={fabric.global_rank} step={first} time={time.time()!r}\n", end="", flush=True)
     for step in range(first, args.steps):
-        if fabric.global_rank == frozen_rank and step == frozen_step and _first_time(args.freeze_once):
+        if fabric.global_rank == frozen_rank and step == frozen_step and first_time(args.freeze_once):
             print(f"FREEZE rank={frozen_rank} step={step} time={time.time()!r}\n", end="", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
         loss = model(torch.ones(8, 4)).sum()
@@ -74,17 +77,6 @@ def main():
                 os.replace(args.checkpoint + ".tmp", args.checkpoint)  # whole or not at all
     print(f"DONE rank={fabric.global_rank} host={socket.gethostname()} first={first}\n", end="", flush=True)
     sys.exit(0)
-
-
-def _first_time(marker: str | None) -> bool:
-    """Whether this is the fault's first time: always without a marker; else only for whoever makes the marker."""
-    if marker is None:
-        return True
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
 
 
 if __name__ == "__main__":
