@@ -16,17 +16,25 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 import os
 import re
-import stat
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from lightning_mpi_env.core.errors import FailureRecordError
+from lightning_mpi_env.core.state_files import (
+    FieldError,
+    NotARegularFile,
+    exact_fields,
+    load_json,
+    read_capped,
+    seconds,
+    versioned_object,
+    whole_number,
+    write_whole,
+)
 from lightning_mpi_env.core.values import MAX_WORLD_SIZE, shown
 
 FORMAT = 1
@@ -169,84 +177,50 @@ def parse_record(raw: bytes | str, source: str) -> FailureRecord:
     lightning_mpi_env.core.errors.FailureRecordError: The failure record f.json is malformed: kind='bored' is not one of missing, duplicate, mismatch, stalled, frozen, store_unreachable, died.
     HINT: Delete the file; it was not written by this version of lightning-mpi-env's roll call or watchdog.
     """  # noqa: E501
-    if len(raw) > MAX_RECORD_BYTES:
-        raise _malformed(source, f"it is {len(raw)} bytes long (at most {MAX_RECORD_BYTES} are read)")
     try:
-        data = json.loads(raw, parse_constant=_no_constant)
-    except _Invalid as error:
-        raise _malformed(source, str(error)) from None
-    except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise _malformed(source, f"it is not JSON ({type(error).__name__})") from None
-    try:
-        return _record(data)
-    except _Invalid as error:
+        return _record(load_json(raw, MAX_RECORD_BYTES))
+    except FieldError as error:
         raise _malformed(source, str(error)) from None
 
 
-class _Invalid(ValueError):
-    """One field's problem, for :func:`parse_record` to name with the file."""
-
-
-def _no_constant(name: str) -> object:
-    raise _Invalid(f"{name} is not a number")
-
-
-def _record(data: object) -> FailureRecord:
-    if not isinstance(data, dict):
-        raise _Invalid(f"it holds {type(data).__name__}, not an object")
-    if data.get("format") != FORMAT:
-        raise _Invalid(f"format={shown(str(data.get('format')))} is not {FORMAT}")
+def _record(value: object) -> FailureRecord:
+    data = versioned_object(value, FORMAT)
     kinds = {kind.value: kind for kind in FailureKind}
     kind = data.get("kind")
     if not isinstance(kind, str) or kind not in kinds:
-        raise _Invalid(f"kind={shown(str(kind))} is not one of {', '.join(kinds)}")
-    unknown = sorted(set(data) - set(_FIELDS))
-    missing = [name for name in _FIELDS if name not in data]
-    if unknown or missing:
-        raise _Invalid(f"fields {unknown or missing} are {'unknown' if unknown else 'missing'}")
+        raise FieldError(f"kind={shown(str(kind))} is not one of {', '.join(kinds)}")
+    exact_fields(data, _FIELDS)
     return FailureRecord(
         kind=kinds[kind],
-        ranks=tuple(_integer(rank, "ranks", MAX_WORLD_SIZE - 1) for rank in _list(data["ranks"], "ranks")),
+        ranks=tuple(whole_number(rank, "ranks", MAX_WORLD_SIZE - 1) for rank in _list(data["ranks"], "ranks")),
         hosts=tuple(_matching(host, "hosts", _HOST) for host in _list(data["hosts"], "hosts", MAX_HOSTS)),
-        when=_time(data["when"]),
-        step=None if data["step"] is None else _integer(data["step"], "step", MAX_STEP),
+        when=seconds(data["when"]),
+        step=None if data["step"] is None else whole_number(data["step"], "step", MAX_STEP),
         launcher=_matching(data["launcher"], "launcher", _LAUNCHER),
         job_id=None if data["job_id"] is None else _matching(data["job_id"], "job_id", JOB_ID),
-        written_by=_integer(data["written_by"], "written_by", MAX_WORLD_SIZE - 1),
+        written_by=whole_number(data["written_by"], "written_by", MAX_WORLD_SIZE - 1),
         problem=_text(data["problem"], "problem"),
     )
 
 
 def _list(value: object, name: str, limit: int = MAX_WORLD_SIZE) -> list[object]:
     if not isinstance(value, list):
-        raise _Invalid(f"{name} is {type(value).__name__}, not a list")
+        raise FieldError(f"{name} is {type(value).__name__}, not a list")
     if len(value) > limit:
-        raise _Invalid(f"{name} holds {len(value)} items (at most {limit})")
-    return value
-
-
-def _integer(value: object, name: str, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
-        raise _Invalid(f"{name} holds {shown(str(value))}, not a whole number from 0 to {high}")
+        raise FieldError(f"{name} holds {len(value)} items (at most {limit})")
     return value
 
 
 def _matching(value: object, name: str, form: re.Pattern[str]) -> str:
     if not isinstance(value, str) or not form.match(value):
-        raise _Invalid(f"{name} holds {shown(str(value))}, which is not a {name.rstrip('s')} name")
+        raise FieldError(f"{name} holds {shown(str(value))}, which is not a {name.rstrip('s')} name")
     return value
 
 
 def _text(value: object, name: str) -> str:
     if not isinstance(value, str) or len(value) > MAX_PROBLEM:
-        raise _Invalid(f"{name} is not a text of at most {MAX_PROBLEM} characters")
+        raise FieldError(f"{name} is not a text of at most {MAX_PROBLEM} characters")
     return value
-
-
-def _time(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise _Invalid(f"when holds {shown(str(value))}, not a time in seconds")
-    return float(value)
 
 
 def _malformed(source: str, reason: str) -> FailureRecordError:
@@ -289,15 +263,11 @@ def read_records(folder: str) -> list[FailureRecord]:
 def _read_capped(path: str) -> bytes:
     """The bytes of the regular file at ``path``, at most :data:`MAX_RECORD_BYTES` plus one (then refused)."""
     try:
-        # O_NONBLOCK: a FIFO put there would block the open; fstat refuses it before any read.
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        return read_capped(path, MAX_RECORD_BYTES)
+    except NotARegularFile as error:
+        raise _malformed(path, "it is not a regular file") from error
     except OSError as error:
         raise _malformed(path, f"it cannot be opened ({error.strerror})") from error
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-        os.close(descriptor)
-        raise _malformed(path, "it is not a regular file")
-    with os.fdopen(descriptor, "rb") as file:
-        return file.read(MAX_RECORD_BYTES + 1)
 
 
 @dataclass(frozen=True)
@@ -346,15 +316,7 @@ class FailureRecorder:
         record = self.record(fault, problem=problem, written_by=written_by)
         name = f"failure-rank{written_by}-{os.getpid()}.json"
         try:
-            os.makedirs(self.folder, exist_ok=True)
-            descriptor, temporary = tempfile.mkstemp(prefix=".failure-", dir=self.folder)
-            try:
-                with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-                    file.write(record.to_json())
-                os.replace(temporary, os.path.join(self.folder, name))
-            except BaseException:
-                os.unlink(temporary)
-                raise
+            write_whole(self.folder, name, record.to_json())
         except OSError as error:
             return (
                 f"lightning-mpi-env: could not write the failure record {name} into {self.folder} "

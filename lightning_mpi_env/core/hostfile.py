@@ -9,8 +9,9 @@ whichever comes first. What comes back is the head of the file, not the file. St
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Generator, Iterable
+
+from lightning_mpi_env.core.state_files import NotARegularFile, open_regular
 
 MAX_HOST_FILE_BYTES = 1 << 20
 """The most bytes read from a host file before the host lines needed: 1 MiB, thousands of lines of comments."""
@@ -18,14 +19,6 @@ MAX_HOST_FILE_BYTES = 1 << 20
 HOST_LINES_NEEDED = 2
 """The host lines read from the top of a host file: the first host, after the launch node that heads ``jsrun``'s
 ``LSB_DJOB_RANKFILE`` (the most any host list skips)."""
-
-_FILE_TYPES = {
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFDIR: "a directory",
-}
 
 
 class HostFileError(OSError):
@@ -111,12 +104,10 @@ def read_whole_host_file(path: str, *, max_bytes: int) -> str:
 
 
 def _lines(path: str, max_bytes: int) -> Generator[str, None, None]:
-    # O_NONBLOCK: opening a FIFO for reading waits for a writer otherwise (fstat then refuses it).
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    kind = stat.S_IFMT(os.fstat(descriptor).st_mode)
-    if kind != stat.S_IFREG:
-        os.close(descriptor)
-        raise HostFileError(f"{path} is {_FILE_TYPES.get(kind, 'not a regular file')}, not a regular file")
+    try:
+        descriptor = open_regular(path)
+    except NotARegularFile as error:
+        raise HostFileError(str(error)) from None
     with os.fdopen(descriptor, "rb") as file:
         left = max_bytes
         for number in range(1, max_bytes + 2):

@@ -13,14 +13,22 @@ else is one :class:`~lightning_mpi_env.core.errors.ProgressRecordError` naming t
 from __future__ import annotations
 
 import json
-import math
 import os
-import stat
-import tempfile
 from dataclasses import dataclass, field
 
 from lightning_mpi_env.core.errors import ProgressRecordError
 from lightning_mpi_env.core.failures import JOB_ID
+from lightning_mpi_env.core.state_files import (
+    FieldError,
+    NotARegularFile,
+    exact_fields,
+    load_json,
+    read_capped,
+    seconds,
+    versioned_object,
+    whole_number,
+    write_whole,
+)
 from lightning_mpi_env.core.values import shown
 
 FORMAT = 1
@@ -90,15 +98,7 @@ def write_first_step(folder: str, record: FirstStep) -> str | None:
     print, never raised. Returns ``None`` when written.
     """
     try:
-        os.makedirs(folder, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(prefix=".first-step-", dir=folder)
-        try:
-            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-                file.write(record.to_json())
-            os.replace(temporary, os.path.join(folder, FIRST_STEP))
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        write_whole(folder, FIRST_STEP, record.to_json())
     except OSError as error:
         return (
             f"lightning-mpi-env: could not write the progress record {FIRST_STEP} into {folder} "
@@ -116,17 +116,13 @@ def read_first_step(folder: str) -> FirstStep | None:
     """
     path = os.path.join(folder, FIRST_STEP)
     try:
-        # O_NONBLOCK: a FIFO put there would block the open; fstat refuses it before any read.
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        raw = read_capped(path, MAX_RECORD_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except NotARegularFile as error:
+        raise _malformed(path, "it is not a regular file") from error
     except OSError as error:
         raise _malformed(path, f"it cannot be opened ({error.strerror})") from error
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-        os.close(descriptor)
-        raise _malformed(path, "it is not a regular file")
-    with os.fdopen(descriptor, "rb") as file:
-        raw = file.read(MAX_RECORD_BYTES + 1)
     return parse_first_step(raw, path)
 
 
@@ -144,55 +140,28 @@ def parse_first_step(raw: bytes | str, source: str) -> FirstStep:
     lightning_mpi_env.core.errors.ProgressRecordError: The progress record f.json is malformed: fields ['resumed_from', 'resumed_step', 'when', 'job_id'] are missing.
     HINT: Delete the file; it was not written by this version of lightning-mpi-env's callback.
     """  # noqa: E501
-    if len(raw) > MAX_RECORD_BYTES:
-        raise _malformed(source, f"it is more than {MAX_RECORD_BYTES} bytes long")
     try:
-        data = json.loads(raw, parse_constant=_no_constant)
-    except _Invalid as error:
-        raise _malformed(source, str(error)) from None
-    except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise _malformed(source, f"it is not JSON ({type(error).__name__})") from None
-    try:
-        return _record(data)
-    except _Invalid as error:
+        return _record(load_json(raw, MAX_RECORD_BYTES))
+    except FieldError as error:
         raise _malformed(source, str(error)) from None
 
 
-class _Invalid(ValueError):
-    """One field's problem, for :func:`parse_first_step` to name with the file."""
-
-
-def _no_constant(name: str) -> object:
-    raise _Invalid(f"{name} is not a number")
-
-
-def _record(data: object) -> FirstStep:
-    if not isinstance(data, dict):
-        raise _Invalid(f"it holds {type(data).__name__}, not an object")
-    if data.get("format") != FORMAT:
-        raise _Invalid(f"format={shown(str(data.get('format')))} is not {FORMAT}")
-    unknown = sorted(set(data) - set(_FIELDS))
-    missing = [name for name in _FIELDS if name not in data]
-    if unknown or missing:
-        raise _Invalid(f"fields {unknown or missing} are {'unknown' if unknown else 'missing'}")
-    step = _step(data["step"], "step")
-    resumed_from, resumed_step = data["resumed_from"], data["resumed_step"]
-    if (resumed_from is None) != (resumed_step is None):
-        raise _Invalid("resumed_from and resumed_step are not both set or both null")
-    if resumed_from is not None:
-        resumed_from, resumed_step = _file_name(resumed_from), _step(resumed_step, "resumed_step")
+def _record(value: object) -> FirstStep:
+    data = versioned_object(value, FORMAT)
+    exact_fields(data, _FIELDS)
+    step = whole_number(data["step"], "step", MAX_STEP)
+    if (data["resumed_from"] is None) != (data["resumed_step"] is None):
+        raise FieldError("resumed_from and resumed_step are not both set or both null")
+    resumed_from, resumed_step = None, None
+    if data["resumed_from"] is not None:
+        resumed_from = _file_name(data["resumed_from"])
+        resumed_step = whole_number(data["resumed_step"], "resumed_step", MAX_STEP)
         if resumed_step > step:
-            raise _Invalid(f"resumed_step {resumed_step} is past step {step}")
+            raise FieldError(f"resumed_step {resumed_step} is past step {step}")
     job_id = data["job_id"]
     if job_id is not None and not (isinstance(job_id, str) and JOB_ID.match(job_id)):
-        raise _Invalid(f"job_id holds {shown(str(job_id))}, which is not a job id")
-    return FirstStep(step, resumed_from, resumed_step, _time(data["when"]), job_id)
-
-
-def _step(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEP:
-        raise _Invalid(f"{name} holds {shown(str(value))}, not a whole number from 0 to {MAX_STEP}")
-    return value
+        raise FieldError(f"job_id holds {shown(str(job_id))}, which is not a job id")
+    return FirstStep(step, resumed_from, resumed_step, seconds(data["when"]), job_id)
 
 
 def _file_name(value: object) -> str:
@@ -202,14 +171,8 @@ def _file_name(value: object) -> str:
         or value in (".", "..")
         or any(character == "/" or ord(character) < 32 or ord(character) == 127 for character in value)
     ):
-        raise _Invalid(f"resumed_from holds {shown(str(value))}, which is not a file name")
+        raise FieldError(f"resumed_from holds {shown(str(value))}, which is not a file name")
     return value
-
-
-def _time(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise _Invalid(f"when holds {shown(str(value))}, not a time in seconds")
-    return float(value)
 
 
 def _malformed(source: str, reason: str) -> ProgressRecordError:

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from lightning_mpi_env.core.errors import CheckpointError, CheckpointWarning
 from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY, SchedulerJob, describe_job
+from lightning_mpi_env.core.state_files import load_json, read_capped, write_whole
 from lightning_mpi_env.lightning.compat import HPC_CHECKPOINT, hpc_checkpoint_name
 
 RECORDS = ".lightning-mpi-env"
@@ -138,7 +139,6 @@ def read_record(directory: str, job: SchedulerJob) -> Record:
 def write_record(directory: str, job: SchedulerJob, record: Record) -> None:
     """Write ``job``'s record whole (a temporary file, then ``os.replace``): a reader sees the old or the new one."""
     path = record_path(directory, job)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     data = {
         "format": FORMAT,
         "scheduler": record.scheduler,
@@ -151,12 +151,7 @@ def write_record(directory: str, job: SchedulerJob, record: Record) -> None:
             for item in record.saved
         ],
     }
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w", encoding="utf-8") as file:
-        json.dump(data, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    write_whole(os.path.dirname(path), os.path.basename(path), json.dumps(data))
 
 
 def reserve_next(directory: str) -> str:
@@ -312,15 +307,9 @@ def _records(directory: str) -> Iterator[Record]:
 
 
 def _read(path: str) -> Record:
-    # Regular files only, and at most MAX_RECORD_BYTES: a FIFO or a huge file in its place is an error, not a hang.
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        raw = file.read(MAX_RECORD_BYTES + 1)
-    if len(raw) > MAX_RECORD_BYTES:
-        raise ValueError(f"larger than {MAX_RECORD_BYTES} bytes")
-    return _parse(json.loads(raw.decode("utf-8")))
+    # Regular files only (a link is refused), and at most MAX_RECORD_BYTES: a FIFO or a huge file in its place is an
+    # error, not a hang.
+    return _parse(load_json(read_capped(path, MAX_RECORD_BYTES, follow_links=False), MAX_RECORD_BYTES))
 
 
 def _parse(data: Any) -> Record:
