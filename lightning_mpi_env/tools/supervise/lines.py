@@ -137,7 +137,7 @@ class MpirunStep:
                 return Shortfall(f"{error.problem} {fewer.problem}", fewer.hint)
         folder.mkdir(parents=True, exist_ok=True)
         path.write_text(plan.host_file_text, encoding="utf-8")
-        return Placement(list(plan.argv), tuple(host.name for host in plan.hosts), nodes)
+        return Placement(list(plan.argv), tuple(host.name for host in plan.hosts), nodes, plan.unmatched)
 
     def deaths(self, errors: str) -> list[Death]:
         """Open MPI's and Hydra's reports of a rank a signal ended."""

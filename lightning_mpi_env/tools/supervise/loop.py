@@ -37,7 +37,7 @@ from lightning_mpi_env.core.schedulers import job_identity
 from lightning_mpi_env.core.settings import VARIABLE
 from lightning_mpi_env.tools.supervise.deaths import died_record
 from lightning_mpi_env.tools.supervise.lines import StepLine, step_line
-from lightning_mpi_env.tools.supervise.placement import Shortfall
+from lightning_mpi_env.tools.supervise.placement import Placement, Shortfall
 from lightning_mpi_env.tools.supervise.policy import Action, RestartPolicy, StepOutcome, describe
 from lightning_mpi_env.tools.supervise.probe import PROBE_TIMEOUT, probe
 from lightning_mpi_env.tools.supervise.step import GRACE, StepEnd, run_step
@@ -140,7 +140,9 @@ def supervise(
                 return end.status
             argv = placed.argv
             relaunch: dict[str, Value] = {"wait": decision.wait, "nodes": placed.nodes}
-            job.timeline.add(Event(EventKind.RELAUNCH, step + 1, decision.message, fields=relaunch))
+            relaunch["unmatched"] = list(placed.unmatched)
+            text = _relaunch_text(decision.message, placed)
+            job.timeline.add(Event(EventKind.RELAUNCH, step + 1, text, fields=relaunch))
 
 
 def _records(
@@ -165,6 +167,17 @@ def _failure(step: int, outcome: StepOutcome, end: StepEnd) -> Event:
     if end.abandoned:
         message += "; the step did not end after the verdict, so its launcher was killed"
     return Event(EventKind.FAILURE, step, message, fields=fields)
+
+
+def _relaunch_text(message: str, placed: Placement) -> str:
+    """The relaunch's line, saying which blamed names no host of the allocation bears (nothing left out for them)."""
+    if not placed.unmatched:
+        return message
+    return (
+        f"{message}; no host of the allocation is named {' or '.join(placed.unmatched)}, as the failure records "
+        "name the failed host, so nothing was left out for it: compare the host names the ranks report (hostname) "
+        "with the scheduler's node names"
+    )
 
 
 def _exclude(job: _Job, step: int, hosts: list[str], kind: EventKind, why: Mapping[str, str] | None = None) -> None:

@@ -35,6 +35,9 @@ class Placement:
     """The allocation's hosts it may use; ``None`` where the allocation is unknown."""
     nodes: int | None
     """The node count it was changed to, where it runs on fewer nodes than the line asked; else ``None``."""
+    unmatched: tuple[str, ...] = ()
+    """Hosts to leave out that name no host of the allocation (a record naming a host the scheduler spells
+    otherwise): nothing was left out for them, and the launcher was not given them."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ def place(
     ['srun', '--exclude=n2', '--nodes=1-2', '--ntasks-per-node=2', 'a']
     >>> place(line, ("n1", "n2"), ["n2"]).argv
     ['srun', '--exclude=n2', '--nodes=1', '--ntasks=2', '--ntasks-per-node=2', 'a']
+    >>> place(line, ("n1.c", "n2.c", "n3.c"), ["n2", "n9"])  # the records' spelling, and a name of no host
+    Placement(argv=['srun', '--exclude=n2.c', '--nodes=1-2', '--ntasks-per-node=2', 'a'], hosts=('n1.c', 'n3.c'), \
+nodes=None, unmatched=('n9',))
     >>> place(line, ("n1", "n2"), ["n1", "n2"]).message.split(":")[0]
     'The step needs 1 to 2 nodes (srun --nodes=1-2), and the allocation n1,n2 has none left'
     """
@@ -82,14 +88,18 @@ def place(
     if hosts is None:
         return Placement(line.relaunched(excluded, overlap=overlap), None, None)
     gone = list(dict.fromkeys([*line.excluded(), *excluded]))
-    # A record names a host as the rank saw it (node2); the scheduler may spell it in full (node2.cluster).
-    kept, _ = Allocation(tuple(Host(host, None) for host in hosts), "allocation").split(gone)
+    # A record names a host as the rank saw it (node2); the scheduler may spell it in full (node2.cluster), and srun
+    # takes only its own spelling (it refuses a name it does not know): the allocation's names are excluded.
+    whole = Allocation(tuple(Host(host, None) for host in hosts), "allocation")
+    kept, _ = whole.split(gone)
     left = tuple(host.name for host in kept)
+    still, unmatched = whole.split(excluded)
+    spelled = [host for host in hosts if host not in {host.name for host in still}]
     low, high = wanted if wanted is not None else (1, 1)
     if len(left) >= high:
-        return Placement(line.relaunched(excluded, overlap=overlap), left, None)
+        return Placement(line.relaunched(spelled, overlap=overlap), left, None, unmatched)
     if len(left) >= low:
-        return Placement(line.relaunched(excluded, len(left), overlap=overlap), left, len(left))
+        return Placement(line.relaunched(spelled, len(left), overlap=overlap), left, len(left), unmatched)
     asked = f"{low} to {high} nodes (srun --nodes={low}-{high})" if low != high else f"{low} node(s)"
     if wanted is not None and low == high:
         asked += f" (srun --nodes={low})"

@@ -17,11 +17,13 @@ def _step(hosts: str, *placement: str, min_nodes: int | None = None) -> MpirunSt
 
 
 def test_a_spare_host_takes_the_failed_one_s_place_through_the_host_file(tmp_path):
-    placed = _step("n1:2,n2:2,n3:2", "-N", "2").relaunch(["n2"], overlap=False, folder=tmp_path / "step-2")
+    step = _step("n1:2,n2:2,n3:2", "-N", "2")
+    placed = step.relaunch(["n2", "n9"], overlap=False, folder=tmp_path / "step-2")
     assert isinstance(placed, Placement)
     assert placed.argv[:5] == ["mpirun", "--hostfile", str(tmp_path / "step-2" / HOST_FILE), "-np", "4"]
     assert (tmp_path / "step-2" / HOST_FILE).read_text() == "n1 slots=2\nn3 slots=2\n"
     assert placed.nodes is None
+    assert placed.unmatched == ("n9",)  # named by a record, a host of no allocation: said in the timeline
 
 
 def test_without_a_spare_the_step_stops_unless_min_nodes_lets_it_shrink(tmp_path):

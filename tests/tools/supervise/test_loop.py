@@ -154,6 +154,25 @@ def test_an_abandoned_step_is_relaunched_overlapping_its_cpus(tmp_path):
     assert "--overlap" in steps.argvs[1]
 
 
+def test_the_allocation_s_spelling_is_excluded_and_a_blamed_name_of_no_host_is_said(tmp_path):
+    # The ranks report their hostname; this scheduler spells its nodes in full, and node9 is nobody's name here.
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-3].cluster"}
+
+    def blames_two(folder: str) -> StepEnd:
+        recorder = FailureRecorder.plan(folder, "Slurm srun", "77")
+        assert recorder is not None
+        recorder.write(Fault(FailureKind.FROZEN, (2, 3), ("node2", "node9"), 10), problem="froze", written_by=0)
+        return StepEnd(137)
+
+    steps = Steps(blames_two, resumed(10, at=10))
+    status, events, _, _ = _supervise(tmp_path, steps, env=env)
+    assert status == 0
+    assert steps.argvs[1][1] == "--exclude=node2.cluster"  # srun is given its own name of the node, and only that
+    relaunch = next(event for event in events if event["event"] == "relaunch")
+    assert relaunch["unmatched"] == ["node9"]
+    assert "no host of the allocation is named node9" in relaunch["message"]
+
+
 @pytest.mark.mpi
 @pytest.mark.slurm
 def test_a_frozen_rank_s_step_is_relaunched_without_its_node(slurm_cluster: SlurmCluster, tmp_path: Path):

@@ -53,6 +53,21 @@ def test_hosts_the_line_excludes_itself_count_as_gone():
     assert "node2, node3 failed or were excluded" in placed.message
 
 
+def test_the_allocation_s_spelling_is_excluded_and_a_name_of_no_host_is_kept_apart():
+    placed = place(FIXED, ("node1.c", "node2.c", "node3.c"), ["node2", "node9"])
+    assert isinstance(placed, Placement)
+    assert placed.argv[1] == "--exclude=node2.c"
+    assert placed.hosts == ("node1.c", "node3.c")
+    assert placed.unmatched == ("node9",)
+
+
+def test_a_name_of_no_host_leaves_the_line_as_it_was():
+    placed = place(FIXED, THREE, ["node9"])
+    assert isinstance(placed, Placement)
+    assert placed.argv == list(FIXED.words)
+    assert placed.unmatched == ("node9",)
+
+
 def test_outside_an_allocation_the_line_is_relaunched_with_the_hosts_excluded():
     placed = place(FIXED, None, ["node2"])
     assert isinstance(placed, Placement)
