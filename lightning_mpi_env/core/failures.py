@@ -25,12 +25,13 @@ from typing import NamedTuple
 
 from lightning_mpi_env.core.errors import FailureRecordError
 from lightning_mpi_env.core.state_files import (
+    MAX_STEP,
     FieldError,
-    NotARegularFile,
     exact_fields,
     load_json,
     read_capped,
     seconds,
+    unreadable,
     versioned_object,
     whole_number,
     write_whole,
@@ -47,8 +48,6 @@ MAX_HOSTS = 4096
 """The most hosts one record names."""
 MAX_PROBLEM = 16384
 """The longest problem text kept (the verdict's one line)."""
-MAX_STEP = (1 << 63) - 1
-"""The largest step believed."""
 RECORD_NAME = re.compile(r"^failure-rank(\d{1,8})-(\d{1,10})\.json$")
 """The name of a record file: the rank that wrote it and its process id."""
 _HOST = re.compile(r"^[A-Za-z0-9._:-]{1,255}$")  # a host name or an IPv4/IPv6 address, as the claims carry it
@@ -264,10 +263,8 @@ def _read_capped(path: str) -> bytes:
     """The bytes of the regular file at ``path``, at most :data:`MAX_RECORD_BYTES` plus one (then refused)."""
     try:
         return read_capped(path, MAX_RECORD_BYTES)
-    except NotARegularFile as error:
-        raise _malformed(path, "it is not a regular file") from error
     except OSError as error:
-        raise _malformed(path, f"it cannot be opened ({error.strerror})") from error
+        raise _malformed(path, unreadable(error)) from error
 
 
 @dataclass(frozen=True)

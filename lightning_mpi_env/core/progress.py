@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from lightning_mpi_env.core.errors import ProgressRecordError
 from lightning_mpi_env.core.failures import JOB_ID
 from lightning_mpi_env.core.state_files import (
+    MAX_STEP,
     FieldError,
-    NotARegularFile,
     exact_fields,
     load_json,
     read_capped,
     seconds,
+    unreadable,
     versioned_object,
     whole_number,
     write_whole,
@@ -37,8 +38,6 @@ FIRST_STEP = "first-step.json"
 """The file name of the first-step record in the state folder."""
 MAX_RECORD_BYTES = 1 << 16
 """The largest record read (one is under 300 bytes)."""
-MAX_STEP = (1 << 63) - 1
-"""The largest step believed."""
 MAX_NAME = 255
 """The longest checkpoint file name believed (Linux's ``NAME_MAX``)."""
 _FIELDS = ("format", "step", "resumed_from", "resumed_step", "when", "job_id")
@@ -119,10 +118,8 @@ def read_first_step(folder: str) -> FirstStep | None:
         raw = read_capped(path, MAX_RECORD_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except NotARegularFile as error:
-        raise _malformed(path, "it is not a regular file") from error
     except OSError as error:
-        raise _malformed(path, f"it cannot be opened ({error.strerror})") from error
+        raise _malformed(path, unreadable(error)) from error
     return parse_first_step(raw, path)
 
 

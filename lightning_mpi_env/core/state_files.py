@@ -37,6 +37,9 @@ FILE_TYPES = {
 }
 """What a path that is not a regular file is, in words."""
 
+MAX_STEP = (1 << 63) - 1
+"""The largest training step a record is believed to carry."""
+
 
 class NotARegularFile(OSError):
     """A path that is not a regular file where one was to be read; the message names what it is."""
@@ -91,6 +94,17 @@ def read_capped(path: str, max_bytes: int, *, follow_links: bool = True) -> byte
     """
     with os.fdopen(open_regular(path, follow_links=follow_links), "rb") as file:
         return file.read(max_bytes + 1)
+
+
+def unreadable(error: OSError) -> str:
+    """Why a file could not be read, as a clause for its module's error: ``it is not a regular file``, ...
+
+    >>> unreadable(PermissionError(13, "Permission denied"))
+    'it cannot be opened (Permission denied)'
+    """
+    if isinstance(error, NotARegularFile):
+        return "it is not a regular file"
+    return f"it cannot be opened ({error.strerror or error})"
 
 
 def load_json(raw: bytes | str, max_bytes: int) -> object:
@@ -191,6 +205,7 @@ def write_whole(folder: str, name: str, text: str) -> None:
 
 __all__ = [
     "FILE_TYPES",
+    "MAX_STEP",
     "FieldError",
     "NotARegularFile",
     "load_json",
