@@ -60,18 +60,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     One per pytest process: where xdist spreads its tests over two workers, the second starts its own on the next
     base port (each numbers its jobs apart, so ports derived from job ids differ too).
     """
-    reason = SlurmCluster.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    try:
-        SlurmCluster.ensure_installed()
-    except (RuntimeError, subprocess.SubprocessError) as error:  # no network, no package index...
-        pytest.skip(f"cannot install Slurm and MUNGE with apt-get: {error}")
-    cluster = _start_slurm()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from _running_slurm()
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +70,11 @@ def slurm_cluster_with_spare() -> Iterator[SlurmCluster]:
     Its own ports (:data:`SPARE_PORT_OFFSET` above the two-node cluster's), so both can run at once; started for
     the module that uses it, since three daemons cost CPU all the while.
     """
+    yield from _running_slurm(nodes=3, offset=SPARE_PORT_OFFSET)
+
+
+def _running_slurm(nodes: int = 2, offset: int = 0) -> Iterator[SlurmCluster]:
+    """Slurm installed (as root, from Debian's packages), a cluster of ``nodes`` started, yielded, then stopped."""
     reason = SlurmCluster.unavailable_reason()
     if reason:
         pytest.skip(reason)
@@ -88,7 +82,7 @@ def slurm_cluster_with_spare() -> Iterator[SlurmCluster]:
         SlurmCluster.ensure_installed()
     except (RuntimeError, subprocess.SubprocessError) as error:  # no network, no package index...
         pytest.skip(f"cannot install Slurm and MUNGE with apt-get: {error}")
-    cluster = _start_slurm(nodes=3, offset=SPARE_PORT_OFFSET)
+    cluster = _start_slurm(nodes=nodes, offset=offset)
     try:
         yield cluster
     finally:
