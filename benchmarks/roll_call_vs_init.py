@@ -71,7 +71,108 @@ def addresses(process: int) -> tuple[str, str]:
     return f"127.0.1.{process}", f"127.0.2.{process}"
 
 
-MODES = ("init", "rollcall+init")
+MODES = ("init", "rollcall+init", "lean+init", "lean2+init")
+"""``lean+init`` is a prototype (issue 26, item 1): :func:`lean_roll_call` on one client, which init then shares."""
+
+
+def lean2_roll_call(store: Any, claim: Any, timeout: float) -> Any:
+    """The happy path in two requests per rank other than 0, and no counter (a prototype, not the package's code).
+
+    Every rank: ``compare_set(claim/R, "", claim)`` (the claim; a duplicate sees the first claim come back). Rank 0
+    then reads every claim in one ``multi_get``, which the server holds until the last claim is in (no ``add`` by
+    each rank), checks the table with the package's own functions and writes every node assignment and the verdict
+    in one ``multi_set``. Every other rank reads the verdict and its own assignment in one ``multi_get``, also held
+    by the server until they are written. On a problem, rank 0 would write the verdict and a placeholder for every
+    assignment (so no rank waits for a key that never comes), and on a timeout it would name the missing ranks from
+    ``check`` of their claims: only a failure pays for the detail.
+    """
+    import json
+
+    from lightning_mpi_env.rollcall.verdicts import assign_all, collisions, devices_of, disagreement_message
+    from lightning_mpi_env.rollcall.wire import claim_of, node_of, read
+
+    prefix = "lean2/"
+    mine = claim.to_json()
+    first = store.compare_set(f"{prefix}claim/{claim.rank}", "", mine)
+    if first.decode() != mine:
+        raise RuntimeError(f"duplicate rank {claim.rank}")
+    node_key = f"{prefix}node/{claim.rank}"
+    if claim.rank == 0:
+        keys = [f"{prefix}claim/{rank}" for rank in range(claim.world_size)]
+        raws = store.multi_get(keys)
+        claims = [read(key, raw, claim_of(rank)) for rank, (key, raw) in enumerate(zip(keys, raws, strict=True))]
+        problems = [disagreement_message(claims[0], other) for other in claims[1:]]
+        problem = next((p for p in problems if p is not None), None) or collisions(claims)
+        if problem is not None:
+            raise RuntimeError(problem.problem)
+        assignments = assign_all([c.host for c in claims], any_layout=all(c.any_layout for c in claims))
+        devices, _ = devices_of(claims)
+        verdict = json.dumps({"summary": f"{claim.world_size} ranks met"})
+        store.multi_set(
+            [f"{prefix}node/{rank}" for rank in range(claim.world_size)] + [prefix + "verdict"],
+            [
+                json.dumps([a.node_rank, a.num_nodes, a.local_rank, a.local_size, devices.get(rank)])
+                for rank, a in enumerate(assignments)
+            ]
+            + [verdict],
+        )
+        raw_verdict, raw_node = verdict.encode(), store.get(node_key)
+    else:
+        raw_verdict, raw_node = store.multi_get([prefix + "verdict", node_key])
+    if "problem" in json.loads(raw_verdict):
+        raise RuntimeError(json.loads(raw_verdict)["problem"])
+    nodes, _ = read(node_key, raw_node, node_of(claim))
+    return nodes
+
+
+def lean_roll_call(store: Any, claim: Any, timeout: float) -> Any:
+    """The roll call's happy path in four requests per rank, on ``store`` (a prototype, not the package's code).
+
+    1. ``compare_set(claim/R, "", claim)``: the claim, and a duplicate found at once (the first claim comes back);
+    2. ``add(arrived, 1)``: the last rank to arrive reads every claim in one ``multi_get``, checks the table with the
+       package's own functions (disagreement, collisions, node assignment, devices), writes every node assignment in
+       one ``multi_set``, then the verdict;
+    3. ``get(verdict)``: waits on the server (no polling);
+    4. ``get(node/R)``: this rank's assignment, read and checked as the package reads it.
+
+    Left out of the prototype: the early comparison with rank 0's claim, the missing-rank naming (only on a
+    timeout: ``arrived_ranks`` would be one ``append`` more per rank), the count of ranks that read the verdict.
+    """
+    import json
+
+    from lightning_mpi_env.rollcall.verdicts import assign_all, collisions, devices_of, disagreement_message
+    from lightning_mpi_env.rollcall.wire import claim_of, node_of, read
+
+    prefix = "lean/"
+    mine = claim.to_json()
+    first = store.compare_set(f"{prefix}claim/{claim.rank}", "", mine)
+    if first.decode() != mine:
+        raise RuntimeError(f"duplicate rank {claim.rank}")
+    if store.add(prefix + "arrived", 1) == claim.world_size:
+        keys = [f"{prefix}claim/{rank}" for rank in range(claim.world_size)]
+        raws = store.multi_get(keys)
+        claims = [read(key, raw, claim_of(rank)) for rank, (key, raw) in enumerate(zip(keys, raws, strict=True))]
+        problems = [disagreement_message(claims[0], other) for other in claims[1:]]
+        problem = next((p for p in problems if p is not None), None) or collisions(claims)
+        if problem is not None:
+            store.set(prefix + "verdict", json.dumps({"problem": problem.problem}))
+        else:
+            assignments = assign_all([c.host for c in claims], any_layout=all(c.any_layout for c in claims))
+            devices, _ = devices_of(claims)
+            store.multi_set(
+                [f"{prefix}node/{rank}" for rank in range(claim.world_size)],
+                [
+                    json.dumps([a.node_rank, a.num_nodes, a.local_rank, a.local_size, devices.get(rank)])
+                    for rank, a in enumerate(assignments)
+                ],
+            )
+            store.set(prefix + "verdict", json.dumps({"summary": f"{claim.world_size} ranks met"}))
+    verdict = json.loads(store.get(prefix + "verdict"))
+    if "problem" in verdict:
+        raise RuntimeError(verdict["problem"])
+    key = f"{prefix}node/{claim.rank}"
+    nodes, _ = read(key, store.get(key), node_of(claim))
+    return nodes
 
 
 def raise_fd_limit(needed: int) -> int:
@@ -103,6 +204,27 @@ def one_rank(rank: int, args: argparse.Namespace, claim: Any, expected_node: Any
     timeout = timedelta(seconds=args.timeout)
     times: dict[str, float] = {}
     roll_call_address, init_address = addresses(args.process)
+    if args.mode in ("lean+init", "lean2+init"):
+        # One client: the lean roll call on it, then init_process_group(store=it) (no env:// store of its own:
+        # init wraps the given store in PrefixStore("default_pg", ...) and runs the barrier on it).
+        from torch.distributed import TCPStore
+
+        store = TCPStore(
+            init_address,
+            args.port,
+            args.world_size,
+            is_master=rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+            multi_tenant=True,
+        )
+        keep.append(store)
+        times["connected"] = time.monotonic()
+        (lean_roll_call if args.mode == "lean+init" else lean2_roll_call)(store, claim, args.timeout)
+        times["met"] = time.monotonic()
+        _store_based_barrier(rank, PrefixStore("default_pg", store), "0", args.world_size, timeout)
+        times["done"] = time.monotonic()
+        return times
     if args.mode == "rollcall+init":
         claim = dataclasses.replace(claim, main_address=roll_call_address)
         keep.append(rendezvous(claim, timeout=args.timeout, expected_node=expected_node))
@@ -224,6 +346,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--repeat", type=int, default=3, help="runs per size and configuration (median shown)")
     parser.add_argument("--ranks-per-node", type=int, default=4)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES[:2]), help="configurations to run")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--resolver", choices=["auto", "system", "files"], default="auto")
     parser.add_argument("--role", choices=["server", "clients"], help=argparse.SUPPRESS)
@@ -261,16 +384,16 @@ def run_all(args: argparse.Namespace, workdir: str) -> None:
     results: dict[tuple[int, str], list[dict[str, float]]] = {}
     skipped: set[int] = set()
     for size in args.sizes:
-        if raise_fd_limit(2 * size + 512) < 2 * size + 512:
+        if "rollcall+init" in args.modes and raise_fd_limit(2 * size + 512) < 2 * size + 512:
             skipped.add(size)  # rank 0's server would stop accepting at the limit, and every rank wait it out
             print(
                 f"  N={size}: roll call + init needs {2 * size + 512} open files in rank 0's process; the hard "
                 f"limit here is {resource.getrlimit(resource.RLIMIT_NOFILE)[1]} and cannot be raised: init alone only"
             )
         for index in range(args.repeat):
-            order = MODES if index % 2 == 0 else MODES[::-1]
+            order = args.modes if index % 2 == 0 else args.modes[::-1]
             for mode in order:
-                if size in skipped and mode != "init":
+                if size in skipped and mode == "rollcall+init":
                     continue
                 steps = one_run(size, mode, args, prefix)
                 results.setdefault((size, mode), []).append(steps)
@@ -289,21 +412,21 @@ def run_all(args: argparse.Namespace, workdir: str) -> None:
         f"interleaved, median of {args.repeat} (range); machine {os.uname().nodename}: {machine_description()}; "
         f"{note}.\n"
     )
-    print("| ranks | init alone | roll call + init | difference | ratio | roll call done | last store connected |")
-    print(f"|{'---|' * 7}")
+    print(
+        "| ranks | configuration | init alone | with the roll call | difference | ratio | roll call done | connected |"
+    )
+    print(f"|{'---|' * 8}")
     for size in args.sizes:
-        if size in skipped:
+        for mode in (m for m in args.modes if m != "init"):
+            if (size, mode) not in results:
+                print(f"| {size} | {mode} | {cell(size, 'init')} | not run (open files) | - | - | - | - |")
+                continue
+            alone, both = median(size, "init", "done"), median(size, mode, "done")
             print(
-                f"| {size} | {cell(size, 'init')} | not run (open files) | - | - | - "
-                f"| {median(size, 'init', 'connected'):.2f} s / - |"
+                f"| {size} | {mode} | {cell(size, 'init')} | {cell(size, mode)} | {both - alone:+.2f} s "
+                f"| x{both / alone:.2f} | {cell(size, mode, 'met')} "
+                f"| {median(size, 'init', 'connected'):.2f} s / {median(size, mode, 'connected'):.2f} s |"
             )
-            continue
-        alone, both = median(size, "init", "done"), median(size, "rollcall+init", "done")
-        print(
-            f"| {size} | {cell(size, 'init')} | {cell(size, 'rollcall+init')} | {both - alone:+.2f} s "
-            f"| x{both / alone:.2f} | {cell(size, 'rollcall+init', 'met')} "
-            f"| {median(size, 'init', 'connected'):.2f} s / {median(size, 'rollcall+init', 'connected'):.2f} s |"
-        )
     print(
         "\nTimes from rank 0's start until the last rank is through init's store-based barrier. Roll call done: "
         "the last rank's node assignment (roll call + init). Last store connected: the last rank's init store "
