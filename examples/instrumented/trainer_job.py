@@ -180,6 +180,8 @@ def main():
             "strategy": type(trainer.strategy).__name__,
             "strategy_module": type(trainer.strategy).__mro__[1].__module__,
             "hostname": socket.gethostname(),
+            # Where this rank met rank 0 (the environment's public property; None for Lightning's own without one).
+            "main_address": getattr(getattr(trainer.strategy, "cluster_environment", None), "main_address", None),
             "seen": model.seen,
             "first_global_step": model.first_global_step,
             "global_step": trainer.global_step,

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from lightning_mpi_env.core.errors import MpirunLineError
 from lightning_mpi_env.core.launchers import SLURM
+from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.tools.supervise.allocation import Allocation
 from lightning_mpi_env.tools.supervise.deaths import Death, mpirun_deaths, srun_deaths
 from lightning_mpi_env.tools.supervise.mpirun_family import detect_family
@@ -137,7 +138,9 @@ class MpirunStep:
                 return Shortfall(f"{error.problem} {fewer.problem}", fewer.hint)
         folder.mkdir(parents=True, exist_ok=True)
         path.write_text(plan.host_file_text, encoding="utf-8")
-        return Placement(list(plan.argv), tuple(host.name for host in plan.hosts), nodes, plan.unmatched)
+        hosts = tuple(host.name for host in plan.hosts)
+        # The line names rank 0's host too (-x/-genv): a MASTER_ADDR exported by the batch script is replaced.
+        return Placement(list(plan.argv), hosts, nodes, plan.unmatched, {TORCH.master_addr: plan.main_address})
 
     def deaths(self, errors: str) -> list[Death]:
         """Open MPI's and Hydra's reports of a rank a signal ended."""

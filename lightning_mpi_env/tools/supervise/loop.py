@@ -99,6 +99,7 @@ def supervise(
 
         job = _Job(line, Timeline(say, keep))
         argv = line.first
+        step_env: Mapping[str, str] = {}  # the relaunch's own variables (rank 0's host), over the supervisor's
         step = 0
         while True:
             step += 1
@@ -108,7 +109,7 @@ def supervise(
             job.first_step_seen = False
             end = run(
                 argv,
-                {**env, VARIABLE["state_dir"]: str(folder)},
+                {**env, **step_env, VARIABLE["state_dir"]: str(folder)},
                 str(folder),
                 tick=functools.partial(_look_for_first_step, job, step, str(folder)),
                 grace=grace,
@@ -138,7 +139,7 @@ def supervise(
                 message = f"{placed.message} {placed.hint}"
                 job.timeline.add(Event(EventKind.STOP, step, message, fields={"status": end.status, "reason": "hosts"}))
                 return end.status
-            argv = placed.argv
+            argv, step_env = placed.argv, placed.env
             relaunch: dict[str, Value] = {"wait": decision.wait, "nodes": placed.nodes}
             relaunch["unmatched"] = list(placed.unmatched)
             text = _relaunch_text(decision.message, placed)

@@ -6,7 +6,9 @@ state folder) and names it with one option of the line's family (:mod:`.mpirun_o
 MPI's ``-f``/``-hostfile`` would ignore the counts). Every host option of the line (``-H``, ``--hostfile``,
 ``-hosts``, ``-f``, ...) and every count of processes (``-np``) is taken out, and ``<host file option> F <world
 option> N`` goes right after the launcher: one source of hosts, one world size, whatever the line said before. Per-node
-options (``-N``, ``--map-by ppr:2:node``, ``-ppn``) stay, and the host file gives each host that many slots.
+options (``-N``, ``--map-by ppr:2:node``, ``-ppn``) stay, and the host file gives each host that many slots. Then
+``MASTER_ADDR`` is set for every rank to the host file's first host, where rank 0 runs (``-x MASTER_ADDR=H``,
+``-genv MASTER_ADDR H``): a rank reads the job's first host otherwise, the one the relaunch may have left out.
 
 Where the hosts come from, in one place (:meth:`MpirunLine.allocation`): the line's own host options, else the
 scheduler's allocation (:mod:`.allocation`). The program after the launcher's options keeps its own arguments; a line
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 from lightning_mpi_env.core.errors import MpirunLineError
 from lightning_mpi_env.core.hostlist import expand_nodelist
+from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import MAX_WORLD_SIZE, SHOWN_CHARACTERS, parse_count, shown
 from lightning_mpi_env.tools.supervise.allocation import (
     Allocation,
@@ -67,6 +70,11 @@ class Relaunch:
     unmatched: tuple[str, ...]
     """Excluded names that match no host of the allocation (a record naming a host the scheduler spells
     otherwise): nothing was excluded for them."""
+
+    @property
+    def main_address(self) -> str:
+        """Rank 0's host: the host file's first, which the line also gives every rank as ``MASTER_ADDR``."""
+        return self.hosts[0].name
 
 
 @dataclass(frozen=True)
@@ -240,8 +248,11 @@ class MpirunLine:
         line = self.family.host_line
         text = "".join(line.format(name=host.name, slots=host.slots) for host in hosts)
         family = self.family
+        # Rank 0 runs on the host file's first host (both families fill hosts in order); the job's first host, which
+        # a rank reads where nothing else names rank 0's, may be the one left out.
+        main = [word.format(name=TORCH.master_addr, value=hosts[0].name) for word in family.set_variable]
         return Relaunch(
-            (self.words[0], family.host_file_option, host_file, family.world_option, str(world), *self._kept()),
+            (self.words[0], family.host_file_option, host_file, family.world_option, str(world), *main, *self._kept()),
             text,
             hosts,
             world,

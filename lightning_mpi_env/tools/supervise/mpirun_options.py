@@ -79,6 +79,9 @@ class Family:
     """The option that names hosts on the line (the health probe's one host)."""
     host_line: str
     """One host of the relaunch's host file: ``{name}`` and ``{slots}``."""
+    set_variable: tuple[str, ...]
+    """The words that give every rank a variable: ``{name}`` and ``{value}`` (``-x NAME=VALUE``, ``-genv NAME
+    VALUE``); the relaunch names rank 0's host with them (``MASTER_ADDR``)."""
     version_mark: str
     """What ``<launcher> --version`` prints for this family, and no other."""
     refused_hint: Mapping[str, str]
@@ -137,6 +140,7 @@ OPEN_MPI = Family(
     world_option="-np",
     host_list_option="--host",
     host_line="{name} slots={slots}\n",
+    set_variable=("-x", "{name}={value}"),
     version_mark="(Open MPI)",
     refused_hint=MappingProxyType(
         {
@@ -203,6 +207,7 @@ MPICH = Family(
     world_option="-n",
     host_list_option="-hosts",
     host_line="{name}:{slots}\n",
+    set_variable=("-genv", "{name}", "{value}"),
     version_mark="HYDRA build details",
     refused_hint=MappingProxyType(_HYDRA_REFUSED),
 )
@@ -238,6 +243,7 @@ INTEL_MPI = Family(
     world_option="-n",
     host_list_option="-hosts",
     host_line="{name}:{slots}\n",
+    set_variable=("-genv", "{name}", "{value}"),
     version_mark="Intel(R) MPI Library",
     refused_hint=MappingProxyType(_HYDRA_REFUSED),
 )

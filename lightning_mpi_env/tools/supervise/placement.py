@@ -19,7 +19,7 @@ excluded, and ``srun`` itself says whether it fits. Pure: standard library and `
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lightning_mpi_env.tools.supervise.allocation import Allocation, Host, allocation_from_env
 from lightning_mpi_env.tools.supervise.srun_line import SrunLine
@@ -38,6 +38,8 @@ class Placement:
     unmatched: tuple[str, ...] = ()
     """Hosts to leave out that name no host of the allocation (a record naming a host the scheduler spells
     otherwise): nothing was left out for them, and the launcher was not given them."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables the relaunch's launcher runs with, over the supervisor's (``MASTER_ADDR``: rank 0's host)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ def place(
     ['srun', '--exclude=n2', '--nodes=1', '--ntasks=2', '--ntasks-per-node=2', 'a']
     >>> place(line, ("n1.c", "n2.c", "n3.c"), ["n2", "n9"])  # the records' spelling, and a name of no host
     Placement(argv=['srun', '--exclude=n2.c', '--nodes=1-2', '--ntasks-per-node=2', 'a'], hosts=('n1.c', 'n3.c'), \
-nodes=None, unmatched=('n9',))
+nodes=None, unmatched=('n9',), env={})
     >>> place(line, ("n1", "n2"), ["n1", "n2"]).message.split(":")[0]
     'The step needs 1 to 2 nodes (srun --nodes=1-2), and the allocation n1,n2 has none left'
     """

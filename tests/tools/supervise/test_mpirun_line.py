@@ -222,14 +222,14 @@ THREE = Allocation((Host("n1", 2), Host("n2", 2), Host("n3", 2)), "SLURM_JOB_NOD
             "openmpi",
             "mpirun -np 4 --map-by ppr:2:node --mca btl tcp ./a.out -np 9",
             ["n2"],
-            "mpirun --hostfile /s/hosts -np 4 --map-by ppr:2:node --mca btl tcp ./a.out -np 9",
+            "mpirun --hostfile /s/hosts -np 4 -x MASTER_ADDR=n1 --map-by ppr:2:node --mca btl tcp ./a.out -np 9",
             "n1 slots=2\nn3 slots=2\n",
         ),
         (  # the line's own host options go; one host file takes their place
             "openmpi",
             "mpirun -H n1:2,n2:2,n3:2 -np 4 ./a.out",
             ["n1"],
-            "mpirun --hostfile /s/hosts -np 4 ./a.out",
+            "mpirun --hostfile /s/hosts -np 4 -x MASTER_ADDR=n2 ./a.out",  # rank 0 moves to n2
             "n2 slots=2\nn3 slots=2\n",
         ),
         (  # no -np: one process per slot; the relaunch says how many, on the hosts it needs
@@ -243,14 +243,14 @@ THREE = Allocation((Host("n1", 2), Host("n2", 2), Host("n3", 2)), "SLURM_JOB_NOD
             "mpich",
             "mpiexec -n 4 -ppn 2 -genv A 1 ./a.out",
             ["n1.cluster"],
-            "mpiexec -machinefile /s/hosts -n 4 -ppn 2 -genv A 1 ./a.out",
+            "mpiexec -machinefile /s/hosts -n 4 -genv MASTER_ADDR n2 -ppn 2 -genv A 1 ./a.out",
             "n2:2\nn3:2\n",
         ),
         (
             "intelmpi",
             "mpirun -hosts n1,n2,n3 -np 4 -perhost 2 ./a.out",
             ["n2"],
-            "mpirun -machinefile /s/hosts -n 4 -perhost 2 ./a.out",
+            "mpirun -machinefile /s/hosts -n 4 -genv MASTER_ADDR n1 -perhost 2 ./a.out",
             "n1:2\nn3:2\n",
         ),
     ],
@@ -267,6 +267,7 @@ def test_the_relaunch_keeps_the_world_on_the_hosts_left(family, line, excluded, 
     assert " ".join(relaunch.argv) == argv
     assert relaunch.host_file_text == host_file
     assert (relaunch.world, relaunch.per_node, relaunch.unmatched) == (4, 2, ())
+    assert relaunch.main_address == host_file.split()[0].partition(":")[0]  # the host file's first: rank 0's
 
 
 def test_with_a_spare_the_step_keeps_its_node_count_and_leaves_the_spare_out():
@@ -320,8 +321,16 @@ def test_an_excluded_name_that_matches_no_host_is_reported():
 SIMULATED = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 
 
+# Each rank prints its host and the MASTER_ADDR it was given.
+WHERE = ["sh", "-c", 'echo "$(hostname) $MASTER_ADDR"']
+
+
 def _hosts_of(stdout: str) -> Counter[str]:
-    return Counter(line.strip() for line in stdout.splitlines() if line.strip().startswith("127."))
+    return Counter(line.split()[0] for line in stdout.splitlines() if line.strip().startswith("127."))
+
+
+def _main_addresses(stdout: str) -> set[str]:
+    return {" ".join(line.split()[1:]) for line in stdout.splitlines() if line.strip().startswith("127.")}
 
 
 @pytest.mark.mpi
@@ -329,15 +338,20 @@ def test_open_mpi_runs_the_relaunch_on_the_hosts_left(tmp_path: Path):
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     words = [find_mpirun(), *root, "--mca", "plm_rsh_agent", str(RSH_AGENT)]
     words += [*session_dir_arguments(tmp_path / "prte"), "-H", ",".join(f"{host}:2" for host in SIMULATED)]
-    words += ["-np", "4", "--map-by", "ppr:2:node", "hostname"]
+    words += ["-np", "4", "--map-by", "ppr:2:node", *WHERE]
     line = MpirunLine.parse(words, OPEN_MPI)
     allocation = line.allocation({})
-    for nodes, hosts in ((None, {"127.0.0.2": 2, "127.0.0.4": 2}), (1, {"127.0.0.2": 2})):
-        relaunch = line.relaunch(allocation, ["127.0.0.3"], str(tmp_path / "hosts"), nodes=nodes)
+    for excluded, nodes, hosts in (
+        ("127.0.0.3", None, {"127.0.0.2": 2, "127.0.0.4": 2}),
+        ("127.0.0.3", 1, {"127.0.0.2": 2}),
+        ("127.0.0.2", None, {"127.0.0.3": 2, "127.0.0.4": 2}),  # rank 0's host left out: rank 0 moves
+    ):
+        relaunch = line.relaunch(allocation, [excluded], str(tmp_path / "hosts"), nodes=nodes)
         (tmp_path / "hosts").write_text(relaunch.host_file_text)
         done = subprocess.run(relaunch.argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         assert done.returncode == 0, done.stderr
         assert _hosts_of(done.stdout) == hosts
+        assert _main_addresses(done.stdout) == {next(iter(hosts))}  # every rank is told rank 0's host
 
 
 @pytest.mark.mpi
@@ -347,9 +361,9 @@ def test_hydra_runs_the_relaunch_on_the_hosts_left(hydra_cluster, tmp_path: Path
     from tests.clusters.hydra import launcher_free
 
     cluster = replace(hydra_cluster, hosts=SIMULATED)
-    words = cluster.mpiexec(["hostname"], np=4, ppn=2)  # -hosts 127.0.0.2,127.0.0.3,127.0.0.4 -n 4 -ppn 2
+    words = cluster.mpiexec(WHERE, np=4, ppn=2)  # -hosts 127.0.0.2,127.0.0.3,127.0.0.4 -n 4 -ppn 2
     line = MpirunLine.parse(words, FAMILIES[cluster.kind])
-    relaunch = line.relaunch(line.allocation({}), ["127.0.0.3"], str(tmp_path / "hosts"))
+    relaunch = line.relaunch(line.allocation({}), ["127.0.0.2"], str(tmp_path / "hosts"))  # rank 0's host
     assert "-hosts" not in relaunch.argv
     (tmp_path / "hosts").write_text(relaunch.host_file_text)
     done = subprocess.run(
@@ -362,7 +376,8 @@ def test_hydra_runs_the_relaunch_on_the_hosts_left(hydra_cluster, tmp_path: Path
         stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr
-    assert _hosts_of(done.stdout) == {"127.0.0.2": 2, "127.0.0.4": 2}
+    assert _hosts_of(done.stdout) == {"127.0.0.3": 2, "127.0.0.4": 2}
+    assert _main_addresses(done.stdout) == {"127.0.0.3"}  # rank 0 moved there, and every rank is told so
 
 
 DRIVER = """

@@ -30,10 +30,13 @@ def _mpirun(tmp_path: Path) -> list[str]:
     return [find_mpirun(), *root, *session_dir_arguments(tmp_path / "prte"), "-np", "4", "-N", "2"]
 
 
-def _supervised(cluster: SlurmCluster, tmp_path: Path, program: list[str]) -> tuple[str, int, list[dict]]:
+def _supervised(
+    cluster: SlurmCluster, tmp_path: Path, program: list[str], launcher: list[str] | None = None
+) -> tuple[str, int, list[dict]]:
     state = tmp_path / "state"
     supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", "2", "--backoff", "1"]
-    supervisor += ["--probe-timeout", "10", "--state-dir", str(state), "--", *_mpirun(tmp_path), *program]
+    supervisor += ["--probe-timeout", "10", "--state-dir", str(state), "--", *(launcher or _mpirun(tmp_path))]
+    supervisor += program
     env = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT), "LIGHTNING_MPI_ENV_CHECKPOINT_EVERY": str(EVERY)}
     done = cluster.run(
         ["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *supervisor], timeout=3 * LIGHTNING_TIMEOUT, env=env
@@ -91,3 +94,37 @@ def test_an_mpirun_fabric_loop_under_ddp_mpi_is_relaunched_on_the_spare_and_resu
         "rank=2 host=node3 first=10",
         "rank=3 host=node3 first=10",
     ], output[-8000:]
+
+
+@pytest.mark.hydra
+def test_an_mpich_step_whose_rank_zero_node_failed_is_relaunched_with_rank_zero_on_the_spare_s_side(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
+):
+    # MPICH's Hydra inside the Slurm job (its slurm bootstrap: proxies started by srun), rank 1 frozen on node1,
+    # rank 0's node. The ranks read rank 0's host from the job's first host, node1, where nothing serves any more:
+    # the relaunch names node2 in -genv MASTER_ADDR, and the roll call, init and the resume all meet there.
+    from tests.clusters.hydra import ensure_venv
+
+    (tmp_path / "results").mkdir()
+    train = [sys.executable, str(TRAINER_JOB), "--strategy", "ddp_mpi", "--zero-config", "--steps", str(STEPS)]
+    train += ["--root-dir", str(tmp_path / "root"), "--result-dir", str(tmp_path / "results")]
+    train += ["--freeze-once", str(tmp_path / "fault-once"), "--freeze", "1:10", "--tag", f"mpich-{tmp_path.name}"]
+    mpiexec = [str(ensure_venv("mpich") / "mpiexec"), "-n", "4", "-ppn", "2"]
+    output, status, events = _supervised(slurm_cluster_with_spare, tmp_path, train, mpiexec)
+    assert status == 0, output[-8000:]
+    kinds = [event["event"] for event in events]
+    assert kinds.count("launch") == 2, kinds
+    failure = events[kinds.index("failure")]
+    assert failure["hosts"] == ["node1"], failure
+    second = events[kinds.index("launch", kinds.index("failure"))]
+    host_file = Path(second["argv"][2])
+    assert second["argv"][1:8] == ["-machinefile", str(host_file), "-n", "4", "-genv", "MASTER_ADDR", "node2"]
+    assert host_file.read_text() == "node2:2\nnode3:2\n"
+    results = [json.loads(path.read_text()) for path in sorted((tmp_path / "results").glob("result-*.json"))]
+    assert sorted(result["hostname"] for result in results) == ["node2", "node2", "node3", "node3"], results
+    # The job's first host, node1, is what a rank reads otherwise. The simulated nodes share one network stack, so
+    # rank 0's store would answer there too: what each rank was told is asserted, not only that the step finished.
+    assert {result["main_address"] for result in results} == {"node2"}, results
+    assert next(result["hostname"] for result in results if result["global_rank"] == 0) == "node2", results
+    assert {result["global_step"] for result in results} == {STEPS}, results
+    assert {min(result["steps"]) for result in results} == {10}, results  # resumed at the step-10 checkpoint
