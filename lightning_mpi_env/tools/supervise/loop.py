@@ -35,6 +35,8 @@ from lightning_mpi_env.core.failures import FailureRecord, read_records
 from lightning_mpi_env.core.progress import read_first_step
 from lightning_mpi_env.core.schedulers import job_identity
 from lightning_mpi_env.core.settings import VARIABLE
+from lightning_mpi_env.core.torch_names import TORCH
+from lightning_mpi_env.tools.supervise.allocation import same_host
 from lightning_mpi_env.tools.supervise.deaths import died_record
 from lightning_mpi_env.tools.supervise.lines import StepLine, step_line
 from lightning_mpi_env.tools.supervise.placement import Placement, Shortfall
@@ -99,7 +101,7 @@ def supervise(
 
         job = _Job(line, Timeline(say, keep))
         argv = line.first
-        step_env: Mapping[str, str] = {}  # the relaunch's own variables (rank 0's host), over the supervisor's
+        step_env: Mapping[str, str] = env  # the relaunch's own (rank 0's host) over the supervisor's
         step = 0
         while True:
             step += 1
@@ -109,7 +111,7 @@ def supervise(
             job.first_step_seen = False
             end = run(
                 argv,
-                {**env, **step_env, VARIABLE["state_dir"]: str(folder)},
+                {**step_env, VARIABLE["state_dir"]: str(folder)},
                 str(folder),
                 tick=functools.partial(_look_for_first_step, job, step, str(folder)),
                 grace=grace,
@@ -139,10 +141,11 @@ def supervise(
                 message = f"{placed.message} {placed.hint}"
                 job.timeline.add(Event(EventKind.STOP, step, message, fields={"status": end.status, "reason": "hosts"}))
                 return end.status
-            argv, step_env = placed.argv, placed.env
+            argv, (step_env, stale) = placed.argv, _relaunch_env(env, placed, job.excluded)
             relaunch: dict[str, Value] = {"wait": decision.wait, "nodes": placed.nodes}
             relaunch["unmatched"] = list(placed.unmatched)
-            text = _relaunch_text(decision.message, placed)
+            relaunch["dropped_main_address"] = stale
+            text = _relaunch_text(decision.message, placed, stale)
             job.timeline.add(Event(EventKind.RELAUNCH, step + 1, text, fields=relaunch))
 
 
@@ -170,15 +173,37 @@ def _failure(step: int, outcome: StepOutcome, end: StepEnd) -> Event:
     return Event(EventKind.FAILURE, step, message, fields=fields)
 
 
-def _relaunch_text(message: str, placed: Placement) -> str:
-    """The relaunch's line, saying which blamed names no host of the allocation bears (nothing left out for them)."""
-    if not placed.unmatched:
-        return message
-    return (
-        f"{message}; no host of the allocation is named {' or '.join(placed.unmatched)}, as the failure records "
-        "name the failed host, so nothing was left out for it: compare the host names the ranks report (hostname) "
-        "with the scheduler's node names"
-    )
+def _relaunch_env(
+    env: Mapping[str, str], placed: Placement, excluded: Sequence[str]
+) -> tuple[dict[str, str], str | None]:
+    """The relaunched step's environment, and the ``MASTER_ADDR`` taken out of it (``None``: none was).
+
+    The relaunch's own variables (an ``mpirun`` line's rank 0 host) go over the supervisor's. A ``MASTER_ADDR`` that
+    the batch script exported and that names a host left out is taken out: rank 0 does not run there any more, and
+    without it the ranks take rank 0's host from the launch (srun's step node list, whose first node runs rank 0).
+    """
+    stepped = {**env, **placed.env}
+    given = env.get(TORCH.master_addr)
+    if TORCH.master_addr in placed.env or given is None or not any(same_host(given, host) for host in excluded):
+        return stepped, None
+    del stepped[TORCH.master_addr]
+    return stepped, given
+
+
+def _relaunch_text(message: str, placed: Placement, stale: str | None) -> str:
+    """The relaunch's line: blamed names that no host of the allocation bears, and a stale ``MASTER_ADDR``."""
+    if placed.unmatched:
+        message += (
+            f"; no host of the allocation is named {' or '.join(placed.unmatched)}, as the failure records name the "
+            "failed host, so nothing was left out for it: compare the host names the ranks report (hostname) with "
+            "the scheduler's node names"
+        )
+    if stale is not None:
+        message += (
+            f"; MASTER_ADDR={stale}, exported for the job, names a host left out: the relaunched step runs without "
+            "it, and its ranks take rank 0's host from the launch"
+        )
+    return message
 
 
 def _exclude(job: _Job, step: int, hosts: list[str], kind: EventKind, why: Mapping[str, str] | None = None) -> None:

@@ -43,9 +43,11 @@ class Steps:
     def __init__(self, *plays):
         self.plays = list(plays)
         self.argvs: list[list[str]] = []
+        self.envs: list[dict[str, str]] = []
 
     def __call__(self, argv, env, folder, *, tick, grace):
         self.argvs.append(list(argv))
+        self.envs.append(dict(env))
         assert env["LIGHTNING_MPI_ENV_STATE_DIR"] == folder
         end = self.plays.pop(0)(folder)
         tick()
@@ -171,6 +173,26 @@ def test_the_allocation_s_spelling_is_excluded_and_a_blamed_name_of_no_host_is_s
     relaunch = next(event for event in events if event["event"] == "relaunch")
     assert relaunch["unmatched"] == ["node9"]
     assert "no host of the allocation is named node9" in relaunch["message"]
+
+
+def test_a_main_address_the_job_exported_for_a_host_left_out_is_not_passed_on(tmp_path):
+    # A batch script's `export MASTER_ADDR=$(scontrol show hostnames | head -n1)`: node1, which failed. Kept, every
+    # rank would look for rank 0 there; without it, srun's step node list names rank 0's node.
+    steps = Steps(frozen_on("node1"), resumed(10, at=10))
+    status, events, _, _ = _supervise(tmp_path, steps, env={**ALLOCATION, "MASTER_ADDR": "node1"})
+    assert status == 0
+    assert steps.envs[0]["MASTER_ADDR"] == "node1"  # the first step runs as the user launched it
+    assert "MASTER_ADDR" not in steps.envs[1]
+    relaunch = next(event for event in events if event["event"] == "relaunch")
+    assert relaunch["dropped_main_address"] == "node1"
+    assert "MASTER_ADDR=node1, exported for the job, names a host left out" in relaunch["message"]
+
+
+def test_a_main_address_on_a_host_still_in_the_step_is_kept(tmp_path):
+    steps = Steps(frozen_on("node2"), resumed(10, at=10))
+    _, events, _, _ = _supervise(tmp_path, steps, env={**ALLOCATION, "MASTER_ADDR": "node1.cluster"})
+    assert steps.envs[1]["MASTER_ADDR"] == "node1.cluster"
+    assert next(event for event in events if event["event"] == "relaunch")["dropped_main_address"] is None
 
 
 @pytest.mark.mpi

@@ -41,13 +41,20 @@ def _train(tmp_path: Path, *fault: str) -> list[str]:
 
 
 def _supervised(
-    cluster: SlurmCluster, tmp_path: Path, step: list[str], *, nodes: int = 3, restarts: int = 2
+    cluster: SlurmCluster,
+    tmp_path: Path,
+    step: list[str],
+    *,
+    nodes: int = 3,
+    restarts: int = 2,
+    exported: dict[str, str] | None = None,
 ) -> tuple[str, int, list[dict]]:
     """Run the supervisor in ``salloc --no-kill -N<nodes>``; its output, exit status and timeline events."""
     state = tmp_path / "state"
     supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", str(restarts), "--backoff", "1"]
     supervisor += ["--probe-timeout", "10", "--state-dir", str(state), "--", *step]
     env = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT), "LIGHTNING_MPI_ENV_CHECKPOINT_EVERY": str(EVERY)}
+    env.update(exported or {})
     done = cluster.run(
         ["salloc", "--no-kill", f"-N{nodes}", "--ntasks-per-node=2", *supervisor],
         timeout=3 * LIGHTNING_TIMEOUT,
@@ -240,17 +247,25 @@ def test_a_frozen_rank_0_leaves_its_host_out_and_the_relaunch_meets_on_the_next_
 ):
     # Rank 0 holds the store: frozen, its store falls silent, and a rank that can still act records rank 0's host
     # (store_unreachable, the main address: under srun the step's first node). node1 is left out like any other.
+    # The job exported MASTER_ADDR=node1, as batch scripts do: the relaunch runs without it, and meets on node2.
     output, status, events = _supervised(
-        slurm_cluster_with_spare, tmp_path, [*STEP, *_train(tmp_path, "--freeze", "0:10")]
+        slurm_cluster_with_spare,
+        tmp_path,
+        [*STEP, *_train(tmp_path, "--freeze", "0:10")],
+        exported={"MASTER_ADDR": "node1"},
     )
     assert status == 0, output[-8000:]
     kinds = _kinds(events)
     failure = events[kinds.index("failure")]
     assert failure["hosts"] == ["node1"], failure
+    assert events[kinds.index("relaunch")]["dropped_main_address"] == "node1", events
     relaunched = [
         result for result in _results(tmp_path) if result["step_id"] != "0"
     ]  # not the first step (probes take step ids too)
     assert sorted(result["hostname"] for result in relaunched) == ["node2", "node2", "node3", "node3"], relaunched
     (rank_0,) = [result for result in relaunched if result["global_rank"] == 0]
     assert rank_0["hostname"] == "node2", relaunched
+    # The simulated nodes share one network stack (a store on node2 answers at node1's address too): what every
+    # rank was told is asserted.
+    assert {result["main_address"] for result in relaunched} == {"node2"}, relaunched
     assert {result["global_step"] for result in relaunched} == {STEPS}, relaunched
