@@ -173,6 +173,20 @@ def apply_host_template(template: str, host: str) -> str:
     return template.replace("{host}", host) if template else host
 
 
+def host_of_fabric_name(template: str, name: str) -> str:
+    """The host whose fabric name under ``template`` is ``name`` (:func:`apply_host_template` undone); else ``name``.
+
+    A failure record names rank 0's host as the ranks reached it, on the fabric's name; the scheduler lists the host.
+
+    >>> host_of_fabric_name("{host}-ib", "n1-ib"), host_of_fabric_name("{host}-ib", "n1"), host_of_fabric_name("", "a")
+    ('n1', 'n1', 'a')
+    """
+    prefix, _, suffix = template.partition("{host}")
+    if template and len(name) > len(prefix) + len(suffix) and name.startswith(prefix) and name.endswith(suffix):
+        return name[len(prefix) : len(name) - len(suffix)]
+    return name
+
+
 def socket_ifname_exports(
     ifname: str,
     env: Mapping[str, str],
@@ -225,6 +239,7 @@ __all__ = [
     "Interface",
     "Resolution",
     "apply_host_template",
+    "host_of_fabric_name",
     "describe_interfaces",
     "local_interfaces",
     "owner",

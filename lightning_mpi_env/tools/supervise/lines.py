@@ -21,6 +21,7 @@ from typing import Protocol
 
 from lightning_mpi_env.core.errors import MpirunLineError
 from lightning_mpi_env.core.launchers import SLURM
+from lightning_mpi_env.core.settings import host_template
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.tools.supervise.allocation import Allocation
 from lightning_mpi_env.tools.supervise.deaths import Death, mpirun_deaths, srun_deaths
@@ -106,6 +107,8 @@ class MpirunStep:
     line: MpirunLine
     allocation: Allocation
     min_nodes: int | None
+    main_host: str = ""
+    """``LIGHTNING_MPI_ENV_MAIN_HOST``'s template (``{host}-ib``), for rank 0's host on the fabric; empty: none."""
 
     @property
     def launcher(self) -> str:
@@ -126,14 +129,14 @@ class MpirunStep:
         path = folder / HOST_FILE
         nodes = None
         try:
-            plan = self.line.relaunch(self.allocation, excluded, str(path))
+            plan = self.line.relaunch(self.allocation, excluded, str(path), main_host=self.main_host)
         except TooFewHostsError as error:
             left, _ = self.allocation.split(excluded)
             if self.min_nodes is None or len(left) < self.min_nodes:
                 return Shortfall(error.problem, error.hint or "")
             nodes = len(left)
             try:
-                plan = self.line.relaunch(self.allocation, excluded, str(path), nodes=nodes)
+                plan = self.line.relaunch(self.allocation, excluded, str(path), nodes=nodes, main_host=self.main_host)
             except MpirunLineError as fewer:  # no ranks per host on the line: it cannot shrink
                 return Shortfall(f"{error.problem} {fewer.problem}", fewer.hint)
         folder.mkdir(parents=True, exist_ok=True)
@@ -165,7 +168,7 @@ def step_line(words: Sequence[str], env: Mapping[str, str], *, min_nodes: int | 
         line = MpirunLine.parse(words, detect_family(words[0], env=env))
         found = line.allocation(env)
         line.shape(found)  # a world size it cannot tell is refused now, not after the first failure
-        return MpirunStep(line, found, min_nodes)
+        return MpirunStep(line, found, min_nodes, host_template(env))
     srun = SrunLine.parse(words)
     srun.excluded()  # a malformed or file exclusion is refused before the first step
     srun.chosen()

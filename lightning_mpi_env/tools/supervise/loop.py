@@ -32,9 +32,10 @@ from pathlib import Path
 
 from lightning_mpi_env.core.errors import FailureRecordError, MpiEnvError
 from lightning_mpi_env.core.failures import FailureRecord, read_records
+from lightning_mpi_env.core.network import host_of_fabric_name
 from lightning_mpi_env.core.progress import read_first_step
 from lightning_mpi_env.core.schedulers import job_identity
-from lightning_mpi_env.core.settings import VARIABLE
+from lightning_mpi_env.core.settings import VARIABLE, host_template
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.tools.supervise.allocation import same_host
 from lightning_mpi_env.tools.supervise.deaths import died_record
@@ -89,6 +90,7 @@ def supervise(
         LayoutError: The allocation's variables are malformed (before anything runs).
     """
     line = step_line(words, env, min_nodes=min_nodes)
+    template = host_template(env)
     identity = job_identity(env)
     job_id = identity[0] if identity is not None else None
     root = Path(state) / (_UNSAFE.sub("_", job_id) if job_id is not None else f"pid-{os.getpid()}")
@@ -129,7 +131,9 @@ def supervise(
                 stop: dict[str, Value] = {"status": end.status, "reason": reason}
                 job.timeline.add(Event(EventKind.STOP, step, decision.message, fields=stop))
                 return end.status
-            _exclude(job, step, list(decision.exclude), EventKind.EXCLUDED)
+            # A record names rank 0's host on the fabric where LIGHTNING_MPI_ENV_MAIN_HOST says so (node1-ib).
+            blamed = [host_of_fabric_name(template, host) for host in decision.exclude]
+            _exclude(job, step, blamed, EventKind.EXCLUDED)
             sleep(decision.wait)
             hosts = line.hosts()
             if hosts is not None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from lightning_mpi_env.core.errors import MpirunLineError
 from lightning_mpi_env.core.hostlist import expand_nodelist
+from lightning_mpi_env.core.network import apply_host_template
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import MAX_WORLD_SIZE, SHOWN_CHARACTERS, parse_count, shown
 from lightning_mpi_env.tools.supervise.allocation import (
@@ -70,11 +71,9 @@ class Relaunch:
     unmatched: tuple[str, ...]
     """Excluded names that match no host of the allocation (a record naming a host the scheduler spells
     otherwise): nothing was excluded for them."""
-
-    @property
-    def main_address(self) -> str:
-        """Rank 0's host: the host file's first, which the line also gives every rank as ``MASTER_ADDR``."""
-        return self.hosts[0].name
+    main_address: str
+    """Rank 0's host, as the line gives every rank ``MASTER_ADDR``: the host file's first (on the fabric's name where
+    ``LIGHTNING_MPI_ENV_MAIN_HOST`` gives a template)."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +208,13 @@ class MpirunLine:
         return StepShape(world, None, len(_fill(allocation.hosts, world) or allocation.hosts))
 
     def relaunch(
-        self, allocation: Allocation, excluded: Iterable[str], host_file: str, *, nodes: int | None = None
+        self,
+        allocation: Allocation,
+        excluded: Iterable[str],
+        host_file: str,
+        *,
+        nodes: int | None = None,
+        main_host: str = "",
     ) -> Relaunch:
         """The line on ``allocation`` without the ``excluded`` hosts, naming a host file at ``host_file``.
 
@@ -219,6 +224,8 @@ class MpirunLine:
             host_file: Where the caller writes :attr:`Relaunch.host_file_text` (the step's state folder).
             nodes: ``None``: the same world size on the hosts left. ``k``: ``k`` hosts with the same processes per
                 host (a smaller world; for programs that take their size from the launch, such as ``ddp_mpi``).
+            main_host: ``LIGHTNING_MPI_ENV_MAIN_HOST``'s template for rank 0's host on the fabric (``{host}-ib``);
+                empty: the host's name.
 
         Raises:
             TooFewHostsError: Too few hosts are left (the message says to add a spare host).
@@ -250,7 +257,8 @@ class MpirunLine:
         family = self.family
         # Rank 0 runs on the host file's first host (both families fill hosts in order); the job's first host, which
         # a rank reads where nothing else names rank 0's, may be the one left out.
-        main = [word.format(name=TORCH.master_addr, value=hosts[0].name) for word in family.set_variable]
+        main_address = apply_host_template(main_host, hosts[0].name)
+        main = [word.format(name=TORCH.master_addr, value=main_address) for word in family.set_variable]
         return Relaunch(
             (self.words[0], family.host_file_option, host_file, family.world_option, str(world), *main, *self._kept()),
             text,
@@ -258,6 +266,7 @@ class MpirunLine:
             world,
             shape.per_node,
             unmatched,
+            main_address,
         )
 
     def probe_line(self, host: str) -> list[str]:

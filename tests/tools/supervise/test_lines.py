@@ -50,3 +50,14 @@ def test_srun_lines_say_their_own_range_of_nodes():
         step_line(["srun", "-N2", "python", "t.py"], {}, min_nodes=1)
     with pytest.raises(SrunLineError, match=r"not srun, mpirun or mpiexec"):
         step_line(["flux", "run", "python", "t.py"], {})
+
+
+def test_rank_zero_s_host_is_named_on_the_fabric_where_the_job_says_how(tmp_path):
+    line = MpirunLine.parse(["mpirun", "-H", "n1:2,n2:2,n3:2", "-np", "4", "-N", "2", "python", "t.py"], OPEN_MPI)
+    plain = MpirunStep(line, line.allocation({}), None).relaunch(["n1"], overlap=False, folder=tmp_path / "a")
+    fabric = MpirunStep(line, line.allocation({}), None, "{host}-ib").relaunch(["n1"], overlap=False, folder=tmp_path)
+    assert isinstance(plain, Placement)
+    assert isinstance(fabric, Placement)
+    assert (plain.env, plain.argv[5:7]) == ({"MASTER_ADDR": "n2"}, ["-x", "MASTER_ADDR=n2"])
+    # LIGHTNING_MPI_ENV_MAIN_HOST='{host}-ib': the ranks would reach n2-ib for rank 0 had nothing been given.
+    assert (fabric.env, fabric.argv[5:7]) == ({"MASTER_ADDR": "n2-ib"}, ["-x", "MASTER_ADDR=n2-ib"])

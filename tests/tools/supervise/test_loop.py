@@ -195,6 +195,24 @@ def test_a_main_address_on_a_host_still_in_the_step_is_kept(tmp_path):
     assert next(event for event in events if event["event"] == "relaunch")["dropped_main_address"] is None
 
 
+def test_rank_zero_s_host_blamed_on_its_fabric_name_is_left_out_by_its_node_name(tmp_path):
+    # With LIGHTNING_MPI_ENV_MAIN_HOST='{host}-ib' the ranks reach rank 0 at node1-ib, and a silent store is recorded
+    # under that name; Slurm knows node1.
+    def silent_store(folder: str) -> StepEnd:
+        recorder = FailureRecorder.plan(folder, "Slurm srun", "77")
+        assert recorder is not None
+        fault = Fault(FailureKind.STORE_UNREACHABLE, (0,), ("node1-ib",), 10)
+        recorder.write(fault, problem="rank 0's store fell silent", written_by=2)
+        return StepEnd(1)
+
+    steps = Steps(silent_store, resumed(10, at=10))
+    env = {**ALLOCATION, "LIGHTNING_MPI_ENV_MAIN_HOST": "{host}-ib"}
+    status, events, _, _ = _supervise(tmp_path, steps, env=env)
+    assert status == 0
+    assert next(event for event in events if event["event"] == "excluded")["hosts"] == ["node1"]
+    assert steps.argvs[1][1] == "--exclude=node1"
+
+
 @pytest.mark.mpi
 @pytest.mark.slurm
 def test_a_frozen_rank_s_step_is_relaunched_without_its_node(slurm_cluster: SlurmCluster, tmp_path: Path):
