@@ -131,8 +131,7 @@ def supervise(
                 stop: dict[str, Value] = {"status": end.status, "reason": reason}
                 job.timeline.add(Event(EventKind.STOP, step, decision.message, fields=stop))
                 return end.status
-            # A record names rank 0's host on the fabric where LIGHTNING_MPI_ENV_MAIN_HOST says so (node1-ib).
-            blamed = [host_of_fabric_name(template, host) for host in decision.exclude]
+            blamed = [_node_name(host, template, line.hosts()) for host in decision.exclude]
             _exclude(job, step, blamed, EventKind.EXCLUDED)
             sleep(decision.wait)
             hosts = line.hosts()
@@ -175,6 +174,18 @@ def _failure(step: int, outcome: StepOutcome, end: StepEnd) -> Event:
     if end.abandoned:
         message += "; the step did not end after the verdict, so its launcher was killed"
     return Event(EventKind.FAILURE, step, message, fields=fields)
+
+
+def _node_name(name: str, template: str, hosts: Sequence[str] | None) -> str:
+    """The node a record's host name stands for; a name that is itself a host of the allocation stays.
+
+    A record names rank 0's host on the fabric where ``LIGHTNING_MPI_ENV_MAIN_HOST`` says so (``node1-ib`` for
+    ``node1``).
+    """
+    node = host_of_fabric_name(template, name)
+    if node != name and any(same_host(name, host) for host in hosts or ()):
+        return name
+    return node
 
 
 def _relaunch_env(

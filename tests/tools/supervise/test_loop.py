@@ -213,6 +213,16 @@ def test_rank_zero_s_host_blamed_on_its_fabric_name_is_left_out_by_its_node_name
     assert steps.argvs[1][1] == "--exclude=node1"
 
 
+def test_a_host_whose_own_name_fits_the_fabric_template_is_left_out_by_that_name(tmp_path):
+    # '{host}i' (JSC's fabric names) read backwards would make nodei node "node"; nodei is a host itself here.
+    steps = Steps(frozen_on("nodei"), resumed(10, at=10))
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "nodeai,nodei,nodeci", "LIGHTNING_MPI_ENV_MAIN_HOST": "{host}i"}
+    status, events, _, _ = _supervise(tmp_path, steps, env=env)
+    assert status == 0
+    assert next(event for event in events if event["event"] == "excluded")["hosts"] == ["nodei"]
+    assert steps.argvs[1][1] == "--exclude=nodei"
+
+
 @pytest.mark.mpi
 @pytest.mark.slurm
 def test_a_frozen_rank_s_step_is_relaunched_without_its_node(slurm_cluster: SlurmCluster, tmp_path: Path):
