@@ -75,6 +75,31 @@ MODES = ("init", "rollcall+init", "lean+init", "lean2+init")
 """``lean+init`` is a prototype (issue 26, item 1): :func:`lean_roll_call` on one client, which init then shares."""
 
 
+def judged_table(store: Any, prefix: str, world_size: int) -> tuple[str | None, list[str]]:
+    """The prototypes' rank-0 work: every claim in one ``multi_get``, checked with the package's own functions.
+
+    Returns the problem (``None``: none) and, without one, every rank's node assignment as written to its key.
+    """
+    import json
+
+    from lightning_mpi_env.rollcall.verdicts import assign_all, collisions, devices_of, disagreement_message
+    from lightning_mpi_env.rollcall.wire import claim_of, read
+
+    keys = [f"{prefix}claim/{rank}" for rank in range(world_size)]
+    raws = store.multi_get(keys)
+    claims = [read(key, raw, claim_of(rank)) for rank, (key, raw) in enumerate(zip(keys, raws, strict=True))]
+    problems = [disagreement_message(claims[0], other) for other in claims[1:]]
+    problem = next((p for p in problems if p is not None), None) or collisions(claims)
+    if problem is not None:
+        return problem.problem, []
+    assignments = assign_all([c.host for c in claims], any_layout=all(c.any_layout for c in claims))
+    devices, _ = devices_of(claims)
+    return None, [
+        json.dumps([a.node_rank, a.num_nodes, a.local_rank, a.local_size, devices.get(rank)])
+        for rank, a in enumerate(assignments)
+    ]
+
+
 def lean2_roll_call(store: Any, claim: Any, timeout: float) -> Any:
     """The happy path in two requests per rank other than 0, and no counter (a prototype, not the package's code).
 
@@ -88,8 +113,7 @@ def lean2_roll_call(store: Any, claim: Any, timeout: float) -> Any:
     """
     import json
 
-    from lightning_mpi_env.rollcall.verdicts import assign_all, collisions, devices_of, disagreement_message
-    from lightning_mpi_env.rollcall.wire import claim_of, node_of, read
+    from lightning_mpi_env.rollcall.wire import node_of, read
 
     prefix = "lean2/"
     mine = claim.to_json()
@@ -98,23 +122,13 @@ def lean2_roll_call(store: Any, claim: Any, timeout: float) -> Any:
         raise RuntimeError(f"duplicate rank {claim.rank}")
     node_key = f"{prefix}node/{claim.rank}"
     if claim.rank == 0:
-        keys = [f"{prefix}claim/{rank}" for rank in range(claim.world_size)]
-        raws = store.multi_get(keys)
-        claims = [read(key, raw, claim_of(rank)) for rank, (key, raw) in enumerate(zip(keys, raws, strict=True))]
-        problems = [disagreement_message(claims[0], other) for other in claims[1:]]
-        problem = next((p for p in problems if p is not None), None) or collisions(claims)
+        problem, nodes_json = judged_table(store, prefix, claim.world_size)
         if problem is not None:
-            raise RuntimeError(problem.problem)
-        assignments = assign_all([c.host for c in claims], any_layout=all(c.any_layout for c in claims))
-        devices, _ = devices_of(claims)
+            raise RuntimeError(problem)
         verdict = json.dumps({"summary": f"{claim.world_size} ranks met"})
         store.multi_set(
             [f"{prefix}node/{rank}" for rank in range(claim.world_size)] + [prefix + "verdict"],
-            [
-                json.dumps([a.node_rank, a.num_nodes, a.local_rank, a.local_size, devices.get(rank)])
-                for rank, a in enumerate(assignments)
-            ]
-            + [verdict],
+            [*nodes_json, verdict],
         )
         raw_verdict, raw_node = verdict.encode(), store.get(node_key)
     else:
@@ -140,8 +154,7 @@ def lean_roll_call(store: Any, claim: Any, timeout: float) -> Any:
     """
     import json
 
-    from lightning_mpi_env.rollcall.verdicts import assign_all, collisions, devices_of, disagreement_message
-    from lightning_mpi_env.rollcall.wire import claim_of, node_of, read
+    from lightning_mpi_env.rollcall.wire import node_of, read
 
     prefix = "lean/"
     mine = claim.to_json()
@@ -149,23 +162,11 @@ def lean_roll_call(store: Any, claim: Any, timeout: float) -> Any:
     if first.decode() != mine:
         raise RuntimeError(f"duplicate rank {claim.rank}")
     if store.add(prefix + "arrived", 1) == claim.world_size:
-        keys = [f"{prefix}claim/{rank}" for rank in range(claim.world_size)]
-        raws = store.multi_get(keys)
-        claims = [read(key, raw, claim_of(rank)) for rank, (key, raw) in enumerate(zip(keys, raws, strict=True))]
-        problems = [disagreement_message(claims[0], other) for other in claims[1:]]
-        problem = next((p for p in problems if p is not None), None) or collisions(claims)
+        problem, nodes_json = judged_table(store, prefix, claim.world_size)
         if problem is not None:
-            store.set(prefix + "verdict", json.dumps({"problem": problem.problem}))
+            store.set(prefix + "verdict", json.dumps({"problem": problem}))
         else:
-            assignments = assign_all([c.host for c in claims], any_layout=all(c.any_layout for c in claims))
-            devices, _ = devices_of(claims)
-            store.multi_set(
-                [f"{prefix}node/{rank}" for rank in range(claim.world_size)],
-                [
-                    json.dumps([a.node_rank, a.num_nodes, a.local_rank, a.local_size, devices.get(rank)])
-                    for rank, a in enumerate(assignments)
-                ],
-            )
+            store.multi_set([f"{prefix}node/{rank}" for rank in range(claim.world_size)], nodes_json)
             store.set(prefix + "verdict", json.dumps({"summary": f"{claim.world_size} ranks met"}))
     verdict = json.loads(store.get(prefix + "verdict"))
     if "problem" in verdict:
