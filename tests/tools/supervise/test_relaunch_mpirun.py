@@ -20,7 +20,7 @@ import pytest
 from lightning_mpi_env.tools.simcluster import find_mpirun, session_dir_arguments
 from tests.clusters.slurm import SlurmCluster
 from tests.test_slurm import FABRIC_FREEZE, LIGHTNING_TIMEOUT
-from tests.tools.supervise.test_relaunch_slurm import EVERY, STALL_TIMEOUT, STEPS, TRAINER_JOB
+from tests.tools.supervise.test_relaunch_slurm import EVERY, STALL_TIMEOUT, STEPS, _results, _train
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slurm]
 
@@ -64,13 +64,10 @@ def _relaunched_through_a_host_file(output: str, status: int, events: list[dict]
 def test_an_mpirun_trainer_step_is_relaunched_on_the_spare_and_resumes(
     slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
 ):
-    (tmp_path / "results").mkdir()
-    train = [sys.executable, str(TRAINER_JOB), "--strategy", "ddp_mpi", "--zero-config", "--steps", str(STEPS)]
-    train += ["--root-dir", str(tmp_path / "root"), "--result-dir", str(tmp_path / "results")]
-    train += ["--freeze-once", str(tmp_path / "fault-once"), "--freeze", "2:10", "--tag", f"mpirun-{tmp_path.name}"]
+    train = _train(tmp_path, "--freeze", "2:10")
     output, status, events = _supervised(slurm_cluster_with_spare, tmp_path, train)
     _relaunched_through_a_host_file(output, status, events, tmp_path)
-    results = [json.loads(path.read_text()) for path in sorted((tmp_path / "results").glob("result-*.json"))]
+    results = _results(tmp_path)
     assert sorted(result["hostname"] for result in results) == ["node1", "node1", "node3", "node3"], results
     assert {result["global_step"] for result in results} == {STEPS}, results
     assert {min(result["steps"]) for result in results} == {10}, results  # resumed at the step-10 checkpoint
@@ -105,10 +102,7 @@ def test_an_mpich_step_whose_rank_zero_node_failed_is_relaunched_with_rank_zero_
     # the relaunch names node2 in -genv MASTER_ADDR, and the roll call, init and the resume all meet there.
     from tests.clusters.hydra import ensure_venv
 
-    (tmp_path / "results").mkdir()
-    train = [sys.executable, str(TRAINER_JOB), "--strategy", "ddp_mpi", "--zero-config", "--steps", str(STEPS)]
-    train += ["--root-dir", str(tmp_path / "root"), "--result-dir", str(tmp_path / "results")]
-    train += ["--freeze-once", str(tmp_path / "fault-once"), "--freeze", "1:10", "--tag", f"mpich-{tmp_path.name}"]
+    train = _train(tmp_path, "--freeze", "1:10")
     mpiexec = [str(ensure_venv("mpich") / "mpiexec"), "-n", "4", "-ppn", "2"]
     output, status, events = _supervised(slurm_cluster_with_spare, tmp_path, train, mpiexec)
     assert status == 0, output[-8000:]
@@ -120,7 +114,7 @@ def test_an_mpich_step_whose_rank_zero_node_failed_is_relaunched_with_rank_zero_
     host_file = Path(second["argv"][2])
     assert second["argv"][1:8] == ["-machinefile", str(host_file), "-n", "4", "-genv", "MASTER_ADDR", "node2"]
     assert host_file.read_text() == "node2:2\nnode3:2\n"
-    results = [json.loads(path.read_text()) for path in sorted((tmp_path / "results").glob("result-*.json"))]
+    results = _results(tmp_path)
     assert sorted(result["hostname"] for result in results) == ["node2", "node2", "node3", "node3"], results
     # The job's first host, node1, is what a rank reads otherwise. The simulated nodes share one network stack, so
     # rank 0's store would answer there too: what each rank was told is asserted, not only that the step finished.
