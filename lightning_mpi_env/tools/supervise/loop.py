@@ -131,10 +131,9 @@ def supervise(
                 stop: dict[str, Value] = {"status": end.status, "reason": reason}
                 job.timeline.add(Event(EventKind.STOP, step, decision.message, fields=stop))
                 return end.status
-            blamed = [_node_name(host, template, line.hosts()) for host in decision.exclude]
-            _exclude(job, step, blamed, EventKind.EXCLUDED)
-            sleep(decision.wait)
             hosts = line.hosts()
+            _exclude(job, step, [_node_name(host, template, hosts) for host in decision.exclude], EventKind.EXCLUDED)
+            sleep(decision.wait)
             if hosts is not None:
                 candidates = [host for host in hosts if host not in job.excluded]
                 failed = check(candidates, env=env, timeout=probe_timeout, line_for=line.probe_line)
