@@ -202,6 +202,24 @@ class ClusterBusyError(RuntimeError):
     """Another cluster (or program) holds this cluster's ports: try another base port."""
 
 
+class ClientTimeout(subprocess.TimeoutExpired):
+    """A client ran past its time limit; the message ends with its last output and the cluster's state.
+
+    A plain ``TimeoutExpired`` names only the command: a job that waited for a node, or a step that hung, looks
+    the same in a CI log. Output tails are kept short.
+    """
+
+    def __init__(
+        self, cmd: list[str], timeout: float, output: str | None, stderr: str | None, cluster_state: str
+    ) -> None:
+        super().__init__(cmd, timeout, output, stderr)
+        self.cluster_state = cluster_state
+
+    def __str__(self) -> str:
+        tail = ((self.output or "") + (self.stderr or ""))[-4000:]
+        return f"{super().__str__()}\n--- its output, last 4000 characters:\n{tail}\n--- then:\n{self.cluster_state}"
+
+
 class SlurmCluster:
     """A running Slurm cluster of ``nodes`` nodes (``node1``...) on this machine.
 
@@ -581,14 +599,11 @@ class SlurmCluster:
             dead = [name for name, proc in self._procs.items() if proc.poll() is not None]
             if dead:
                 raise self._fail(f"daemon(s) {dead} exited during start")
-            done = subprocess.run(
-                ["sinfo", "-h", "-N", "-o", "%N %t"], env=self.client_env(), capture_output=True, text=True, check=False
-            )
-            states = dict(line.split() for line in done.stdout.splitlines() if len(line.split()) == 2)
-            if done.returncode == 0 and all(states.get(name) == "idle" for name in self.nodes):
+            states = self.node_states()
+            if all(states.get(name) == "idle" for name in self.nodes):
                 break
             if time.monotonic() > deadline:
-                raise self._fail(f"nodes not idle after {timeout} s: {states or done.stderr.strip()}")
+                raise self._fail(f"nodes not idle after {timeout} s: {states or 'sinfo gave no answer'}")
             time.sleep(0.1)
 
         own = _uts_namespace("self")
@@ -664,6 +679,54 @@ class SlurmCluster:
 
     # --------------------------------------------------------------------------------------------------- clients
 
+    def node_states(self) -> dict[str, str]:
+        """Each node's state as ``sinfo`` abbreviates it (``idle``, ``alloc``, ``comp*``...); {} if sinfo fails."""
+        done = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t"],
+            env=self.client_env(),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        if done.returncode != 0:
+            return {}
+        return dict(line.split() for line in done.stdout.splitlines() if len(line.split()) == 2)
+
+    def wait_idle(self, nodes: Iterable[str] | None = None, timeout: float = 300) -> None:
+        """Wait until ``nodes`` (all by default) are ``idle``: the last job has finished completing on each.
+
+        A job's client (``salloc``, ``srun``) returns before every slurmd has ended the job; a node still
+        completing is not allocated, and one that then hangs stays completing. A test that hangs a node, or needs
+        every node, waits here first. A node brought back (``SIGCONT``) may be ``down`` for a while (``SlurmdTimeout``)
+        until it registers again (``ReturnToService=2``).
+
+        Raises:
+            RuntimeError: A node is not idle after ``timeout`` seconds; every node's state is quoted.
+        """
+        wanted = list(self.nodes if nodes is None else nodes)
+        deadline = time.monotonic() + timeout
+        while True:
+            states = self.node_states()
+            if all(states.get(name) == "idle" for name in wanted):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node(s) {wanted} not idle after {timeout:g} s: {states or 'sinfo gave no answer'}")
+            time.sleep(0.2)
+
+    def describe(self) -> str:
+        """The nodes' and jobs' states (``sinfo -N``, ``squeue``), for a failure message; never raises."""
+        parts = []
+        for argv in (["sinfo", "-N", "-o", "%N %t %E"], ["squeue", "-o", "%i %j %T %R %N"]):
+            try:
+                done = subprocess.run(
+                    argv, env=self.client_env(), capture_output=True, text=True, check=False, timeout=15
+                )
+                parts.append(f"$ {' '.join(argv)}\n{(done.stdout + done.stderr).strip()}")
+            except (OSError, subprocess.SubprocessError) as error:
+                parts.append(f"$ {' '.join(argv)}\n{error}")
+        return "\n".join(parts)
+
     def run(
         self,
         argv: Sequence[str],
@@ -679,7 +742,7 @@ class SlurmCluster:
 
         Args:
             argv: The command line.
-            timeout: Seconds before the client is stopped and ``subprocess.TimeoutExpired`` is raised.
+            timeout: Seconds before the client is stopped and :class:`ClientTimeout` is raised.
             env: Variables added to ``client_env()``.
             cwd: Working directory; the work directory by default.
             check: Raise ``subprocess.CalledProcessError`` on a non-zero exit.
@@ -699,6 +762,7 @@ class SlurmCluster:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            state = self.describe()  # before the client goes: its job, pending or running, is still listed
             for _ in range(2):
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGINT)
@@ -708,7 +772,7 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 stdout, stderr = proc.communicate()
-            raise subprocess.TimeoutExpired(list(argv), timeout, stdout, stderr) from None
+            raise ClientTimeout(list(argv), timeout, stdout, stderr, state) from None
         done = subprocess.CompletedProcess(list(argv), proc.returncode, stdout, stderr)
         if check:
             done.check_returncode()

@@ -10,7 +10,6 @@ same Slurm job); a Fabric loop under ``ddp_mpi`` from its own (``tests/jobs/fabr
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -19,8 +18,9 @@ import pytest
 
 from lightning_mpi_env.tools.simcluster import find_mpirun, session_dir_arguments
 from tests.clusters.slurm import SlurmCluster
-from tests.test_slurm import FABRIC_FREEZE, LIGHTNING_TIMEOUT
-from tests.tools.supervise.test_relaunch_slurm import EVERY, STALL_TIMEOUT, STEPS, _results, _train
+from tests.test_slurm import FABRIC_FREEZE
+from tests.tools.supervise.test_relaunch_slurm import EVERY, STEPS, _results, _train
+from tests.tools.supervise.test_relaunch_slurm import _supervised as supervised_in_salloc
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slurm]
 
@@ -33,17 +33,8 @@ def _mpirun(tmp_path: Path) -> list[str]:
 def _supervised(
     cluster: SlurmCluster, tmp_path: Path, program: list[str], launcher: list[str] | None = None
 ) -> tuple[str, int, list[dict]]:
-    state = tmp_path / "state"
-    supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", "2", "--backoff", "1"]
-    supervisor += ["--probe-timeout", "10", "--state-dir", str(state), "--", *(launcher or _mpirun(tmp_path))]
-    supervisor += program
-    env = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT), "LIGHTNING_MPI_ENV_CHECKPOINT_EVERY": str(EVERY)}
-    done = cluster.run(
-        ["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *supervisor], timeout=3 * LIGHTNING_TIMEOUT, env=env
-    )
-    journals = list(state.glob("*/timeline.jsonl"))
-    events = [json.loads(line) for line in journals[0].read_text().splitlines()] if journals else []
-    return done.stdout + done.stderr, done.returncode, events
+    """``program`` under ``launcher`` (Open MPI's mpirun by default), supervised in ``salloc --no-kill -N3``."""
+    return supervised_in_salloc(cluster, tmp_path, [*(launcher or _mpirun(tmp_path)), *program])
 
 
 def _relaunched_through_a_host_file(output: str, status: int, events: list[dict], tmp_path: Path) -> None:

@@ -55,6 +55,9 @@ def _supervised(
     supervisor += ["--probe-timeout", "10", "--state-dir", str(state), "--", *step]
     env = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT), "LIGHTNING_MPI_ENV_CHECKPOINT_EVERY": str(EVERY)}
     env.update(exported or {})
+    # Every node idle first: a node still ending the last test's job is not allocated (and one a test then hangs
+    # would stay that way, salloc waiting for it until the time limit).
+    cluster.wait_idle()
     done = cluster.run(
         ["salloc", "--no-kill", f"-N{nodes}", "--ntasks-per-node=2", *supervisor],
         timeout=3 * LIGHTNING_TIMEOUT,
@@ -186,10 +189,11 @@ def test_a_node_whose_slurmd_hangs_is_left_out_and_the_step_resumes_on_the_spare
 def test_the_probe_leaves_out_a_hung_spare_and_a_step_that_needs_it_stops_saying_to_add_one(
     slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
 ):
-    with _hung(slurm_cluster_with_spare, "node3"):
-        output, status, events = _supervised(
-            slurm_cluster_with_spare, tmp_path, [*STEP, *_train(tmp_path, "--freeze", "2:10")]
-        )
+    # node3's slurmd stops once the supervisor runs (inside the allocation), as a spare that hangs during the job.
+    # Stopped before salloc, Slurm could find it not responding and never grant the allocation.
+    step = [*STEP, *_train(tmp_path, "--freeze", "2:10")]
+    with _once_file_exists(tmp_path / "state", _hung(slurm_cluster_with_spare, "node3")):
+        output, status, events = _supervised(slurm_cluster_with_spare, tmp_path, step)
     assert status != 0, output[-8000:]
     kinds = _kinds(events)
     assert kinds == ["launch", "first_step", "failure", "excluded", "probe", "stop"], kinds
