@@ -41,6 +41,16 @@ from lightning_mpi_env.tools.supervise.mpirun_parse import Option, parse_options
 _HOST_ROLES = frozenset({Role.HOSTS, Role.HOST_FILE, Role.HOST_NAME_FILE, Role.HOST_RANGES})
 _REPLACED_ROLES = _HOST_ROLES | {Role.WORLD}
 _PLACEMENT_ROLES = frozenset({Role.PER_NODE, Role.ONE_PER_NODE, Role.MAP_BY, Role.PPR})
+PROBE_PROGRAM = ("sleep", "1")
+"""What the health probe runs on a host: a process that lives a second, not ``true``.
+
+Open MPI 5's daemons (PRRTE 3.0) can lose a process that ends before the daemon has recorded its pid: the job never
+completes and ``mpirun`` waits with every line printed (openpmix/prrte#2713, merged into PRRTE's main branch in
+August 2026; PRRTE 3.0.14, in Open MPI 5.0.11, still hangs here). ``mpirun`` of four ``sh -c echo`` ranks on
+simulated nodes hung once in 120 launches with two busy loops, and a probe that hangs would leave a healthy host
+out. A rank that lives a second leaves the daemon that long to record it; the probe, on every host at once, takes
+a second longer.
+"""
 
 
 class TooFewHostsError(MpirunLineError):
@@ -270,14 +280,14 @@ class MpirunLine:
         )
 
     def probe_line(self, host: str) -> list[str]:
-        """The health probe on ``host``: the line's launcher and options, on that host alone, one ``true`` process.
+        """The health probe on ``host``: the line's launcher and options, on that host alone, one :data:`PROBE_PROGRAM`.
 
         The line's own options are kept (an agent, a session folder, MCA settings: what it takes to reach a host);
         its hosts, counts and placement are replaced.
 
         >>> from lightning_mpi_env.tools.supervise.mpirun_options import OPEN_MPI
         >>> MpirunLine.parse(["mpirun", "--mca", "a", "b", "-np", "4", "-N", "2", "t"], OPEN_MPI).probe_line("n3")
-        ['mpirun', '--mca', 'a', 'b', '--host', 'n3', '-np', '1', 'true']
+        ['mpirun', '--mca', 'a', 'b', '--host', 'n3', '-np', '1', 'sleep', '1']
         """
         dropped = {
             index
@@ -286,7 +296,7 @@ class MpirunLine:
         }
         options = [word for index, word in enumerate(self.words[1 : self.program], start=1) if index not in dropped]
         family = self.family
-        return [self.words[0], *options, family.host_list_option, host, family.world_option, "1", "true"]
+        return [self.words[0], *options, family.host_list_option, host, family.world_option, "1", *PROBE_PROGRAM]
 
     def _kept(self) -> list[str]:
         """The line's words after the launcher, without its host and world options."""

@@ -321,8 +321,10 @@ def test_an_excluded_name_that_matches_no_host_is_reported():
 SIMULATED = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 
 
-# Each rank prints its host and the MASTER_ADDR it was given.
-WHERE = ["sh", "-c", 'echo "$(hostname) $MASTER_ADDR"']
+# Each rank prints its host and the MASTER_ADDR it was given, then lives a second: Open MPI 5's daemons can lose a
+# rank that ends before its pid is recorded, and mpirun then waits with every line printed (openpmix/prrte#2713; one
+# launch of 120 here, with two busy loops). The probe's rank lives a second for the same reason (PROBE_PROGRAM).
+WHERE = ["sh", "-c", 'echo "$(hostname) $MASTER_ADDR"; sleep 1']
 
 
 def _hosts_of(stdout: str) -> Counter[str]:

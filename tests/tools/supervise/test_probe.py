@@ -54,7 +54,8 @@ def test_an_mpirun_line_s_probe_runs_its_own_launcher_on_one_host(tmp_path):
     launcher = [find_mpirun(), *root, *session_dir_arguments(tmp_path / "p")]
     step = ["-H", "127.0.0.2:2,127.0.0.3:2", "-np", "4", "-N", "2", "hostname"]
     simulated = MpirunLine.parse([*launcher, "--mca", "plm_rsh_agent", str(RSH_AGENT), *step], OPEN_MPI)
-    assert simulated.probe_line("127.0.0.3")[-5:] == ["--host", "127.0.0.3", "-np", "1", "true"]
+    # A rank that lives a second (PROBE_PROGRAM): Open MPI 5 can lose one that ends at once, and hang (prrte#2713).
+    assert simulated.probe_line("127.0.0.3")[-6:] == ["--host", "127.0.0.3", "-np", "1", "sleep", "1"]
     assert probe(["127.0.0.3"], env=os.environ, timeout=60, line_for=simulated.probe_line) == {}
     plain = MpirunLine.parse([*launcher, *step], OPEN_MPI)
     failed = probe(["no-such-node.invalid"], env=os.environ, timeout=60, line_for=plain.probe_line)
