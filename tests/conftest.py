@@ -7,6 +7,7 @@ from collections.abc import Generator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from lightning_mpi_env.tools.simcluster import SimulatedCluster
 from tests.clusters.lanes import lane_of
@@ -34,6 +35,34 @@ LEAN_SITE = JOBS / "site"
 collect_ignore_glob = ["jobs/*"]
 pytest_plugins = ["tests.clusters.fixtures"]
 
+# No per-example deadline: a loaded login node runs one example in seconds, and no test asserts on timing.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
+
+INSTALLING_FIXTURES = frozenset({"deepspeed", "hydra_cluster", "jax_python", "oldest_lightning"})
+"""Fixtures that install a launcher or a venv on first use (minutes on a fresh machine): whole suite only."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--runslow",
+        action="store_true",
+        help="run the whole suite: every real launcher job and first-use install, not only the smoke set",
+    )
+
+
+def is_slow(item: pytest.Item) -> bool:
+    """Whether a test runs only in the whole suite (``pytest --runslow``), not in the default run.
+
+    Marked ``slow``; or a real launcher job (``mpi``) outside the ``smoke`` set; or a user of a fixture that installs
+    a launcher or venv on first use.
+    """
+    if item.get_closest_marker("slow") is not None:
+        return True
+    if item.get_closest_marker("mpi") is not None and item.get_closest_marker("smoke") is None:
+        return True
+    return not INSTALLING_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # Before xdist starts its workers, so that they, and every process they start, inherit it (the module says why).
@@ -44,6 +73,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line("markers", "slurm: runs jobs on the real two-node Slurm cluster (tests/clusters/slurm.py)")
     config.addinivalue_line("markers", "hydra: runs MPICH's or Intel MPI's real mpiexec (tests/clusters/hydra.py)")
+    config.addinivalue_line("markers", "slow: runs only in the whole suite (pytest --runslow)")
+    config.addinivalue_line("markers", "smoke: a real launcher job (mpi) that also runs in the default run")
 
 
 def python_path(*first: Path) -> str:
@@ -52,7 +83,16 @@ def python_path(*first: Path) -> str:
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the groups into node id suffixes
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Two tiers: the default run leaves out what only the whole suite runs (`--runslow`); the slow ones are marked
+    # `slow` here, before pytest's own `-m` selection, so that `pytest --runslow -m slow` runs them alone.
+    slow = [item for item in items if is_slow(item)]
+    for item in slow:
+        item.add_marker(pytest.mark.slow)
+    if not config.getoption("--runslow") and slow:
+        config.hook.pytest_deselected(items=slow)
+        leaving = set(map(id, slow))
+        items[:] = [item for item in items if id(item) not in leaving]
     # Real launcher jobs (4 ranks each) run in lanes: one xdist group each, one job at a time within a lane, the
     # lanes side by side. Much of a real job is waiting (a roll call's timeout, a stall's, a scheduler's requeue),
     # so lanes overlap waits with work. They cannot clash: each mpirun derives its own main port from its

@@ -25,9 +25,16 @@ def test_readme_has_exactly_two_setup_commands_demo_and_tests():
         assert "torch==2.13.0" in command  # never a plain `torch`, which pulls CUDA wheels on a CPU machine
 
 
-def test_ci_runs_the_readme_test_command():
+def test_ci_runs_the_readme_test_command_then_the_rest_of_the_whole_suite():
     _, tests = readme_commands()
-    assert tests in (ROOT / ".ci" / "run").read_text()
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    default = next(index for index, line in enumerate(lines) if tests in line)
+    assert any("-m pytest --runslow -m slow" in line for line in lines[default + 1 :])
+    assert all("--durations=30" in line for line in lines if "-m pytest" in line)
+
+
+def test_the_readme_names_the_whole_suite_switch():
+    assert "python -m pytest --runslow" in (ROOT / "README.md").read_text()
 
 
 def test_changelog_has_an_unreleased_section():

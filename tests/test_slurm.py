@@ -97,7 +97,10 @@ def run_lightning_under_srun(
     return records, results
 
 
-@pytest.mark.parametrize(("strategy", "placement"), [("ddp", "block"), ("ddp_mpi", "block"), ("ddp_mpi", "cyclic")])
+@pytest.mark.parametrize(
+    ("strategy", "placement"),
+    [("ddp", "block"), ("ddp_mpi", "block"), pytest.param("ddp_mpi", "cyclic", marks=pytest.mark.smoke)],
+)
 def test_srun_trains_lightning_on_two_nodes(slurm_cluster: SlurmCluster, strategy: str, placement: str, tmp_path: Path):
     # "ddp": DDPStrategy with MPIClusterEnvironment (devices=2, num_nodes=2); "ddp_mpi": the package's strategy with
     # its roll call and no devices/num_nodes at all. No MASTER_ADDR/MASTER_PORT: the step's nodes and job id give them.

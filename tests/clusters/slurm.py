@@ -220,6 +220,30 @@ class ClientTimeout(subprocess.TimeoutExpired):
         return f"{super().__str__()}\n--- its output, last 4000 characters:\n{tail}\n--- then:\n{self.cluster_state}"
 
 
+CLIENT_HANG_LIMIT = 300.0
+"""Seconds a client run with ``after`` gets to print it: a limit that only ends a hang."""
+
+
+def _communicate(proc: subprocess.Popen[str], timeout: float, after: str | None) -> tuple[str, str]:
+    """``proc.communicate(timeout=timeout)``, the time counted from when ``after`` is in its output (``None``: now).
+
+    Raises:
+        subprocess.TimeoutExpired: Past ``timeout`` seconds from then, or ``after`` not seen within
+            :data:`CLIENT_HANG_LIMIT` seconds (its ``timeout`` says which).
+    """
+    if after is not None:
+        wanted, deadline = after.encode(), time.monotonic() + CLIENT_HANG_LIMIT
+        while True:
+            try:
+                return proc.communicate(timeout=0.2)  # it ended before printing it
+            except subprocess.TimeoutExpired as so_far:  # the output so far, as bytes; none of it is lost
+                if wanted in (so_far.output or b"") or wanted in (so_far.stderr or b""):
+                    break
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(proc.args, CLIENT_HANG_LIMIT) from None
+    return proc.communicate(timeout=timeout)
+
+
 class SlurmCluster:
     """A running Slurm cluster of ``nodes`` nodes (``node1``...) on this machine.
 
@@ -735,6 +759,7 @@ class SlurmCluster:
         *,
         cwd: str | os.PathLike[str] | None = None,
         check: bool = False,
+        after: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run a client (``srun``, ``salloc``, ``scontrol``...) and capture its output as text.
 
@@ -746,6 +771,9 @@ class SlurmCluster:
             env: Variables added to ``client_env()``.
             cwd: Working directory; the work directory by default.
             check: Raise ``subprocess.CalledProcessError`` on a non-zero exit.
+            after: Count ``timeout`` from the moment the client has printed this (on stdout or stderr), not from
+                its start: for a test of the time limit itself, whose client must get that far first (``salloc``'s
+                "queued and waiting for resources"). It gets :data:`CLIENT_HANG_LIMIT` seconds to print it.
 
         Returns:
             The finished process, with ``stdout`` and ``stderr`` as strings.
@@ -760,8 +788,8 @@ class SlurmCluster:
             text=True,
         )
         try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            stdout, stderr = _communicate(proc, timeout, after)
+        except subprocess.TimeoutExpired as expired:
             state = self.describe()  # before the client goes: its job, pending or running, is still listed
             for _ in range(2):
                 with contextlib.suppress(ProcessLookupError):
@@ -772,7 +800,7 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 stdout, stderr = proc.communicate()
-            raise ClientTimeout(list(argv), timeout, stdout, stderr, state) from None
+            raise ClientTimeout(list(argv), expired.timeout, stdout, stderr, state) from None
         done = subprocess.CompletedProcess(list(argv), proc.returncode, stdout, stderr)
         if check:
             done.check_returncode()

@@ -35,7 +35,8 @@ def test_a_client_that_waits_for_an_unavailable_node_times_out_naming_the_node_a
     slurm_cluster: SlurmCluster,
 ):
     with _drained(slurm_cluster, "node2"), pytest.raises(ClientTimeout) as raised:
-        slurm_cluster.run(["salloc", "-N2", "true"], timeout=10)
+        # The limit counts from salloc's own word that it waits, however long a loaded machine took to get there.
+        slurm_cluster.run(["salloc", "-N2", "true"], timeout=10, after="queued and waiting for resources")
     message = str(raised.value)
     assert "timed out after 10 seconds" in message
     assert "queued and waiting for resources" in message  # salloc's own output

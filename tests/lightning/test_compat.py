@@ -43,7 +43,10 @@ TRAINER_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 FABRIC_PACKAGES = ("lightning.fabric", "lightning_fabric")
 
 
-@pytest.fixture(params=["installed", "oldest"], ids=[f"lightning-{INSTALLED.version}", f"lightning-{OLDEST}"])
+@pytest.fixture(
+    params=["installed", pytest.param("oldest", marks=pytest.mark.slow)],
+    ids=[f"lightning-{INSTALLED.version}", f"lightning-{OLDEST}"],
+)
 def lightning(request: pytest.FixtureRequest) -> Lightning:
     """The installed Lightning, and the oldest supported one (an overlay, installed on first use)."""
     if request.param == "installed":

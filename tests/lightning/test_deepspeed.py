@@ -62,7 +62,9 @@ def _results(stdout: str) -> list[dict]:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    ("stage", "namespace"), [(0, "pytorch_lightning"), (1, "lightning.pytorch"), (2, "lightning.pytorch")]
+    # ZeRO's stages differ inside DeepSpeed's engine, after the roll call: two of them, one per namespace.
+    ("stage", "namespace"),
+    [(0, "pytorch_lightning"), (2, "lightning.pytorch")],
 )
 def test_deepspeed_trains_with_the_launchers_ranks(cluster, deepspeed, stage, namespace):
     result = _run(cluster, deepspeed, ["--stage", str(stage), "--namespace", namespace])
@@ -98,7 +100,7 @@ def _holds(text: str | re.Pattern[str], line: str) -> bool:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("fault", ["missing", "duplicate"])
+@pytest.mark.parametrize("fault", ["duplicate"])  # a missing rank's job: tests/rollcall/test_fail_fast.py
 def test_a_missing_or_duplicate_rank_is_named_before_deepspeed_starts(cluster, deepspeed, fault):
     option, kind, expected = FAULTS[fault]
     result = _run(cluster, deepspeed, ["--stage", "2"], fault=option)

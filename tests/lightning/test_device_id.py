@@ -151,7 +151,10 @@ BOUND_TASK = {
 }
 
 
-@pytest.fixture(params=["installed", "oldest"], ids=[f"lightning-{INSTALLED.version}", f"lightning-{OLDEST}"])
+@pytest.fixture(
+    params=["installed", pytest.param("oldest", marks=pytest.mark.slow)],
+    ids=[f"lightning-{INSTALLED.version}", f"lightning-{OLDEST}"],
+)
 def lightning(request: pytest.FixtureRequest) -> Lightning:
     """The installed Lightning, and the oldest supported one (an overlay, installed on first use)."""
     if request.param == "installed":

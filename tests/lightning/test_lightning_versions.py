@@ -21,6 +21,8 @@ from tests.clusters.lightning_versions import (  # noqa: F401  (oldest_lightning
 )
 from tests.conftest import TRAINER_JOB
 
+pytestmark = pytest.mark.slow  # the oldest Lightning is installed on first use (an overlay)
+
 SAMPLES = 64
 HOSTS = ("127.0.0.2", "127.0.0.3")
 

@@ -261,7 +261,7 @@ def one_rank_fit(tmp_path: Path, root: Path, state: Path, max_steps: int, lightn
     return json.loads(line.split(" ", 1)[1])
 
 
-@pytest.mark.parametrize("version", ["installed", "oldest"])
+@pytest.mark.parametrize("version", ["installed", pytest.param("oldest", marks=pytest.mark.slow)])
 def test_a_real_trainer_saves_every_n_steps_and_a_second_fit_of_the_job_resumes(tmp_path, request, version):
     lightning = INSTALLED if version == "installed" else request.getfixturevalue("oldest_lightning")
     root = tmp_path / "root"

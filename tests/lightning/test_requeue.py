@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
 
@@ -27,11 +26,12 @@ from lightning_mpi_env.lightning import checkpoints
 from lightning_mpi_env.lightning import requeue as requeue_module
 from lightning_mpi_env.lightning.checkpoints import Saved
 from lightning_mpi_env.lightning.requeue import Requeue, checkpoint_and_requeue, hpc_checkpoint, newest_checkpoint
-from lightning_mpi_env.tools.simcluster import SimulatedCluster, find_mpirun, session_dir_arguments
+from lightning_mpi_env.tools.simcluster import SimulatedCluster, find_mpirun, processes_with, session_dir_arguments
 from tests.conftest import TRAINER_JOB
 
 EXAMPLES_JOBS = TRAINER_JOB.parents[1] / "jobs"
 SLURM_TIMEOUT = 300  # two runs of a Lightning job on two (maybe busy) cores, and the requeue between them
+HANG_LIMIT = 150  # one run of a Lightning job under mpirun on two (maybe busy) cores: only a hang takes longer
 
 # --- the plan ---------------------------------------------------------------------------------------------------------
 
@@ -338,26 +338,35 @@ def requeue_job(tmp_path):
             start_new_session=True,
         )
         lines: list[str] = []
+        training: set[str] = set()  # the ranks that started their first step
         trained = threading.Event()
 
         def read() -> None:
             for line in process.stdout:  # type: ignore[union-attr]
                 lines.append(line)
-                if line.startswith("FIRST_STEP rank=0"):
-                    trained.set()
+                if line.startswith("FIRST_STEP rank="):
+                    training.add(line.split()[1])
+                    if len(training) == 2:
+                        trained.set()
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         try:
             if signal_it:
-                assert trained.wait(150), "".join(lines)
-                time.sleep(1)  # a step or two into training, as a scheduler's warning would come
+                # Every rank trains, so every rank has the requeue handler (from on_train_start): the signal finds
+                # no rank still starting, where its default action would end it. It comes at once, while most of
+                # the job's 20 steps of 0.3 s are still to run.
+                assert trained.wait(HANG_LIMIT), _hung("no FIRST_STEP of both ranks", lines, root)
                 process.send_signal(signum)  # mpirun forwards it to every rank
-            process.wait(timeout=150)
+            try:
+                process.wait(timeout=HANG_LIMIT)
+            except subprocess.TimeoutExpired:
+                pytest.fail(_hung("the job did not end", lines, root))
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
-        reader.join(10)
+        reader.join(HANG_LIMIT)  # mpirun ended: the rest of its output is in the pipe
+        assert not reader.is_alive(), _hung("its output did not end with mpirun", lines, root)
         output = "".join(lines)
         results = [json.loads(line.split(" ", 1)[1]) for line in output.splitlines() if line.startswith("RESULT ")]
         return process.returncode, output, results
@@ -365,6 +374,12 @@ def requeue_job(tmp_path):
     run.record = record  # type: ignore[attr-defined]
     run.root = root  # type: ignore[attr-defined]
     return run
+
+
+def _hung(what: str, lines: list[str], root) -> str:
+    """A hang's report: what did not happen within HANG_LIMIT, the job's processes (by its root dir), its output."""
+    processes = "\n".join(processes_with(str(root))) or "(none)"
+    return f"{what} within {HANG_LIMIT} s. The job's processes:\n{processes}\nIts output:\n{''.join(lines)[-4000:]}"
 
 
 def _recorded(run) -> list[str]:
@@ -456,6 +471,16 @@ def stand_ins(tmp_path, monkeypatch, status: int = 0):
 SLURM_STEPS = 24  # 64 samples, batch 4, 2 ranks, 3 epochs
 
 
+def wait_training(cluster, job: str) -> None:
+    """Wait until both ranks of ``job`` (2 nodes, 1 rank each) started training, as a time limit's warning finds them.
+
+    Then each rank has the requeue handler (from ``on_train_start``): a signal to a rank still starting would end it
+    (USR1's default action), not requeue the job.
+    """
+    for rank in (0, 1):
+        cluster.wait_output(job, f"FIRST_STEP rank={rank} ", timeout=SLURM_TIMEOUT)
+
+
 def run_requeued_slurm_job(
     cluster, tmp_path, script: str, *, signal_batch: bool, train_args: tuple[str, ...] = ()
 ) -> tuple[str, list[dict]]:
@@ -476,8 +501,7 @@ def run_requeued_slurm_job(
         "OMP_NUM_THREADS": "1",
     }
     job = cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)
-    cluster.wait_output(job, "FIRST_STEP rank=0", timeout=SLURM_TIMEOUT)
-    time.sleep(1)  # a step or two into training, as the warning before a time limit would come
+    wait_training(cluster, job)
     signalled = cluster.signal(job, "USR1", batch=signal_batch)
     assert signalled.returncode == 0, signalled.stderr
     state = cluster.wait(job, timeout=SLURM_TIMEOUT)
@@ -551,8 +575,7 @@ def submit_gated(cluster, root, gate, *extra: str, together: str | None = None) 
 
 
 def signal_once_training(cluster, job) -> None:
-    cluster.wait_output(job, "FIRST_STEP rank=0", timeout=SLURM_TIMEOUT)
-    time.sleep(1)  # a step or two into training, as the warning before a time limit would come
+    wait_training(cluster, job)
     signalled = cluster.signal(job, "USR1")
     assert signalled.returncode == 0, signalled.stderr
 

@@ -1,8 +1,10 @@
 """MPIDDPStrategy: registration in both namespaces (in subprocesses) and real mpirun jobs on two simulated nodes."""
 
+import contextlib
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -10,11 +12,14 @@ import textwrap
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from lightning_mpi_env.tools.simcluster import SimulatedCluster, processes_with
+from tests.clusters.children import wait_until_none
+from tests.clusters.hydra import free_port
 from tests.clusters.lightning_versions import INSTALLED
 from tests.clusters.lightning_versions import oldest_lightning as oldest_lightning  # a fixture, requested by name
 from tests.conftest import TAMPER as TAMPER_PATH
@@ -132,7 +137,12 @@ def _check_training(results: list[dict], namespace: str, hosts: dict[int, str]) 
 @pytest.mark.parametrize(
     ("map_by", "namespace", "hosts"),
     [
-        ("slot", "lightning.pytorch", {0: "127.0.0.2", 1: "127.0.0.2", 2: "127.0.0.3", 3: "127.0.0.3"}),
+        pytest.param(
+            "slot",
+            "lightning.pytorch",
+            {0: "127.0.0.2", 1: "127.0.0.2", 2: "127.0.0.3", 3: "127.0.0.3"},
+            marks=pytest.mark.smoke,
+        ),
         ("node", "pytorch_lightning", {0: "127.0.0.2", 1: "127.0.0.3", 2: "127.0.0.2", 3: "127.0.0.3"}),
     ],
 )
@@ -190,7 +200,13 @@ def test_mpirun_rank_that_dies_in_training_ends_the_job(cluster):
     assert "Connection closed by peer" in result.stderr, result.stderr[-3000:]
 
 
-def _hang_report(tag: str, lines: "queue.Queue[str]", output: list[str]) -> str:
+HANG_LIMIT = 120
+"""Seconds a step of the interrupted job may take (to start, to reach the store, to end): only a hang takes longer."""
+
+
+def _hang_report(
+    tag: str, process: subprocess.Popen[str], reader: threading.Thread, lines: queue.Queue[str], output: list[str]
+) -> str:
     """Where a hung job's processes are: their states and kernel waits, each rank's Python stacks, the output."""
     listing = subprocess.run(
         ["ps", "-ww", "-eo", "pid,stat,wchan:24,etime,args"], capture_output=True, text=True, check=False
@@ -199,11 +215,34 @@ def _hang_report(tag: str, lines: "queue.Queue[str]", output: list[str]) -> str:
     for line in states:
         pid, args = int(line.split()[0]), line.split(None, 4)[4]
         if args.startswith(sys.executable):
-            os.kill(pid, signal.SIGABRT)  # faulthandler prints the stacks on the job's output
-    time.sleep(5)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)  # faulthandler prints the stacks on the job's output, then the rank ends
+    # Every rank printed its stacks once it ended; then mpirun's output ends with the job, or when it is killed.
+    wait_until_none(lambda: [line for line in processes_with(tag) if line.split(None, 1)[1].startswith(sys.executable)])
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    reader.join(HANG_LIMIT)
     while not lines.empty():
         output.append(lines.get_nowait())
-    return "the job still ran 60 s after the signal. Processes:\n" + "\n".join(states) + "\n" + "".join(output)
+    report = f"the job still ran {HANG_LIMIT} s after the signal. Processes:\n" + "\n".join(states)
+    return report + "\n" + "".join(output)
+
+
+def _store_holders(pids: list[int], port: int) -> set[int]:
+    """Which of ``pids`` hold a TCP socket of ``port`` (rank 0's store: listening on it, or connected to it)."""
+    inodes = set()
+    for table in (Path("/proc/net/tcp"), Path("/proc/net/tcp6")):
+        for row in table.read_text().splitlines()[1:] if table.exists() else []:
+            local, remote, state, inode = row.split()[1:4] + row.split()[9:10]
+            listening = state == "0A" and int(local.rsplit(":", 1)[1], 16) == port
+            if listening or (state == "01" and int(remote.rsplit(":", 1)[1], 16) == port):
+                inodes.add(f"socket:[{inode}]")
+    holders = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):  # a rank that ended holds nothing
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                holders.add(pid)
+    return holders
 
 
 @pytest.mark.mpi
@@ -219,14 +258,15 @@ def test_mpirun_interrupted_job_leaves_no_process(cluster, phase, signum, target
     tag = f"interrupt-{uuid.uuid4().hex[:10]}"
     job = [sys.executable, JOB, "--strategy", "ddp_mpi", "--tag", tag, "--step-seconds", "1", "--samples", "400"]
     if phase == "rendezvous":  # rank 3 never arrives; the others wait (timeout 120 s) in the rendezvous
-        job, ready, marker = [sys.executable, TAMPER, "--rank", "3", "--exit", "--", *job], 3, "FIT pid="
-    else:
-        ready, marker = 1, "FIRST_STEP"
+        job = [sys.executable, TAMPER, "--rank", "3", "--exit", "--", *job]
     # PYTHONFAULTHANDLER: a rank sent SIGABRT prints every thread's Python stack, for the report of a hang.
+    # MASTER_PORT: the port of rank 0's store, to see the ranks there.
+    port = free_port()
     environment = {
         **cluster.job_environment(),
         "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "120",
         "PYTHONFAULTHANDLER": "1",
+        "MASTER_PORT": str(port),
     }
     process = subprocess.Popen(
         cluster.mpirun(job, export=environment),
@@ -236,14 +276,28 @@ def test_mpirun_interrupted_job_leaves_no_process(cluster, phase, signum, target
         start_new_session=True,
     )
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()  # type: ignore[union-attr]
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    output: list[str] = []
+
+    def wait_for(what: str, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + HANG_LIMIT
+        while not done():
+            try:
+                output.append(lines.get(timeout=0.1))
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    left = "\n".join(processes_with(tag))
+                    pytest.fail(f"not {what} within {HANG_LIMIT} s. Processes:\n{left}\n" + "".join(output))
+
     try:
-        seen, output, deadline = 0, [], time.monotonic() + 120
-        while seen < ready:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            output.append(line)
-            seen += marker in line
-        time.sleep(2)  # well inside fit(): the rendezvous wait, or the second training step
+        if phase == "rendezvous":
+            # Inside fit(), waiting for rank 3: each other rank printed FIT, then reached rank 0's store.
+            wait_for("3 ranks at fit()", lambda: "".join(output).count("FIT pid=") == 3)
+            pids = [int(pid) for pid in re.findall(r"FIT pid=(\d+)", "".join(output))]
+            wait_for("3 ranks at rank 0's store", lambda: _store_holders(pids, port) == set(pids))
+        else:  # inside fit(), training: every rank started its first step (each takes a second)
+            wait_for("4 ranks training", lambda: "".join(output).count("FIRST_STEP") == 4)
         if target == "mpirun":
             process.send_signal(signum)
         else:
@@ -251,7 +305,7 @@ def test_mpirun_interrupted_job_leaves_no_process(cluster, phase, signum, target
             assert len(ranks) == (3 if phase == "rendezvous" else 4), processes_with(tag)
             # A moment apart, as a scheduler's signal reaches the processes of a step: ranks handle it at different
             # points of their step (Lightning 2.5+ broadcast inside its handler, and such a job hung:
-            # compat.record_sigterm_without_collective).
+            # compat.record_sigterm_without_collective). Nothing waits on this spread, and no outcome depends on it.
             for index, pid in enumerate(ranks):
                 try:
                     os.kill(pid, signum)
@@ -262,14 +316,17 @@ def test_mpirun_interrupted_job_leaves_no_process(cluster, phase, signum, target
                         raise
                 time.sleep(0.4)
         try:
-            process.wait(timeout=60)  # a hang fails the test here, saying where each rank is
+            process.wait(timeout=HANG_LIMIT)  # a hang fails the test here, saying where each rank is
         except subprocess.TimeoutExpired:
-            pytest.fail(_hang_report(tag, lines, output))
+            pytest.fail(_hang_report(tag, process, reader, lines, output))
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    time.sleep(1)
-    assert processes_with(tag) == [], "".join(output)
+    reader.join(HANG_LIMIT)  # mpirun ended: the rest of its output is in the pipe
+    while not lines.empty():
+        output.append(lines.get_nowait())
+    # mpirun ends its ranks before it exits; a rank a killed daemon left behind would end a moment later.
+    assert wait_until_none(lambda: processes_with(tag)) == [], "".join(output)
     assert "RESULT" not in "".join(output)
     # Never 0: Lightning ends a Trainer on SIGTERM with a SystemExit of status 0, which the callback makes 143
     # (docs/preemption.md, "Exit status"), so a job script's `&&` does not go on as if training had finished.
@@ -597,7 +654,7 @@ print("PROBE " + json.dumps({"events": events, "stage": ENV.stage.name}), flush=
 
 
 @pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"])
-@pytest.mark.parametrize("version", ["installed", "oldest"])
+@pytest.mark.parametrize("version", ["installed", pytest.param("oldest", marks=pytest.mark.slow)])
 def test_ddp_mpi_meets_in_its_own_setup_environment(request, package, version):
     lightning = INSTALLED if version == "installed" else request.getfixturevalue("oldest_lightning")
     env = lightning.environ({"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")})

@@ -17,8 +17,17 @@ from lightning_mpi_env.core.errors import StallError
 from lightning_mpi_env.rollcall.agreement import AT, REQUESTED, Stage, StopAgreement
 from lightning_mpi_env.rollcall.watchdog import Watchdog
 
-MAX_STEPS = 2000
-"""Far more steps than the agreement needs (a few intervals of 1 s at 5 ms a step)."""
+HANG = 120.0
+"""Seconds a test waits for the threads at most: a bound on a hang (the agreement takes a few intervals of 1 s)."""
+
+
+def _wait_for(condition, seconds: float = HANG) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 @pytest.fixture
@@ -39,7 +48,8 @@ def _client(port: int):
 def _run_job(port: int, world: int, signal_to: dict[int, int]) -> tuple[dict[int, int], list[StopAgreement]]:
     """Run ``world`` ranks until they stop; ``signal_to[rank] = step``: that rank's signal comes after that step.
 
-    Returns the step each rank stopped at (``MAX_STEPS`` if it never did) and the agreements.
+    Returns the step each rank stopped at (a rank that never did is left out) and the agreements. The ranks step on
+    until they stop, however slowly the threads run; after ``HANG`` seconds the test gives up on them.
     """
     signalled = {rank: threading.Event() for rank in range(world)}
     agreements = [StopAgreement(rank=rank, world_size=world, signalled=signalled[rank].is_set) for rank in range(world)]
@@ -52,23 +62,29 @@ def _run_job(port: int, world: int, signal_to: dict[int, int]) -> tuple[dict[int
 
     def loop(rank: int) -> None:
         generator = random.Random(rank)
-        for finished in range(1, MAX_STEPS + 1):
-            time.sleep(generator.uniform(0.001, 0.008))  # ranks reach the end of a step at different moments
-            if signal_to.get(rank) == finished:
-                signalled[rank].set()
-            if agreements[rank].due(finished, wait=60):
-                stopped[rank] = finished
-                return
-            lockstep.wait()  # the next step's all-reduce: no rank runs ahead by more than one step
-        stopped[rank] = MAX_STEPS
+        finished = 0
+        try:
+            while True:
+                finished += 1
+                time.sleep(generator.uniform(0.001, 0.008))  # ranks reach the end of a step at different moments
+                if signal_to.get(rank) == finished:
+                    signalled[rank].set()
+                if agreements[rank].due(finished, wait=60):
+                    stopped[rank] = finished
+                    return
+                lockstep.wait()  # the next step's all-reduce: no rank runs ahead by more than one step
+        except threading.BrokenBarrierError:
+            return  # the test gave up on the ranks, or another rank stopped at another step
 
     for dog in dogs:
         dog.start()
     loops = [threading.Thread(target=loop, args=(rank,)) for rank in range(world)]
     for thread in loops:
         thread.start()
+    _wait_for(lambda: not any(thread.is_alive() for thread in loops))
+    lockstep.abort()  # ranks still stepping (a hang) stop at their next step
     for thread in loops:
-        thread.join(180)
+        thread.join(HANG)
     for dog in dogs:
         dog.stop()
     return stopped, agreements
@@ -77,26 +93,30 @@ def _run_job(port: int, world: int, signal_to: dict[int, int]) -> tuple[dict[int
 def test_every_rank_stops_at_one_step_when_one_rank_got_the_signal(store_port):
     # Under mpirun in a batch job, `scancel --signal` may reach some ranks only: here rank 2 alone.
     stopped, agreements = _run_job(store_port, 4, {2: 30})
+    assert sorted(stopped) == [0, 1, 2, 3], stopped
     assert len(set(stopped.values())) == 1, stopped
     (step,) = set(stopped.values())
-    assert 30 <= step < MAX_STEPS
+    assert step >= 30
     assert {agreement.stop_at for agreement in agreements} == {step}
     assert all(agreement.stage is Stage.KNOWN for agreement in agreements)
 
 
 def test_ranks_signalled_at_different_steps_still_agree_on_one(store_port):
     stopped, _ = _run_job(store_port, 4, {0: 12, 3: 15, 1: 40})
+    assert sorted(stopped) == [0, 1, 2, 3], stopped
     assert len(set(stopped.values())) == 1, stopped
     assert min(stopped.values()) >= 12
 
 
 def test_without_a_signal_nothing_is_asked_or_written(store_port):
     # The healthy path: the loop reads two local variables per step, and no stop key appears in the store.
-    agreement = StopAgreement(rank=0, world_size=1, signalled=lambda: False)
+    asked: list[int] = []  # one entry each time the thread asks whether a signal came, once per interval
+    agreement = StopAgreement(rank=0, world_size=1, signalled=lambda: bool(asked.append(1)))
     dog = Watchdog(lambda seconds: _client(store_port), rank=0, world_size=1, host="h", timeout=0, agreement=agreement)
     dog.start()
     assert not any(agreement.due(finished, wait=1) for finished in range(1, 200))
-    time.sleep(1.5)  # at least one of the thread's intervals
+    before = len(asked)
+    assert _wait_for(lambda: len(asked) >= before + 2)  # a whole interval of the thread's after the loop's steps
     dog.stop()
     assert not _client(store_port).check([REQUESTED])
     assert agreement.stage is Stage.IDLE
@@ -108,9 +128,8 @@ def test_a_rank_that_never_answers_is_an_error_not_a_hang(store_port):
     dog = Watchdog(lambda seconds: _client(store_port), rank=0, world_size=2, host="h", timeout=0, agreement=agreement)
     dog.start()
     try:
-        deadline = time.monotonic() + 30
-        while agreement.stage is Stage.IDLE and time.monotonic() < deadline:
-            time.sleep(0.05)  # the thread announces the signal and posts this rank's step at its first interval
+        # The thread announces the signal and posts this rank's step at its first interval.
+        assert _wait_for(lambda: agreement.stage is not Stage.IDLE)
         assert agreement.stage is Stage.POSTED
         with pytest.raises(StallError, match=r"did not agree on a step to checkpoint at within 1 s"):
             agreement.due(2, wait=1)

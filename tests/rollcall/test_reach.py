@@ -9,7 +9,7 @@ from lightning_mpi_env.core.network import Interface, Resolution
 from lightning_mpi_env.rollcall.reach import NetworkView, off_fabric, port_in_use, serve_error, with_rank_zero_view
 from lightning_mpi_env.rollcall.store import rendezvous
 from lightning_mpi_env.rollcall.verdicts import Claim, missing_message
-from tests.rollcall.test_rendezvous import ABSENT_TIMEOUT, _claims, _free_port, _meet
+from tests.rollcall.test_rendezvous import _claims, _free_port, _meet_without
 
 VIEW = NetworkView(
     "nodea",
@@ -36,9 +36,11 @@ def test_rank_zero_view_is_added_to_the_missing_ranks_verdict():
 
 def test_missing_whole_node_names_rank_zero_s_resolution_and_interfaces():
     # Ranks 1 and 3 (node 1 by rank % 2) never come: none of node 1 reached rank 0, so its network view is named.
-    results = _meet(_claims([0, 2], hosts="a"), timeout=ABSENT_TIMEOUT)
+    results = _meet_without(_claims([0, 2], hosts="a"))
+    assert sorted(results) == [0, 1]
     for result in results.values():
         assert isinstance(result, RendezvousError)
+        assert result.value == "ranks 1, 3"
         text = str(result)
         assert "Ranks 1, 3 of 4 never arrived" in text
         assert "Rank 0's node " in text
@@ -47,9 +49,11 @@ def test_missing_whole_node_names_rank_zero_s_resolution_and_interfaces():
 
 def test_missing_rank_of_a_node_that_arrived_leaves_the_network_out():
     # Rank 1 of node 1 arrived, so node 1 reaches rank 0: the network is not the cause.
-    results = _meet(_claims([0, 1, 2]), timeout=ABSENT_TIMEOUT)
+    results = _meet_without(_claims([0, 1, 2]))
+    assert sorted(results) == [0, 1, 2]
     for result in results.values():
         assert isinstance(result, RendezvousError)
+        assert result.value == "rank 3"
         assert "Rank 3 of 4 never arrived" in str(result)
         assert "Rank 0's node" not in str(result)
 

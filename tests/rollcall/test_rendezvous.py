@@ -6,7 +6,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from lightning_mpi_env.core.devices import BINDING_HINT
 from lightning_mpi_env.core.errors import RendezvousError
 from lightning_mpi_env.core.failures import FailureKind, FailureRecorder, read_records
 from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT, Settings
-from lightning_mpi_env.rollcall.store import rendezvous
+from lightning_mpi_env.rollcall.store import KEY_PREFIX, rendezvous
 from lightning_mpi_env.rollcall.verdicts import (
     Claim,
     NodeAssignment,
@@ -188,9 +190,38 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-# The rendezvous timeout of a roll call that some ranks never join: each such test waits it out, so it is short, yet
-# long enough that every present rank's store client connects on a loaded machine (CI once saw one take over 2 s).
+# A roll call that some ranks never join ends when the rank that judges it, rank 0, has waited out this timeout. Rank 0
+# starts only once every other present rank has registered (_meet_without), so a present rank's slow start (a store
+# client once took over 2 s to connect on a loaded machine) never counts against it: after rank 0's claim the others
+# read it and arrive, at their next check of the store (0.25 s apart at most), far inside this.
 ABSENT_TIMEOUT = 6
+HANG = 120.0
+"""The present ranks' own timeout while rank 0 judges: it only ends a hang."""
+
+
+def _rank(
+    results: dict[int, object],
+    index: int,
+    claim: Claim,
+    timeout: float,
+    expected_node: Callable[[int], int],
+    recorder: FailureRecorder | None,
+) -> threading.Thread:
+    """A thread that runs one rank's rendezvous and leaves its result (or error) in ``results[index]``."""
+
+    def run() -> None:
+        try:
+            results[index] = rendezvous(claim, timeout=timeout, expected_node=expected_node, recorder=recorder)
+        except Exception as error:  # noqa: BLE001  (the test inspects it)
+            results[index] = error
+
+    return threading.Thread(target=run)
+
+
+def _join(threads: Sequence[threading.Thread], timeout: float) -> None:
+    for thread in threads:
+        thread.join(timeout + 30)
+    assert not any(thread.is_alive() for thread in threads), "a rank was left hanging"
 
 
 def _meet(
@@ -201,20 +232,52 @@ def _meet(
 ) -> dict[int, object]:
     """Run one rendezvous per claim in threads (each with its own placement guess); index results by position."""
     results: dict[int, object] = {}
-
-    def run(index: int, claim: Claim) -> None:
-        expected_node = placements[index] if placements else lambda rank: rank % 2
-        try:
-            results[index] = rendezvous(claim, timeout=timeout, expected_node=expected_node, recorder=recorder)
-        except Exception as error:  # noqa: BLE001  (the test inspects it)
-            results[index] = error
-
-    threads = [threading.Thread(target=run, args=(i, claim)) for i, claim in enumerate(claims)]
+    threads = [
+        _rank(results, i, claim, timeout, placements[i] if placements else lambda rank: rank % 2, recorder)
+        for i, claim in enumerate(claims)
+    ]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join(timeout + 30)
-    assert not any(thread.is_alive() for thread in threads), "a rank was left hanging"
+    _join(threads, timeout)
+    return results
+
+
+def _meet_without(
+    claims: Sequence[Claim],
+    placement: Callable[[int], int] = lambda rank: rank % 2,
+    recorder: FailureRecorder | None = None,
+) -> dict[int, object]:
+    """A roll call that the ranks left out of ``claims`` never join, judged by rank 0 (``claims[0]``).
+
+    The test serves rank 0's store (rank 0's roll call then serves from the same server: ``multi_tenant``), the other
+    present ranks register there with a timeout that only ends a hang, and rank 0 starts, with ``ABSENT_TIMEOUT``
+    and its guess ``placement``, once their claims are in the store. Rank 0 is then the one rank to reach the deadline,
+    and the ranks it names absent are those never started, however slowly the present ones connected.
+    """
+    import torch.distributed as dist
+
+    judge = claims[0]
+    assert judge.rank == 0
+    server = dist.TCPStore(
+        "127.0.0.1",
+        judge.main_port,
+        is_master=True,
+        wait_for_workers=False,
+        multi_tenant=True,
+        timeout=timedelta(seconds=HANG),
+    )
+    results: dict[int, object] = {}
+    others = [_rank(results, i, claim, HANG, placement, recorder) for i, claim in enumerate(claims) if i]
+    for thread in others:
+        thread.start()
+    registered = [f"{KEY_PREFIX}claim/{claim.rank}/1" for claim in claims[1:]]
+    deadline = time.monotonic() + HANG
+    while not server.check(registered):
+        assert time.monotonic() < deadline, "the present ranks never registered"
+        time.sleep(0.05)
+    last = _rank(results, 0, judge, ABSENT_TIMEOUT, placement, recorder)
+    last.start()
+    _join([last, *others], HANG)
     return results
 
 
@@ -247,23 +310,32 @@ def test_rendezvous_duplicate_rank_stops_every_rank():
 
 
 def test_rendezvous_names_missing_rank():
-    results = _meet(_claims([0, 1, 2]), timeout=ABSENT_TIMEOUT)
+    results = _meet_without(_claims([0, 1, 2]))
+    assert sorted(results) == [0, 1, 2]
     for result in results.values():
         assert isinstance(result, RendezvousError)
-        assert f"Rank 3 of 4 never arrived within the rendezvous timeout of {ABSENT_TIMEOUT} s" in str(result)
-        assert "it was expected on node 1 (host b)" in str(result)
+        assert result.value == "rank 3"
+        assert result.problem == (
+            f"Rank 3 of 4 never arrived within the rendezvous timeout of {ABSENT_TIMEOUT} s; it was expected on "
+            "node 1 (host b). 3 rank(s) arrived."
+        )
 
 
-def test_missing_rank_of_an_uneven_launch_is_not_placed_by_a_guess_the_claims_refute():
+@pytest.mark.parametrize(
+    "guess",
+    [lambda rank: rank // 2, lambda rank: rank],
+    ids=["rank-zero-s-2-nodes-of-2", "rank-one-s-4-nodes-of-1"],
+)
+def test_missing_rank_of_an_uneven_launch_is_not_placed_by_a_guess_the_claims_refute(guess):
     # mpirun --map-by node over a host file of 2 + 1 + 1 slots: ranks 0 and 3 on host a, 1 on b, 2 on c. Rank 0
     # (local size 2) guesses 2 nodes of 2 in blocks, ranks 1 and 2 (local size 1) 4 nodes of 1: each would say rank 3
-    # was expected on a node other than host a. The arrived claims' launcher counts refute both guesses.
+    # was expected on a node other than host a. The arrived claims' launcher counts refute both guesses, whichever
+    # the judging rank holds.
     port = _free_port()
     placed = [(0, "a", 0, 2), (1, "b", 0, 1), (2, "c", 0, 1)]  # rank, host, local rank, local size
     claims = [Claim(r, 4, host, lr, 1000 + r, "127.0.0.1", port, local_size=ls) for r, host, lr, ls in placed]
-    results = _meet(
-        claims, timeout=ABSENT_TIMEOUT, placements=[lambda rank: rank // 2, lambda rank: rank, lambda rank: rank]
-    )
+    results = _meet_without(claims, placement=guess)
+    assert sorted(results) == [0, 1, 2]
     for result in results.values():
         assert isinstance(result, RendezvousError)
         assert (
@@ -278,7 +350,8 @@ def test_missing_rank_of_an_even_launch_is_placed_when_the_claims_fit():
     port = _free_port()
     placed = [(0, "a", 0), (1, "a", 1), (2, "b", 0)]
     claims = [Claim(r, 4, host, lr, 1000 + r, "127.0.0.1", port, local_size=2) for r, host, lr in placed]
-    results = _meet(claims, timeout=ABSENT_TIMEOUT, placements=[lambda rank: rank // 2] * 3)
+    results = _meet_without(claims, placement=lambda rank: rank // 2)
+    assert sorted(results) == [0, 1, 2]
     for result in results.values():
         assert isinstance(result, RendezvousError)
         expected = f"Rank 3 of 4 never arrived within the rendezvous timeout of {ABSENT_TIMEOUT} s; it was expected on"
@@ -471,7 +544,8 @@ def test_duplicate_rank_zero_on_another_host_is_caught_at_once(two_hosts, tmp_pa
 
 def test_the_rank_whose_verdict_stands_records_the_missing_ranks_and_their_host(tmp_path):
     recorder = FailureRecorder(str(tmp_path), "Open MPI", "42")
-    results = _meet(_claims([0, 1, 2]), timeout=ABSENT_TIMEOUT, recorder=recorder)
+    results = _meet_without(_claims([0, 1, 2]), recorder=recorder)
+    assert sorted(results) == [0, 1, 2]
     assert all(isinstance(result, RendezvousError) for result in results.values())
     (record,) = read_records(str(tmp_path))  # one record however many ranks saw it
     assert (record.kind, record.ranks, record.hosts) == (FailureKind.MISSING, (3,), ("b",))

@@ -4,12 +4,18 @@ goes on; the hard one ends it (``test_fail_fast.py``). The jobs and the fault in
 
 import pytest
 
-from tests.rollcall.test_fail_fast import _command, _results, _run
+from tests.rollcall.test_fail_fast import JOB_TIMEOUT, _command, _results, _run
 
-SOFT_TIMEOUT = 4
-WORK_ALONE = 14
+SOFT_TIMEOUT = 10
+"""Ten of the watchdog's report intervals (1 s): a healthy rank behind the others is seen to move again within one or
+two, however loaded the machine, so only rank 0's work alone is reported."""
+WORK_ALONE = SOFT_TIMEOUT + 10
 """Seconds rank 0 works alone in one training step (sampling, an evaluation of its own) while the others wait for it
-in backward: over three soft timeouts, far inside the hard one."""
+in backward: ten report intervals past the soft timeout, for rank 0's watchdog to see it; far inside the hard one."""
+STEP_SECONDS = 0.5
+STEPS = 24
+"""Training steps of ``STEP_SECONDS`` each (``--samples`` is 16 per step: 4 ranks, batches of 4). After rank 0's work
+at step 2, ten seconds of them: ten report intervals for rank 0's watchdog to see the ranks move again."""
 
 
 @pytest.mark.mpi
@@ -17,8 +23,13 @@ in backward: over three soft timeouts, far inside the hard one."""
 def test_rank_zero_working_alone_past_the_soft_timeout_is_reported_and_the_job_finishes(cluster, path):
     job = _run(
         cluster,
-        # 8 steps of at least 0.5 s each: after rank 0's work, long enough for its watchdog to see the ranks move.
-        _command(path, "--samples", "128", "--step-seconds", "0.5", fault=["--stall", f"2:{WORK_ALONE}"], rank=0),
+        _command(
+            path,
+            *("--samples", str(16 * STEPS), "--step-seconds", str(STEP_SECONDS)),
+            fault=["--stall", f"2:{WORK_ALONE}"],
+            rank=0,
+        ),
+        limit=JOB_TIMEOUT + WORK_ALONE + STEPS * STEP_SECONDS,
         LIGHTNING_MPI_ENV_STALL_SOFT_TIMEOUT=str(SOFT_TIMEOUT),
         LIGHTNING_MPI_ENV_STALL_TIMEOUT="120",
     )

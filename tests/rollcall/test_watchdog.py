@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import pytest
@@ -185,6 +186,10 @@ def _watchdogs(
     ]
 
 
+HANG = 60.0
+"""Seconds a test waits for a thread's next report or verdict at most: a bound on a hang (one interval is 0.5-1 s)."""
+
+
 def _wait_for(condition, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -194,18 +199,73 @@ def _wait_for(condition, seconds: float) -> bool:
     return condition()
 
 
+class _Clock:
+    """The clock the watchdogs judge by (``Watchdog(clock=...)``), moved by the test, one interval per step.
+
+    A step is taken only once every watchdog given has written a newer report to the store. So rank 0 misses no
+    rank's reports for more than two steps, however slowly the threads run: no rank looks silent for the three
+    intervals that make it frozen, nor stays behind in rank 0's eyes for a timeout, unless it truly stopped. What
+    the watchdogs find depends on what the ranks did, never on how fast the threads ran.
+    """
+
+    def __init__(self, port: int) -> None:
+        import torch.distributed as dist
+
+        self.now = 0.0
+        self._store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+
+    def __call__(self) -> float:
+        return self.now
+
+    def _beats(self, dogs: Sequence[Watchdog]) -> list[int]:
+        """The beat of each dog's report in the store; 0 before its first (or while a forged one stands there)."""
+        beats = []
+        for key in (KEY + str(dog.rank) for dog in dogs):
+            try:
+                beats.append(Report.from_json(self._store.get(key)).beat if self._store.check([key]) else 0)
+            except ValueError:  # a malformed report (wire.Malformed)
+                beats.append(0)
+        return beats
+
+    def reported(self, dogs: Sequence[Watchdog], until: Callable[[], bool] = lambda: False) -> bool:
+        """Wait until each of ``dogs`` wrote a report newer than now, or ``until()`` holds; whether it held."""
+        before = self._beats(dogs)
+        newer = lambda: all(now > then for then, now in zip(before, self._beats(dogs), strict=True))  # noqa: E731
+        assert _wait_for(lambda: until() or newer(), HANG), "a watchdog stopped reporting"
+        return until()
+
+    def advance(self, dogs: Sequence[Watchdog], seconds: float, until: Callable[[], bool] = lambda: False) -> bool:
+        """Move the clock ``seconds`` on, a report of each of ``dogs`` per step; whether ``until()`` came to hold.
+
+        First every dog reports what the test did before (marks); at the end, rank 0 has judged at the new time.
+        A verdict ends the reports: pass ``until`` to stop there.
+        """
+        target = self.now + seconds
+        if self.reported(dogs, until):
+            return True
+        while self.now < target:
+            self.now = min(self.now + dogs[0].interval, target)
+            if self.reported(dogs, until):
+                return True
+        return self.reported(dogs, until)  # rank 0 began a judge at the last step; it ended when it reported again
+
+
 def test_a_healthy_job_that_pauses_level_never_trips(store_port):
     exits: list[tuple[int, int]] = []
-    dogs = _watchdogs(store_port, 3, timeout=1.0, exits=exits)
+    clock = _Clock(store_port)
+    dogs = _watchdogs(store_port, 3, timeout=1.0, exits=exits, clock=clock)
     for dog in dogs:
         dog.start()
     for step in range(3):
         for dog in dogs:
             dog.mark(step, 1)
-        time.sleep(0.3)
-    time.sleep(3.0)  # every rank pauses at the same mark for 3 timeouts: a long validation, say
+        clock.advance(dogs, dogs[0].interval)
+    # Every rank pauses at the same mark for 3 timeouts: a long validation, say. The clock moves only while every
+    # thread reports, so the pause is 3 timeouts of level ranks however slowly the threads run.
+    found = clock.advance(dogs, 3 * dogs[0].timeout, until=lambda: any(dog.verdict for dog in dogs))
     for dog in dogs:
         dog.stop()
+    assert not found
     assert exits == []
     assert all(dog.verdict is None for dog in dogs)
 
@@ -213,12 +273,14 @@ def test_a_healthy_job_that_pauses_level_never_trips(store_port):
 def test_a_blocked_rank_is_named_alive_by_every_rank(store_port, tmp_path):
     exits: list[tuple[int, int]] = []
     recorder = FailureRecorder(str(tmp_path), "srun", "42")
-    dogs = _watchdogs(store_port, 3, timeout=1.0, exits=exits, recorder=recorder)
+    clock = _Clock(store_port)
+    dogs = _watchdogs(store_port, 3, timeout=1.0, exits=exits, recorder=recorder, clock=clock)
     for dog in dogs:
         dog.start()
     for dog in dogs[:2]:
         dog.mark(5, 2)  # ranks 0 and 1 reached backward; rank 2 did not
-    assert _wait_for(lambda: len(exits) == 3, 20), exits
+    assert clock.advance(dogs, 10 * dogs[0].timeout, until=lambda: any(dog.verdict for dog in dogs))
+    assert _wait_for(lambda: len(exits) == 3, HANG), exits
     assert sorted(exits) == [(0, 1), (1, 1), (2, 1)]
     verdicts = {dog.verdict for dog in dogs}
     assert len(verdicts) == 1
@@ -233,31 +295,32 @@ def test_a_blocked_rank_is_named_alive_by_every_rank(store_port, tmp_path):
     assert record.problem in verdict
 
 
-def _stderr_until(capfd, text: str, seconds: float, seen: list[str]) -> bool:
-    """Wait until ``text`` shows on stderr (threads write there), collecting what came in ``seen``."""
+def _shows(capfd, text: str, seen: list[str]) -> Callable[[], bool]:
+    """Whether ``text`` showed on stderr (threads write there) by now, collecting what came in ``seen``."""
 
     def shown() -> bool:
         seen.append(capfd.readouterr().err)
         return text in "".join(seen)
 
-    return _wait_for(shown, seconds)
+    return shown
 
 
 def test_the_soft_timeout_reports_a_stall_and_the_job_goes_on(store_port, capfd):
     # Rank 2 stays behind for several soft timeouts, well inside the hard one: rank 0 reports it once, the job goes
     # on, and when rank 2 catches up rank 0 says the stall is over. Nobody exits.
     exits: list[tuple[int, int]] = []
-    dogs = _watchdogs(store_port, 3, timeout=60.0, exits=exits, soft_timeout=1.0)
+    clock = _Clock(store_port)
+    dogs = _watchdogs(store_port, 3, timeout=60.0, exits=exits, soft_timeout=1.0, clock=clock)
     assert dogs[0].interval == interval_for(1.0, 3)  # the soft timeout sets the pace
     for dog in dogs:
         dog.start()
     for dog in dogs[:2]:
         dog.mark(5, 2)  # ranks 0 and 1 reached backward of step 5; rank 2 is alone at step 5 (rank 0 sampling, say)
     err: list[str] = []
-    assert _stderr_until(capfd, "Rank 2 stalled", 20, err), err
-    time.sleep(3.0)  # three more soft timeouts: no second report
+    assert clock.advance(dogs, 10.0, until=_shows(capfd, "Rank 2 stalled", err)), err
+    clock.advance(dogs, 3.0)  # three more soft timeouts: no second report
     dogs[2].mark(5, 2)
-    assert _stderr_until(capfd, "is over: the ranks made progress", 20, err), err
+    assert _wait_for(_shows(capfd, "is over: the ranks made progress", err), HANG), err
     for dog in dogs:
         dog.stop()
     assert "".join(err).count("Rank 2 stalled") == 1
@@ -267,13 +330,14 @@ def test_the_soft_timeout_reports_a_stall_and_the_job_goes_on(store_port, capfd)
 
 def test_the_soft_report_line_names_the_rank_and_the_hard_timeout(store_port, capfd):
     exits: list[tuple[int, int]] = []
-    dogs = _watchdogs(store_port, 2, timeout=60.0, exits=exits, soft_timeout=1.0)
+    clock = _Clock(store_port)
+    dogs = _watchdogs(store_port, 2, timeout=60.0, exits=exits, soft_timeout=1.0, clock=clock)
     for dog in dogs:
         dog.start()
     dogs[0].mark(3, 1)
     err: list[str] = []
-    assert _stderr_until(capfd, "stall watchdog: Rank 1 stalled", 20, err), err
-    time.sleep(2.5)
+    assert clock.advance(dogs, 10.0, until=_shows(capfd, "stall watchdog: Rank 1 stalled", err)), err
+    clock.advance(dogs, 2.5)  # the stall goes on: rank 0 does not say it again
     for dog in dogs:
         dog.stop()
     err.append(capfd.readouterr().err)
@@ -318,18 +382,23 @@ time.sleep(120)
 def test_a_frozen_rank_is_named_frozen(store_port, tmp_path):
     exits: list[tuple[int, int]] = []
     recorder = FailureRecorder(str(tmp_path), "srun", None)
-    (rank_zero,) = _watchdogs(store_port, 2, timeout=2.0, exits=exits, recorder=recorder)[:1]
+    clock = _Clock(store_port)
+    (rank_zero,) = _watchdogs(store_port, 2, timeout=2.0, exits=exits, recorder=recorder, clock=clock)[:1]
     frozen = subprocess.Popen([sys.executable, "-c", FROZEN_RANK, str(store_port)], stdout=subprocess.PIPE, text=True)
     try:
         assert frozen.stdout is not None
         assert frozen.stdout.readline().strip() == "READY"
+        import torch.distributed as dist
+
+        client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=30))
+        assert _wait_for(lambda: client.check([KEY + "1"]), HANG)  # rank 1's thread reported once
         rank_zero.start()
-        time.sleep(1.5)  # rank 1's thread reports at least once
         os.kill(frozen.pid, signal.SIGSTOP)
-        # Rank 0 moves ahead only now: the stall is found a timeout later, when rank 1 has been silent for longer
-        # than the three intervals that make it frozen, however late the threads run on a busy machine.
+        # Rank 0 moves ahead only now: the stall is found a timeout later (by rank 0's clock, which moves only while
+        # rank 0 reports), when rank 1 has been silent for longer than the three intervals that make it frozen.
         rank_zero.mark(7, 1)
-        assert _wait_for(lambda: exits == [(0, 1)], 30), exits
+        assert clock.advance([rank_zero], 10 * rank_zero.timeout, until=lambda: rank_zero.verdict is not None)
+        assert _wait_for(lambda: exits == [(0, 1)], HANG), exits
         assert rank_zero.verdict is not None
         assert "Rank 1 stalled: " in rank_zero.verdict
         assert "rank 1 on nodeb, frozen: its watchdog last reported " in rank_zero.verdict
@@ -367,7 +436,7 @@ def test_a_frozen_store_host_is_named_by_the_others(tmp_path):
         )
         os.kill(host.pid, signal.SIGSTOP)
         dog.start()
-        assert _wait_for(lambda: exits == [(1, 1)], 60), exits
+        assert _wait_for(lambda: exits == [(1, 1)], 2 * HANG), exits  # a request's 5 s, then the timeout
         assert dog.verdict is not None
         assert "Rank 0's store (the main address) has not answered this rank's watchdog for" in dog.verdict
         (record,) = read_records(str(tmp_path))  # by the stand-in, the one rank that ends the step
@@ -394,7 +463,7 @@ def test_stop_ends_the_thread(store_port):
 # exception", status 134. Here the request waits on a paused store host, which a timer resumes a second after the main
 # thread ends, while a module global's __del__ holds the interpreter in finalization for four more.
 REQUEST_IN_FLIGHT_AT_EXIT = """
-import os, signal, subprocess, sys, time, types
+import os, signal, subprocess, sys, threading, time, types
 from datetime import timedelta
 import torch.distributed as dist
 from lightning_mpi_env.rollcall.watchdog import Watchdog
@@ -413,12 +482,24 @@ class HoldFinalizing:
         kill(pid, end)
 
 
+class Announced:  # the store, saying when the thread's first request goes out
+    def __init__(self):
+        self.sent = threading.Event()
+
+    def add(self, key, amount):
+        self.sent.set()
+        return store.add(key, amount)
+
+
 # In a module of its own: the watchdog thread holds __main__'s globals, which then outlive finalization.
 holder = sys.modules["holder"] = types.ModuleType("holder")
 holder.hold = HoldFinalizing()
 os.kill(host.pid, signal.SIGSTOP)
-Watchdog(lambda seconds: store, rank=1, world_size=2, host="nodeb", timeout=0).start()
-time.sleep(0.5)  # the thread's first request, sent at once, waits on the paused host
+announced = Announced()
+Watchdog(lambda seconds: announced, rank=1, world_size=2, host="nodeb", timeout=0).start()
+assert announced.sent.wait(120)  # the thread's first request, sent at once, waits on the paused host
+# The scenario's own times: the host answers a second after the main thread ended, when, without stop() at exit, the
+# interpreter would be finalizing (held there 4 s); with it, at exit stop() waits for the request (up to 5 s).
 subprocess.Popen(["sh", "-c", f"sleep 1; kill -CONT {host.pid}"])
 print("MAIN DONE", flush=True)
 """
@@ -441,13 +522,14 @@ def test_a_malformed_report_is_skipped_and_named_once(store_port, capsys):
     import torch.distributed as dist
 
     exits: list[tuple[int, int]] = []
-    rank_zero, rank_one = _watchdogs(store_port, 2, timeout=2.0, exits=exits)
+    clock = _Clock(store_port)
+    rank_zero, rank_one = _watchdogs(store_port, 2, timeout=2.0, exits=exits, clock=clock)
     forger = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+    forger.set(KEY + "1", report(1, 0).to_json().replace('"beat":1', '"beat":"x"'))
     rank_zero.start()
-    forged = report(1, 0).to_json().replace('"beat":1', '"beat":"x"')
-    for _ in range(3):  # three of rank 0's reads find it: named once
-        forger.set(KEY + "1", forged)
-        time.sleep(rank_zero.interval)
+    assert _wait_for(lambda: rank_zero.named, HANG)
+    for _ in range(3):  # at least two more of rank 0's reads find it (each read ends before its next report)
+        clock.reported([rank_zero])
     assert rank_zero._thread.is_alive()
     assert list(rank_zero.named) == [KEY + "1"]
     named = [line for line in capsys.readouterr().err.splitlines() if "skips" in line]
@@ -459,7 +541,8 @@ def test_a_malformed_report_is_skipped_and_named_once(store_port, capsys):
     # Rank 1's own reports then come through: rank 0 judges on, and finds the stall when rank 1 falls behind.
     rank_one.start()
     rank_zero.mark(3, 1)
-    assert _wait_for(lambda: (0, 1) in exits, 30), exits
+    assert clock.advance([rank_zero, rank_one], 10 * rank_zero.timeout, until=lambda: rank_zero.verdict is not None)
+    assert _wait_for(lambda: (0, 1) in exits, HANG), exits
     assert rank_zero.verdict is not None
     assert "Rank 1 stalled" in rank_zero.verdict
     rank_one.stop()
@@ -473,10 +556,12 @@ def test_a_malformed_verdict_is_skipped_and_named_by_every_rank(store_port):
     forger = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
     forger.set(KEY + "verdict", '{"problem": "p", "hint": "h", "exit_at": "now"}')
     forger.add(KEY + "events", 1)
+    clock = _Clock(store_port)
     for dog in dogs:
         dog.start()
-    assert _wait_for(lambda: all(dog.named for dog in dogs), 20)
-    time.sleep(2 * dogs[0].interval)
+    assert _wait_for(lambda: all(dog.named for dog in dogs), HANG)
+    for _ in range(3):  # each thread goes on: it reads the verdict again at least twice
+        clock.reported(dogs)
     assert all(dog._thread.is_alive() for dog in dogs)
     assert exits == []
     for dog in dogs:
@@ -502,10 +587,11 @@ def test_a_stopped_watchdog_says_it_left(store_port):
     import torch.distributed as dist
 
     (dog,) = _watchdogs(store_port, 1, timeout=2.0, exits=[])
-    dog.start()
-    time.sleep(0.5)
-    dog.stop()
     client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+    dog.start()
+    assert _wait_for(lambda: client.check([KEY + "0"]), HANG)  # its first report, which does not say it left
+    assert not Report.from_json(client.get(KEY + "0")).left
+    dog.stop()
     assert Report.from_json(client.get(KEY + "0")).left
 
 
@@ -522,7 +608,7 @@ def test_rank_zero_ends_the_step_after_the_verdict(store_port, tmp_path):
         dog.start()
     for dog in dogs[:2]:
         dog.mark(5, 2)
-    assert _wait_for(lambda: len(exits) == 3, 30), exits
+    assert _wait_for(lambda: len(exits) == 3, HANG), exits
     assert ended.read_text() == "ended\n"
 
 

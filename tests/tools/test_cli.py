@@ -4,7 +4,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from lightning_mpi_env.tools import cli
 from lightning_mpi_env.tools.cli import main
 from lightning_mpi_env.tools.interop import TORCH_VARIABLES
 from lightning_mpi_env.tools.simcluster import MpirunNotFoundError, SimulatedCluster, processes_with
+from tests.clusters.children import run_child, wait_until_none
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "lightning-mpi-env"
@@ -578,15 +578,12 @@ def test_mpirun_show_json_one_line_per_rank(tmp_path):
 
 
 def _simcluster(*argv, timeout=MPI_TIMEOUT):
-    """``lightning-mpi-env simcluster ARGV`` through the console script, as a user runs it."""
-    return subprocess.run(
-        [str(CONSOLE_SCRIPT), "simcluster", *argv],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    """``lightning-mpi-env simcluster ARGV`` through the console script, as a user runs it.
+
+    Past ``timeout`` (a hang), ChildTimeout quotes its output and where its mpirun and ranks were; the CLI then gets
+    SIGTERM, and ends its job itself (within STOP_GRACE).
+    """
+    return run_child([str(CONSOLE_SCRIPT), "simcluster", *argv], timeout=timeout, grace=30, stdin=subprocess.DEVNULL)
 
 
 def _tag():
@@ -656,19 +653,30 @@ def test_simcluster_many_nodes_round_robin_and_exports():
     assert {(row["main_address"], row["main_port"]) for row in rows} == {("127.0.0.4", 29123)}
 
 
+RANK_2_FAILS = """
+import os, pathlib, sys, time
+up = pathlib.Path(sys.argv[1])
+(up / os.environ["OMPI_COMM_WORLD_RANK"]).touch()
+if os.environ["OMPI_COMM_WORLD_RANK"] != "2":
+    time.sleep(3600)
+deadline = time.monotonic() + 120  # only a hang takes longer
+while len(list(up.iterdir())) < 4 and time.monotonic() < deadline:
+    time.sleep(0.05)
+sys.exit(3 if len(list(up.iterdir())) == 4 else 4)
+"""
+"""Every rank says it is up (a file); once all are, rank 2 fails with status 3, and the others would run for an hour."""
+
+
 @pytest.mark.mpi
-def test_simcluster_exit_status_is_the_jobs_and_no_rank_is_left():
+def test_simcluster_exit_status_is_the_jobs_and_no_rank_is_left(tmp_path):
     tag = _tag()
-    # Rank 2 fails after a moment; the others would run for a minute: the job ends at once, with rank 2's status.
-    program = (
-        "import os, sys, time; time.sleep(0.5); "
-        "sys.exit(3) if os.environ['OMPI_COMM_WORLD_RANK'] == '2' else time.sleep(60)"
-    )
-    started = time.monotonic()
-    result = _simcluster("--", sys.executable, "-c", program, tag)
+    # Within _simcluster's limit, the job can end only by ending the 3 ranks that still run, with rank 2's status.
+    up = tmp_path / "up"
+    up.mkdir()
+    result = _simcluster("--", sys.executable, "-c", RANK_2_FAILS, str(up), tag)
     assert result.returncode == 3, result.stderr[-3000:]
-    assert time.monotonic() - started < 30
-    assert processes_with(tag) == []
+    assert sorted(path.name for path in up.iterdir()) == ["0", "1", "2", "3"]
+    assert wait_until_none(lambda: processes_with(tag)) == []  # a rank a killed daemon left would end a moment later
 
 
 @pytest.mark.mpi
@@ -679,4 +687,5 @@ def test_simcluster_timeout_stops_the_job():
     assert (
         "lightning-mpi-env: error: simcluster: the job ran past --timeout 2 s and was stopped. HINT:" in result.stderr
     )
-    assert processes_with(tag) == []
+    # The CLI's mpirun ends every rank it started before it exits; one a killed daemon left would end a moment later.
+    assert wait_until_none(lambda: processes_with(tag)) == []

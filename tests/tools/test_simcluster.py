@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,6 +25,7 @@ from lightning_mpi_env.tools.simcluster import (
     loopback_hosts,
     processes_with,
 )
+from tests.clusters.children import wait_until_none
 from tests.conftest import TRAINER_JOB, python_path
 
 ROOT = Path(__file__).parents[2]
@@ -154,13 +157,43 @@ def test_impossible_clusters_are_setting_errors(tmp_path: Path, make, match):
         make(tmp_path)
 
 
+RANKS_UP_LIMIT = 120
+"""Seconds 4 ranks get to start and print ``up``: only a hang takes longer."""
+
+
+class _LimitFromUp(subprocess.Popen[str]):
+    """``mpirun`` whose time limit counts from the moment all 4 ranks printed ``up``, not from its start.
+
+    Then a short limit is the event it tests (the job is stopped while every rank runs), not a bet on how fast 4
+    ranks start on a loaded machine.
+    """
+
+    counting = False
+
+    def communicate(self, input: str | None = None, timeout: float | None = None) -> tuple[str, str]:
+        if timeout is not None and not self.counting:
+            self.counting, deadline = True, time.monotonic() + RANKS_UP_LIMIT
+            while time.monotonic() < deadline:
+                try:
+                    return super().communicate(input, timeout=0.1)  # the job ended before its limit: a failure
+                except subprocess.TimeoutExpired as so_far:  # the output so far, as bytes; none of it is lost
+                    if (so_far.output or b"").count(b"up\n") == 4:
+                        break
+        return super().communicate(input, timeout)
+
+
 @pytest.mark.mpi
-def test_timeout_stops_every_rank(cluster: SimulatedCluster):
+def test_timeout_stops_every_rank(cluster: SimulatedCluster, monkeypatch: pytest.MonkeyPatch):
     tag = f"simcluster-timeout-{uuid.uuid4().hex[:12]}"
+    # Only simcluster's mpirun counts its limit from the ranks' start; every other process here is as ever.
+    monkeypatch.setattr(simcluster, "subprocess", SimpleNamespace(**{**vars(subprocess), "Popen": _LimitFromUp}))
     with pytest.raises(subprocess.TimeoutExpired) as raised:
-        cluster.run([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)", tag], timeout=3)
-    assert raised.value.output.count("up\n") == 4  # the output so far comes with the exception
-    assert processes_with(tag) == []
+        cluster.run([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(3600)", tag], timeout=3)
+    so_far = raised.value.output + (raised.value.stderr or "")
+    assert raised.value.output.count("up\n") == 4, so_far  # the output so far comes with the exception
+    assert raised.value.timeout == 3
+    # mpirun ends its ranks before it exits; a rank a killed daemon left behind would end a moment later.
+    assert wait_until_none(lambda: processes_with(tag)) == []
 
 
 @pytest.mark.mpi
@@ -222,11 +255,17 @@ def test_a_stopped_simcluster_leaves_no_process_behind(tmp_path: Path, signum: s
         assert len(processes_with(tag)) >= 4  # the CLI, mpirun, two ranks: what must go
         # Signalled alone, not as a group: as `timeout` or `kill PID` does it, so only the CLI can pass it on.
         process.send_signal(signum)
-        status = process.wait(timeout=120)
+        try:
+            status = process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            left = "\n".join(processes_with(tag))
+            pytest.fail(f"the CLI still ran 120 s after {signum.name}:\n{left}\n" + (tmp_path / "stderr").read_text())
         errors = (tmp_path / "stderr").read_text()
         assert status == 128 + signum, errors[-3000:]
         assert f"stopped by {signum.name}; the job was ended" in errors
-        assert processes_with(tag) == []  # mpirun (prterun) and every rank carry the tag on their command line
+        # mpirun (prterun) and every rank carry the tag on their command line; mpirun ends its ranks before it
+        # exits, and a rank that a killed daemon left behind would end a moment later.
+        assert wait_until_none(lambda: processes_with(tag)) == []
     finally:
         process.stdout.close()
         for left in processes_with(tag):  # after a failure: end what this test started, one by one
