@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Collection
 
 OPEN_MPI_LANES = 3
-"""Lanes for the Open MPI jobs: with Slurm's and the Hydras', five lanes on the suite's 4 xdist workers. Their jobs
-overlap each other's waits (roll-call and stall timeouts, requeues); the fault tests' margins held under that load
-with two busy loops on the 2 cores besides (5 runs in a row, 2026-11-25)."""
+"""Lanes for the Open MPI jobs: with the two Slurm clusters' and the Hydras', six lanes on the suite's 4 xdist workers.
+Their jobs overlap each other's waits (roll-call and stall timeouts, requeues)."""
 
 SLURM_LANE = "slurm"
 """Every job on the two-node Slurm cluster: one cluster per pytest process, started by the worker that holds this
