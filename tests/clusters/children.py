@@ -123,6 +123,35 @@ def _stop(process: subprocess.Popen[str], grace: float) -> tuple[str | bytes | N
         return held.output, held.stderr
 
 
+def communicate_from(
+    process: subprocess.Popen[str],
+    timeout: float,
+    seen: Callable[[bytes, bytes], bool] | None,
+    hang_limit: float,
+) -> tuple[str, str]:
+    """``process.communicate(timeout=timeout)``, the time counted from when ``seen(stdout, stderr)`` holds for the
+    output so far (``None``: from now).
+
+    For a test of a time limit itself, whose child must get that far first (say, every rank started): the limit is
+    then the event tested, not a bet on how fast the child starts on a loaded machine.
+
+    Raises:
+        subprocess.TimeoutExpired: Past ``timeout`` seconds from then, or ``seen`` not holding within ``hang_limit``
+            seconds (its ``timeout`` says which).
+    """
+    if seen is not None:
+        deadline = time.monotonic() + hang_limit
+        while True:
+            try:
+                return process.communicate(timeout=0.1)  # it ended before getting that far
+            except subprocess.TimeoutExpired as so_far:  # the output so far, as bytes; none of it is lost
+                if seen(so_far.output or b"", so_far.stderr or b""):
+                    break
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(process.args, hang_limit) from None
+    return process.communicate(timeout=timeout)
+
+
 def wait_until_none(listing: Callable[[], Sequence[str]], limit: float = 60.0) -> list[str]:
     """Poll ``listing`` (say, ``lambda: processes_with(tag)``) until it is empty; what it still lists after ``limit`` s.
 
@@ -137,4 +166,4 @@ def wait_until_none(listing: Callable[[], Sequence[str]], limit: float = 60.0) -
         time.sleep(0.1)
 
 
-__all__ = ["ChildTimeout", "process_tree", "run_child", "wait_until_none"]
+__all__ = ["ChildTimeout", "communicate_from", "process_tree", "run_child", "wait_until_none"]

@@ -46,6 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from tests.clusters.children import communicate_from
 from tests.clusters.locks import file_lock
 
 PACKAGES = ("slurm-wlm", "munge")
@@ -222,26 +223,6 @@ class ClientTimeout(subprocess.TimeoutExpired):
 
 CLIENT_HANG_LIMIT = 300.0
 """Seconds a client run with ``after`` gets to print it: a limit that only ends a hang."""
-
-
-def _communicate(proc: subprocess.Popen[str], timeout: float, after: str | None) -> tuple[str, str]:
-    """``proc.communicate(timeout=timeout)``, the time counted from when ``after`` is in its output (``None``: now).
-
-    Raises:
-        subprocess.TimeoutExpired: Past ``timeout`` seconds from then, or ``after`` not seen within
-            :data:`CLIENT_HANG_LIMIT` seconds (its ``timeout`` says which).
-    """
-    if after is not None:
-        wanted, deadline = after.encode(), time.monotonic() + CLIENT_HANG_LIMIT
-        while True:
-            try:
-                return proc.communicate(timeout=0.2)  # it ended before printing it
-            except subprocess.TimeoutExpired as so_far:  # the output so far, as bytes; none of it is lost
-                if wanted in (so_far.output or b"") or wanted in (so_far.stderr or b""):
-                    break
-                if time.monotonic() > deadline:
-                    raise subprocess.TimeoutExpired(proc.args, CLIENT_HANG_LIMIT) from None
-    return proc.communicate(timeout=timeout)
 
 
 class SlurmCluster:
@@ -788,7 +769,9 @@ class SlurmCluster:
             text=True,
         )
         try:
-            stdout, stderr = _communicate(proc, timeout, after)
+            wanted = None if after is None else after.encode()
+            seen = None if wanted is None else lambda out, err: wanted in out or wanted in err
+            stdout, stderr = communicate_from(proc, timeout, seen, CLIENT_HANG_LIMIT)
         except subprocess.TimeoutExpired as expired:
             state = self.describe()  # before the client goes: its job, pending or running, is still listed
             for _ in range(2):

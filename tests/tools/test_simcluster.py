@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +24,7 @@ from lightning_mpi_env.tools.simcluster import (
     loopback_hosts,
     processes_with,
 )
-from tests.clusters.children import wait_until_none
+from tests.clusters.children import communicate_from, wait_until_none
 from tests.conftest import TRAINER_JOB, python_path
 
 ROOT = Path(__file__).parents[2]
@@ -171,15 +170,10 @@ class _LimitFromUp(subprocess.Popen[str]):
     counting = False
 
     def communicate(self, input: str | None = None, timeout: float | None = None) -> tuple[str, str]:
-        if timeout is not None and not self.counting:
-            self.counting, deadline = True, time.monotonic() + RANKS_UP_LIMIT
-            while time.monotonic() < deadline:
-                try:
-                    return super().communicate(input, timeout=0.1)  # the job ended before its limit: a failure
-                except subprocess.TimeoutExpired as so_far:  # the output so far, as bytes; none of it is lost
-                    if (so_far.output or b"").count(b"up\n") == 4:
-                        break
-        return super().communicate(input, timeout)
+        if timeout is None or self.counting:  # the wait for the ranks, or the job's output after its limit
+            return super().communicate(input, timeout)
+        self.counting = True
+        return communicate_from(self, timeout, lambda stdout, _: stdout.count(b"up\n") == 4, RANKS_UP_LIMIT)
 
 
 @pytest.mark.mpi
