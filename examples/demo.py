@@ -37,12 +37,18 @@ def simcluster(map_by: str, *command: str) -> subprocess.CompletedProcess[str]:
 
 def main() -> int:
     # What every rank resolves, and the Trainer arguments that match the launch.
-    shown = simcluster("slot", sys.executable, "-m", "lightning_mpi_env", "show")
+    shown = simcluster("slot", sys.executable, "-m", "lightning_mpi_env", "show", "--json")
     if shown.returncode != 0:
         print(shown.stdout + shown.stderr, file=sys.stderr)
         return shown.returncode
-    lines = shown.stdout.splitlines(keepends=True)
-    print("".join(sorted(lines, key=lambda line: int(line.split(" rank=")[1].split()[0]))), end="")
+    layouts = sorted((json.loads(line) for line in shown.stdout.splitlines()), key=lambda row: row["global_rank"])
+    print(f"{'host':<11} {'global':>6} {'node':>5} {'local':>5}  Trainer(devices, num_nodes)  (~: not proven yet)")
+    for row in layouts:
+        node = f"{row['node_rank']}{'' if row['node_rank_exact'] else '~'}"
+        print(
+            f"{row['host']:<11} {row['global_rank']:>6} {node:>5} {row['local_rank']:>5}  "
+            f"({row['trainer_devices']}, {row['trainer_num_nodes']})"
+        )
     for map_by in ("slot", "node"):
         completed = simcluster(map_by, sys.executable, str(JOB), "--devices", "2", "--num-nodes", "2")
         if completed.returncode != 0:

@@ -2,7 +2,9 @@
 
 Importing this package needs the standard library only and changes no process-wide state but one import finder:
 the Lightning parts (``MPIClusterEnvironment``, ``"ddp_mpi"``) load on first use, and register with a Lightning
-namespace when it is imported, before or after this package; the same finder notices a second namespace.
+namespace when it is imported, before or after this package; the same finder notices a second namespace. The
+typed classes for each Lightning package are in ``lightning_mpi_env.pytorch``, ``.fabric``, ``.pytorch_lightning`` and
+``.lightning_fabric`` (``from lightning_mpi_env.pytorch import MPIDDPStrategy``, which imports that package).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from lightning_mpi_env.tools.interop import jax_distributed_kwargs as jax_distributed_kwargs
     from lightning_mpi_env.tools.interop import torch_env as torch_env
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"
 
 _LAZY = {
     "MPIClusterEnvironment": "lightning_mpi_env.lightning.environment",
@@ -64,7 +66,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """The lazily loaded public names, and ``MPIDDPStrategy`` (the class of the one Lightning namespace imported)."""
+    """The lazily loaded public names, and ``MPIDDPStrategy``, kept for existing programs.
+
+    ``MPIDDPStrategy`` here is the Trainer class of the one Lightning namespace imported, untyped; the recommended,
+    typed import names the package: ``from lightning_mpi_env.pytorch import MPIDDPStrategy`` (``.fabric``,
+    ``.pytorch_lightning``, ``.lightning_fabric``).
+    """
     if name == "MPIDDPStrategy":
         return importlib.import_module("lightning_mpi_env.lightning.strategy").loaded_strategy_class()
     module = _LAZY.get(name)

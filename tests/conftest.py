@@ -66,7 +66,7 @@ def is_slow(item: pytest.Item) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     # Before xdist starts its workers, so that they, and every process they start, inherit it (the module says why).
-    if not os.environ.get("LIGHTNING_MPI_ENV_TEST_PLAIN_GC") and str(LEAN_SITE) not in os.environ.get("PYTHONPATH", ""):
+    if not os.environ.get("LMPI_TEST_PLAIN_GC") and str(LEAN_SITE) not in os.environ.get("PYTHONPATH", ""):
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LEAN_SITE), os.environ.get("PYTHONPATH")]))
     config.addinivalue_line(
         "markers", "mpi: runs a real launcher job (mpirun, mpiexec, srun); in CI (CI set) a skip of it is a failure"

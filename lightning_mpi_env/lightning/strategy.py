@@ -9,11 +9,13 @@ this module). The roll call runs from the strategy's own public ``setup_environm
 
 Which class you get:
 
+- ``from lightning_mpi_env.pytorch import MPIDDPStrategy`` (``.fabric``, ``.pytorch_lightning``,
+  ``.lightning_fabric``): the one for that package, typed for it (:func:`public_module`); the recommended import.
 - ``Trainer(strategy="ddp_mpi")`` and ``Fabric(strategy="ddp_mpi")`` pick the right one by themselves.
-- ``lightning_mpi_env.MPIDDPStrategy`` is the Trainer class of the one namespace your program has imported; it
-  raises :class:`ImportError` when none or both are imported.
 - :func:`strategy_class` (``strategy_class("pytorch_lightning")``, ``strategy_class("lightning.fabric")``) names
   the package explicitly, and imports it.
+- ``lightning_mpi_env.MPIDDPStrategy``, kept for existing programs, is the Trainer class of the one namespace your
+  program has imported, untyped; it raises :class:`ImportError` when none or both are imported.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from lightning_mpi_env.core.namespaces import NAMESPACES, of_trainer_package
 from lightning_mpi_env.core.nccl import TORCH_DEVICE_ID_SINCE, installed_torch
 from lightning_mpi_env.core.report import shows_errors_briefly
 from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT, seconds
+from lightning_mpi_env.lightning.callbacks import attach
 from lightning_mpi_env.lightning.compat import init_dist_connection, passes_device_id, strategy_registry
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
 from lightning_mpi_env.lightning.launch import nodes_against_launch
@@ -42,7 +45,23 @@ STRATEGY_NAME = "ddp_mpi"
 PACKAGES: tuple[str, ...] = tuple(package for namespace in NAMESPACES for package in namespace.roots)
 """The packages with a ``DDPStrategy`` of their own: each gets its ``MPIDDPStrategy``."""
 
+RECOMMENDED = (
+    "Import the class for your package: `from lightning_mpi_env.pytorch import MPIDDPStrategy` (Trainer of "
+    "lightning.pytorch; `lightning_mpi_env.fabric` for Fabric, `lightning_mpi_env.pytorch_lightning` and "
+    "`lightning_mpi_env.lightning_fabric` for the standalone packages)"
+)
+"""The hint of the errors of ``lightning_mpi_env.MPIDDPStrategy``: the typed import that names the package."""
+
 _CLASSES: dict[str, type] = {}
+
+
+def public_module(package: str) -> str:
+    """The module of this package that exports ``package``'s ``MPIDDPStrategy``, typed for it.
+
+    >>> [public_module(package) for package in ("lightning.pytorch", "lightning_fabric")]
+    ['lightning_mpi_env.pytorch', 'lightning_mpi_env.lightning_fabric']
+    """
+    return f"lightning_mpi_env.{package.removeprefix('lightning.')}"
 
 
 def strategy_class(package: str) -> type:
@@ -75,14 +94,12 @@ def loaded_strategy_class() -> type:
         raise StrategyImportError(
             "lightning_mpi_env.MPIDDPStrategy subclasses the DDPStrategy of the Lightning namespace you use, but "
             "neither lightning.pytorch nor pytorch_lightning is imported yet.",
-            'Import your Lightning namespace first (`import lightning.pytorch as pl`), pass `strategy="ddp_mpi"` to '
-            'the Trainer, or use `lightning_mpi_env.lightning.strategy.strategy_class("lightning.pytorch")`.',
+            f"{RECOMMENDED}; it imports Lightning itself.",
         )
     raise StrategyImportError(
         "lightning_mpi_env.MPIDDPStrategy is ambiguous: both lightning.pytorch and pytorch_lightning are imported, "
         "and each has its own DDPStrategy.",
-        'Use `strategy="ddp_mpi"`, or name the namespace: '
-        '`lightning_mpi_env.lightning.strategy.strategy_class("pytorch_lightning")`.',
+        f"{RECOMMENDED}, which names the package.",
     )
 
 
@@ -146,8 +163,11 @@ def _build(package: str, strategies: ModuleType) -> type:
             after: where Lightning starts the workers (node rank x processes per node + local rank, of nodes x
             processes per node), the roll call needs them; where the launcher started every rank, its ranks are
             the truth, whatever each node runs. A ``num_nodes`` given that the roll call's hosts contradict stops
-            every rank here.
+            every rank here. First, in a Trainer, the package's callback where Lightning did not add it (the
+            package imported from a source tree, not installed): the Trainer calls every hook of the run after this.
             """
+            if trainer_side and self.lightning_module is not None:
+                attach(self.lightning_module.trainer, package)  # the callback, where no entry point added it
             environment = self.cluster_environment
             if isinstance(environment, MPIClusterEnvironment):
                 if environment.managed_by_lightning:
@@ -321,7 +341,7 @@ def _build(package: str, strategies: ModuleType) -> type:
             environment = self.cluster_environment
             return environment.rendezvous_timeout if isinstance(environment, MPIClusterEnvironment) else None
 
-    MPIDDPStrategy.__module__ = __name__
+    MPIDDPStrategy.__module__ = public_module(package)  # where it is imported from, and pickled by reference
     MPIDDPStrategy.__qualname__ = "MPIDDPStrategy"
     return MPIDDPStrategy
 

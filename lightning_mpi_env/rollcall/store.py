@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, NoReturn
 from lightning_mpi_env.core.errors import RendezvousError
 from lightning_mpi_env.core.failures import FailureKind, FailureRecorder, Fault, hosts_of
 from lightning_mpi_env.core.torch_names import TORCH
+from lightning_mpi_env.rollcall.progress import ArrivalProgress
 from lightning_mpi_env.rollcall.reach import NetworkView, serve_error, unreachable_error, with_rank_zero_view
 from lightning_mpi_env.rollcall.verdicts import (
     MISSING_CAUSES,
@@ -109,6 +110,7 @@ def rendezvous(
     timeout: float,
     expected_node: Callable[[int], int] | None = None,
     recorder: FailureRecorder | None = None,
+    progress: ArrivalProgress | None = None,
 ) -> RendezvousResult:
     """Meet every other rank in rank 0's store, or raise a named error within about ``timeout`` seconds.
 
@@ -117,6 +119,7 @@ def rendezvous(
         timeout: Seconds to wait for every rank (and, for ranks other than 0, for rank 0's store to answer).
         expected_node: Maps a rank to the node the launcher placed it on, to say where missing ranks were expected.
         recorder: Writes the failure record of a verdict this rank reaches (the state folder is set).
+        progress: Rank 0's lines while it waits (:mod:`.progress`, on stderr by default); other ranks print none.
 
     Returns:
         The open store and this process's node assignment.
@@ -128,6 +131,7 @@ def rendezvous(
     from torch.distributed import DistError
 
     start = time.monotonic()
+    progress = (progress or ArrivalProgress(claim.world_size, timeout)) if claim.rank == 0 else None
     unreachable = Fault(FailureKind.STORE_UNREACHABLE, (0,), (claim.main_address,))
     try:
         store = _connect(claim, timeout)
@@ -135,7 +139,7 @@ def rendezvous(
         if claim.rank != 0 and claim.local_rank == 0:
             _record(recorder, error, unreachable, claim.rank)
         raise
-    meeting = _Meeting(store, claim, start, timeout, expected_node, recorder)
+    meeting = _Meeting(store, claim, start, timeout, expected_node, recorder, progress)
     try:
         nodes, line, device_index, notes = meeting.run()
     except RendezvousError:
@@ -221,9 +225,9 @@ class _Meeting:
         timeout: float,
         expected_node: Callable[[int], int] | None,
         recorder: FailureRecorder | None = None,
+        progress: ArrivalProgress | None = None,
     ) -> None:
-        self.store = store
-        self.recorder = recorder
+        self.store, self.recorder, self.progress = store, recorder, progress
         self.claim = claim
         self.start = start
         self.deadline = start + timeout
@@ -307,7 +311,9 @@ class _Meeting:
         self.store.compare_set(_VERDICT, "", json.dumps({"summary": line, "notes": notes}))
 
     def _await_verdict(self) -> RollCallVerdict:
-        if _wait_quietly(self.store, _VERDICT, self.deadline, self.claim.world_size):
+        progress = self.progress
+        tick = None if progress is None else (lambda: progress.poll(self._arrived))
+        if _wait_quietly(self.store, _VERDICT, self.deadline, self.claim.world_size, tick):
             return self._verdict(self.store.get(_VERDICT))
         missing = self._missing()
         if missing is not None:
@@ -373,8 +379,7 @@ class _Meeting:
         arrived; a node from which none arrived is known by its index only, which names no host.
         """
         world_size = self.claim.world_size
-        arrived_text = self.store.get(_ARRIVED_RANKS) if self.store.check([_ARRIVED_RANKS]) else b""
-        arrived = read_raw(_ARRIVED_RANKS, arrived_text, arrived_ranks(world_size))
+        arrived = self._arrived()
         missing = sorted(set(range(world_size)) - arrived)
         if not missing:
             return None
@@ -403,6 +408,10 @@ class _Meeting:
             view = read(_RANK_ZERO_VIEW, self.store.get(_RANK_ZERO_VIEW), network_view)
             return with_rank_zero_view(problem, view), fault
         return problem, fault
+
+    def _arrived(self) -> set[int]:
+        text = self.store.get(_ARRIVED_RANKS) if self.store.check([_ARRIVED_RANKS]) else b""
+        return read_raw(_ARRIVED_RANKS, text, arrived_ranks(self.claim.world_size))
 
     def _get(self, key: str) -> bytes:
         """The value of ``key`` once set, giving up at the deadline (then: who is missing)."""
@@ -440,8 +449,12 @@ class _Meeting:
         return error, Fault(FailureKind.STORE_UNREACHABLE, (0,), (self.claim.main_address,))
 
 
-def _wait_quietly(store: TCPStore, key: str, deadline: float, world_size: int) -> bool:
+def _wait_quietly(
+    store: TCPStore, key: str, deadline: float, world_size: int, tick: Callable[[], object] | None = None
+) -> bool:
     """Whether ``key`` is set before ``deadline``, asking the store with ``check`` (which never blocks).
+
+    ``tick`` runs between two checks (rank 0's progress lines).
 
     ``TCPStore.wait`` would do, but each wait that runs out makes torch's C++ client log two ``[c10d] waitForInput
     ... timed out`` lines on every rank: the very noise the roll call's one named error replaces. The interval
@@ -453,6 +466,8 @@ def _wait_quietly(store: TCPStore, key: str, deadline: float, world_size: int) -
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
+        if tick is not None:
+            tick()
         time.sleep(min(interval, remaining))
         interval = min(interval * 2, cap)
     return True

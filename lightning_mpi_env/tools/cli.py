@@ -1,15 +1,17 @@
 """The ``lightning-mpi-env`` command line (also ``python -m lightning_mpi_env``).
 
-Commands: ``show``, ``simulate``, ``exec``, ``torchrun-args``, ``doctor`` and ``simcluster``. Exit status 0 on
-success, 1 when the layout is wrong (the reason is one line on stderr, with a ``HINT:``), 2 on a usage error;
-``--debug`` shows the traceback instead. ``exec`` and ``simcluster`` exit with their command's status;
-``simcluster`` told to stop (SIGTERM, SIGINT, SIGHUP) ends its job first and exits with 128 + the signal's number.
+Commands: ``show``, ``simulate``, ``exec``, ``torchrun-args``, ``doctor``, ``simcluster`` and ``run``. Exit status
+0 on success, 1 when the layout or a setting is wrong (the reason is one line on stderr, with a ``HINT:``), 2 on a
+usage error; ``--debug`` shows the traceback instead, and without it no exception becomes one. Under ``--json`` the
+commands that print a result print one object on one line (:mod:`~lightning_mpi_env.tools.cli_output`), errors
+included (``{"ok": false, "error": {...}}``), with the same exit status. ``exec`` and ``simcluster`` exit with their
+command's status; ``simcluster`` told to stop (SIGTERM, SIGINT, SIGHUP) ends its job first and exits with 128 + the
+signal's number.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -20,14 +22,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from lightning_mpi_env.core.errors import LayoutError, MpiEnvError
+from lightning_mpi_env.core.errors import Explained, LayoutError, MpiEnvError
 from lightning_mpi_env.core.launchers import detect_launcher
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.report import rank_prefix
-from lightning_mpi_env.core.shape import uneven_fix
 from lightning_mpi_env.core.torch_names import TORCH
-from lightning_mpi_env.tools.cli_parser import PROG, build_parser
-from lightning_mpi_env.tools.doctor import Level, diagnose
+from lightning_mpi_env.tools.cli_output import error_object, layout_lines, layout_object, one_line_json
+from lightning_mpi_env.tools.cli_parser import PROG, ArgumentsError, build_parser, wants_json
+from lightning_mpi_env.tools.doctor import Level, diagnose, doctor_object
 from lightning_mpi_env.tools.interop import (
     device_warnings,
     fabric_env,
@@ -41,7 +43,7 @@ from lightning_mpi_env.tools.simcluster import (
     SimulatedCluster,
     signals_raise,
 )
-from lightning_mpi_env.tools.simulate import Simulation, describe_spread, simulate
+from lightning_mpi_env.tools.simulate import simulate
 from lightning_mpi_env.tools.supervise.loop import supervise
 from lightning_mpi_env.tools.supervise.policy import RestartPolicy
 
@@ -52,14 +54,20 @@ EXIT_TIMEOUT = 124  # as GNU `timeout` says it
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
 EXIT_SIGNAL_BASE = 128  # a command ended by signal N exits with 128 + N, as in a shell
+SHOWN_DETAIL = 500
+"""How much of an unexpected exception's text its one line repeats."""
 
 
-class UsageError(Exception):
+class UsageError(Explained):
     """A command line that parses but cannot be carried out (exit status 2)."""
 
 
 class CommandError(MpiEnvError):
     """The command to run could not be started (exit status 126 or 127)."""
+
+
+class InternalError(MpiEnvError):
+    """An exception this command line did not expect: a bug, said in one line (``--debug`` shows the traceback)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,29 +79,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status.
     """
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = wants_json(argv)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # argparse exits on --help (0) and on usage errors (2)
+        args = build_parser(raise_errors=True).parse_args(argv)
+    except SystemExit as exit_:  # argparse exits on --help and --version (0)
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    except ArgumentsError as error:
+        # Said on stderr for people as argparse says it; under --json, also as data on stdout for programs.
+        if as_json:
+            _emit(one_line_json(error_object(UsageError(error.message, error.hint, variable=error.argument))))
+        _emit(error.parser.format_usage().rstrip(), sys.stderr)
+        _emit(f"{error.parser.prog}: error: {error.message}", sys.stderr)
+        return EXIT_USAGE
     debug = bool(getattr(args, "debug", False))
     command: Callable[[argparse.Namespace], int] = _COMMANDS[args.command]
     try:
         return command(args)
-    except UsageError as error:
-        if debug:
-            raise
-        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except MpiEnvError as error:
-        if debug:
-            raise
-        _error(error)
-        return EXIT_PROBLEM
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except Exception as error:
+        if debug:
+            raise
+        status = EXIT_USAGE if isinstance(error, UsageError) else EXIT_PROBLEM
+        if not isinstance(error, Explained):
+            error = InternalError(
+                f"{args.command} failed unexpectedly: {type(error).__name__}: {str(error)[:SHOWN_DETAIL]}",
+                f"Run it again with --debug for the traceback, and report it to {PROG}'s issue tracker.",
+            )
+        if as_json:
+            _emit(one_line_json(error_object(error)))
+        if isinstance(error, UsageError):
+            _emit(f"{PROG} {args.command}: error: {error.one_line()}", sys.stderr)
+        else:
+            _error(error)
+        return status
 
 
 def _emit(line: str, stream: TextIO | None = None) -> None:
@@ -110,7 +132,7 @@ def _emit(line: str, stream: TextIO | None = None) -> None:
     print(text, end="", file=stream, flush=True)
 
 
-def _error(error: MpiEnvError) -> None:
+def _error(error: Explained) -> None:
     _emit(f"{PROG}: error: {error.one_line()}", sys.stderr)
 
 
@@ -121,23 +143,16 @@ def _print_warnings(layout: RankLayout) -> None:
 
 # --- show ---------------------------------------------------------------------------------------------------------
 
-SHOWN_FIELDS = ("rank", "world_size", "local_rank", "local_size", "node_rank", "num_nodes", "main_address", "main_port")
-
 
 def _show(args: argparse.Namespace) -> int:
     layout = from_env(os.environ)
     _print_warnings(layout)
     if args.json:
-        _emit(json.dumps(layout.as_dict()))
+        _emit(one_line_json(layout_object(layout)))
         return EXIT_OK
-    fields = " ".join(
-        f"{name}={getattr(layout, name) if getattr(layout, name) is not None else '?'}"
-        f" ({layout.sources.get(name, '?')})"
-        for name in SHOWN_FIELDS
-    )
-    # One line per process, the Trainer's arguments last: under mpirun the lines of all ranks share the output.
-    where = f"{socket.gethostname()}: {layout.launcher_name}, {layout.placement.value}"
-    _emit(f"{where}: {fields}; {layout.trainer_kwargs()}")
+    # Under mpirun the ranks share the output: each line says whose it is, and the block goes out in one write.
+    prefix = rank_prefix(os.environ)
+    _emit("\n".join(f"{prefix}{line}" for line in layout_lines(layout, socket.gethostname())))
     return EXIT_OK
 
 
@@ -145,23 +160,27 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    if args.np is not None and args.np > args.nodes * args.ppn:
+    if args.np is not None and args.np > args.nodes * args.per_node:
         raise UsageError(
-            f"--np {args.np} is more than --nodes {args.nodes} x --ppn {args.ppn} = {args.nodes * args.ppn}."
+            f"--np {args.np} is more than --nodes {args.nodes} x --per-node {args.per_node} = "
+            f"{args.nodes * args.per_node}.",
+            "Give at most one rank per slot: raise --nodes or --per-node, or lower --np.",
+            variable="--np",
+            value=str(args.np),
         )
     result = simulate(
         args.launcher,
         args.nodes,
-        args.ppn,
+        args.per_node,
         np=args.np,
         map_by=args.map_by,
         scheduler=args.scheduler,
         strategy=args.strategy,
     )
     if args.json:
-        print(json.dumps([row.as_dict() for row in result.ranks], indent=1))
+        _emit(one_line_json(result.as_dict()))
     else:
-        _print_table(result)
+        _emit("\n".join(result.table()))
     _print_capped("warning", result.warnings, SHOWN_WARNINGS)
     _print_capped("problem", result.problems, SHOWN_PROBLEMS)
     return EXIT_OK if result.ok else EXIT_PROBLEM
@@ -179,44 +198,6 @@ def _print_capped(kind: str, messages: Sequence[str], limit: int) -> None:
         print(f"{PROG} simulate: ... and {len(messages) - limit} more {kind}(s) like these.", file=sys.stderr)
 
 
-def _print_table(result: Simulation) -> None:
-    print(
-        f"# {result.launcher} under {result.scheduler}: {result.np} ranks on {result.nodes} node(s) x {result.ppn} "
-        f"slots, --map-by {result.map_by.value}"
-    )
-    header = ("host", "global_rank", "node_rank", "local_rank", "world_size", "local_size", "main", "placement")
-    rows = [header]
-    for simulated in result.ranks:
-        layout = simulated.layout
-        if layout is None:
-            rows.append((simulated.host, str(simulated.slot.rank), "ERROR", "", "", "", "", ""))
-            continue
-        rows.append(
-            (
-                simulated.host,
-                str(layout.rank),
-                str(layout.node_rank),
-                str(layout.local_rank),
-                str(layout.world_size),
-                str(layout.local_size),
-                f"{layout.main_address}:{layout.main_port}",
-                layout.placement.name.lower(),
-            )
-        )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-    print(f"# {'OK' if result.ok else f'{len(result.problems)} problem(s)'} for strategy={result.strategy!r}")
-    if not result.is_even:
-        # Not a problem for ddp_mpi, but what an HPC user wants to hear about before Lightning's own strategies;
-        # where a rank is refused (Flux cannot say its node's count), no strategy trains it.
-        resolved = all(row.layout is not None for row in result.ranks)
-        print(
-            f"# uneven: {describe_spread(result.ranks_per_node)}."
-            + (f" {uneven_fix(result.launcher)}." if resolved else "")
-        )
-
-
 # --- exec ---------------------------------------------------------------------------------------------------------
 
 
@@ -226,7 +207,7 @@ def _command(args: argparse.Namespace, usage: str) -> list[str]:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise UsageError(f"no command given. Usage: {PROG} {args.command} {usage} -- CMD ARGS...")
+        raise UsageError("no command given.", f"Usage: {PROG} {args.command} {usage} -- CMD ARGS...")
     return command
 
 
@@ -282,7 +263,8 @@ def _execvp(file: str, argv: list[str]) -> int:
 
 
 def _torchrun_args(args: argparse.Namespace) -> int:
-    print(" ".join(torchrun_args(os.environ, nproc_per_node=args.nproc_per_node)), flush=True)
+    arguments = torchrun_args(os.environ, nproc_per_node=args.nproc_per_node)
+    _emit(one_line_json({"ok": True, "args": arguments}) if args.json else " ".join(arguments))
     return EXIT_OK
 
 
@@ -291,9 +273,15 @@ def _torchrun_args(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     findings = diagnose(os.environ)
-    prefix = rank_prefix(os.environ)  # under mpirun every rank prints: say whose line it is
-    for finding in findings:
-        _emit(f"{prefix}{finding}")
+    if args.json:
+        try:
+            rank: int | None = from_env(os.environ).rank
+        except MpiEnvError:
+            rank = None  # a finding says why
+        _emit(one_line_json(doctor_object(findings, socket.gethostname(), rank)))
+    else:
+        prefix = rank_prefix(os.environ)  # under mpirun every rank prints: say whose line it is
+        _emit("\n".join(f"{prefix}{finding}" for finding in findings))
     return EXIT_PROBLEM if any(finding.level is Level.ERROR for finding in findings) else EXIT_OK
 
 
@@ -308,7 +296,12 @@ def _simcluster(args: argparse.Namespace) -> int:
     command = _command(args, "[--nodes N] [--per-node P] [-x NAME=VALUE ...]")
     slots = args.nodes * args.per_node
     if args.np is not None and args.np > slots:
-        raise UsageError(f"--np {args.np} is more than --nodes {args.nodes} x --per-node {args.per_node} = {slots}.")
+        raise UsageError(
+            f"--np {args.np} is more than --nodes {args.nodes} x --per-node {args.per_node} = {slots}.",
+            "Give at most one rank per slot: raise --nodes or --per-node, or lower --np.",
+            variable="--np",
+            value=str(args.np),
+        )
     with tempfile.TemporaryDirectory(prefix="simcluster-") as workdir:
         cluster = SimulatedCluster.of(Path(workdir), nodes=args.nodes, per_node=args.per_node)
         # What a job script exports; the user's -x comes last and wins.
@@ -348,7 +341,10 @@ def _simcluster(args: argparse.Namespace) -> int:
 def _supervise(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
-        raise UsageError("give the job step after --: run -- srun [OPTIONS] python train.py (or mpirun, mpiexec)")
+        raise UsageError(
+            "no job step given.",
+            f"Give it after --: {PROG} run -- srun [OPTIONS] python train.py (or mpirun, mpiexec).",
+        )
     policy = RestartPolicy(args.restarts, backoff=args.backoff)
     return supervise(
         command,

@@ -1,13 +1,16 @@
 """The ``lightning-mpi-env`` command line's arguments: the parser, and the checks of each argument's value.
 
 A value out of range (a count of more than 18 digits, a negative number of seconds, an assignment without ``=``) is
-argparse's usage error (exit status 2) naming the argument and the value, never a traceback.
+a usage error (exit status 2) naming the argument and the value, never a traceback: the parser raises
+:class:`ArgumentsError`, which the command line prints as argparse would, or as JSON under ``--json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from lightning_mpi_env import __version__
 from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_STRATEGY
@@ -21,8 +24,75 @@ from lightning_mpi_env.tools.supervise.probe import PROBE_TIMEOUT
 from lightning_mpi_env.tools.supervise.step import GRACE
 
 PROG = "lightning-mpi-env"
+JSON_HELP = 'print one JSON object on one line, with "ok" (and "error" on an error)'
+PER_NODE_HELP = "slots (ranks) per node"
 MAX_SECONDS = 86_400
 """The most seconds an option takes (a day)."""
+
+
+HIDDEN_ALIASES = frozenset({"--ppn"})
+"""Option names taken but not shown in the help: ``--ppn``, the old name of ``--per-node`` in ``simulate``."""
+
+
+class ArgumentsError(Exception):
+    """A command line argparse refuses: the parser whose usage applies, argparse's message, the argument if one."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+        self.argument = argument
+
+    @property
+    def hint(self) -> str:
+        """Where the usage is explained."""
+        return f"See `{self.parser.prog} --help`."
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """argparse's parser, raising :class:`ArgumentsError` instead of printing and exiting on a usage error."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"exit_on_error": False, **kwargs})  # argparse's ArgumentError reaches us
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        try:
+            return super().parse_known_args(args, namespace)
+        except argparse.ArgumentError as error:
+            raise ArgumentsError(self, str(error), error.argument_name) from None
+
+    def error(self, message: str) -> NoReturn:
+        raise ArgumentsError(self, message)
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help, without the :data:`HIDDEN_ALIASES`."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        shown_names = [name for name in action.option_strings if name not in HIDDEN_ALIASES]
+        if len(shown_names) == len(action.option_strings):
+            return super()._format_action_invocation(action)
+        return super()._format_action_invocation(
+            argparse.Action(shown_names, action.dest, action.nargs, metavar=action.metavar)
+        )
+
+
+JSON_COMMANDS = ("show", "simulate", "torchrun-args", "doctor")
+"""The commands that print a result, and take ``--json``; the others run a command."""
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` asks a command of :data:`JSON_COMMANDS` for ``--json`` (before a ``--``).
+
+    >>> wants_json(["show", "--json"]), wants_json(["exec", "--json"]), wants_json(["doctor", "--", "--json"])
+    (True, False, False)
+    """
+    options = list(argv)
+    options = options[: options.index("--")] if "--" in options else options
+    command = next((word for word in options if not word.startswith("-")), None)
+    return command in JSON_COMMANDS and "--json" in options
 
 
 def _positive(text: str) -> int:
@@ -39,10 +109,19 @@ def _count(text: str) -> int:
     return number
 
 
+NPROC_WORDS = ("gpu", "cpu", "auto")
+"""What ``torchrun --nproc-per-node`` takes besides a count."""
+
+
 def _nproc(text: str) -> int | str:
-    if text in ("gpu", "cpu", "auto"):
+    if text in NPROC_WORDS:
         return text
-    return _positive(text)
+    number = as_count(text)
+    if number is None or number < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer, or one of {', '.join(NPROC_WORDS)}; got {shown(text)}"
+        )
+    return number
 
 
 def _seconds(text: str) -> float:
@@ -64,12 +143,18 @@ def _assignment(text: str) -> tuple[str, str]:
     return name, value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of every command; each command's function is chosen by ``args.command``."""
+def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
+    """The parser of every command; each command's function is chosen by ``args.command``.
+
+    Args:
+        raise_errors: Raise :class:`ArgumentsError` on a usage error, for the caller to print it (as JSON under
+            ``--json``); else argparse's own behaviour: the usage and the error on stderr, and exit status 2.
+    """
+    kind = _RaisingParser if raise_errors else argparse.ArgumentParser
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS, so `--debug` before the command is not reset by the command's own default.
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
-    parser = argparse.ArgumentParser(
+    parser = kind(
         prog=PROG,
         description="Resolve the rank layout of an mpirun/mpiexec/srun job for Lightning, torch, torchrun and JAX.",
     )
@@ -81,26 +166,29 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser(
         "show",
         parents=[common],
+        formatter_class=_Formatter,
         help="print this process's layout, each field with its source",
-        description="Print this process's resolved layout on one line, each field with the variable it came from. "
-        "Under `mpirun -np N lightning-mpi-env show`, one line per rank.",
+        description="Print this process's resolved layout, one field a line with the variable it came from, "
+        "grouped (ranks, nodes, rendezvous, trainer); a value marked ~ is approximate: the launcher's variables do "
+        "not prove it. Under `mpirun -np N lightning-mpi-env show` every line starts with its rank and host.",
     )
-    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.add_argument("--json", action="store_true", help=JSON_HELP)
 
     sim = commands.add_parser(
         "simulate",
         parents=[common],
+        formatter_class=_Formatter,
         help="resolve every rank of a launch that has not happened, and check the rank table",
         description="Build every rank's environment as LAUNCHER would, resolve each with the plugin's own code, "
         "print the rank table and exit 1 on problems (refused variables, duplicate or wrong ranks, and uneven "
         f'nodes under a strategy that needs even ones). Uneven nodes are fine for strategy="{UNEVEN_STRATEGY}", '
         "the default.",
     )
-    sim.add_argument("--nodes", type=_positive, required=True, help="number of nodes")
+    sim.add_argument("--nodes", type=_positive, required=True, metavar="N", help="number of nodes")
     sim.add_argument(
-        "--ppn", "--per-node", dest="ppn", type=_positive, required=True, help="slots (processes) per node"
+        "--per-node", "--ppn", dest="per_node", type=_positive, required=True, metavar="P", help=PER_NODE_HELP
     )
-    sim.add_argument("--np", type=_positive, help="number of ranks (default: nodes x ppn)")
+    sim.add_argument("--np", type=_positive, metavar="K", help="number of ranks (default: N x P)")
     sim.add_argument("--map-by", choices=[m.value for m in MapBy], default="slot", help="block or round-robin")
     sim.add_argument("--launcher", choices=LAUNCHER_KEYS, default="openmpi", help="default: openmpi")
     sim.add_argument(
@@ -116,11 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the Lightning strategy to check the launch for (default: {UNEVEN_STRATEGY}, which trains uneven "
         "launches; Lightning's own need the same number of ranks on every node)",
     )
-    sim.add_argument("--json", action="store_true", help="print a JSON list, one object per rank")
+    sim.add_argument("--json", action="store_true", help=JSON_HELP + ", with one row per rank")
 
     run = commands.add_parser(
         "exec",
         parents=[common],
+        formatter_class=_Formatter,
         usage=f"{PROG} exec [-h] [--debug] [--overwrite] -- CMD [ARGS ...]",
         help="export RANK, WORLD_SIZE, MASTER_ADDR, ... and run a command",
         description="Export torchrun's variables (" + ", ".join(TORCH_VARIABLES) + ") resolved from the "
@@ -134,17 +223,24 @@ def build_parser() -> argparse.ArgumentParser:
     targs = commands.add_parser(
         "torchrun-args",
         parents=[common],
+        formatter_class=_Formatter,
         help="print torchrun's --nnodes/--node_rank/--master_addr/... for one process per node",
         description="For jobs that start one process per node which then runs torchrun: "
         "`mpirun -npernode 1 sh -c 'torchrun $(lightning-mpi-env torchrun-args --nproc-per-node 4) train.py'`.",
     )
     targs.add_argument(
-        "--nproc-per-node", type=_nproc, default=1, help="workers per node: a count, gpu, cpu or auto (default 1)"
+        "--nproc-per-node",
+        type=_nproc,
+        default=1,
+        metavar="N|gpu|cpu|auto",
+        help="workers per node: a positive count, or gpu, cpu or auto as torchrun takes them (default 1)",
     )
+    targs.add_argument("--json", action="store_true", help=JSON_HELP + ", the arguments as a list")
 
     supervisor = commands.add_parser(
         "run",
         parents=[common],
+        formatter_class=_Formatter,
         usage=f"{PROG} run [-h] [--debug] [--restarts N] [--backoff S] [--probe-timeout S] [--grace S] [--min-nodes K] "
         "[--state-dir D] -- srun|mpirun|mpiexec [OPTIONS] CMD ...",
         help="run a job step, and relaunch it without the failed hosts when the roll call or the watchdog stops it",
@@ -155,22 +251,25 @@ def build_parser() -> argparse.ArgumentParser:
         "loop as the program's. One line per event on stderr, and JSON lines in STATE_DIR/<job>/timeline.jsonl. "
         "The exit status is the last step's.",
     )
-    supervisor.add_argument("--restarts", type=_count, default=3, help="relaunches at most (default 3)")
+    supervisor.add_argument("--restarts", type=_count, default=3, metavar="N", help="relaunches at most (default 3)")
     supervisor.add_argument(
         "--backoff",
         type=_seconds,
+        metavar="S",
         default=10.0,
         help="seconds before the first relaunch, doubled for each next one (default 10)",
     )
     supervisor.add_argument(
         "--probe-timeout",
         type=_seconds,
+        metavar="S",
         default=PROBE_TIMEOUT,
         help=f"seconds each host has to run the health probe before a relaunch (default {PROBE_TIMEOUT:g})",
     )
     supervisor.add_argument(
         "--grace",
         type=_seconds,
+        metavar="S",
         default=GRACE,
         help=f"seconds a step has to end after its failure is recorded, before its launcher is killed (default "
         f"{GRACE:g})",
@@ -178,27 +277,34 @@ def build_parser() -> argparse.ArgumentParser:
     supervisor.add_argument(
         "--min-nodes",
         type=_positive,
+        metavar="K",
         help="an mpirun line may be relaunched on as few hosts, with its ranks per host (a program that takes its "
         "size from the launch, ddp_mpi); an srun line says it as --nodes=MIN-MAX",
     )
     supervisor.add_argument(
         "--state-dir",
         default=DEFAULT_STATE,
+        metavar="D",
         help=f"where records and the timeline go (default {DEFAULT_STATE}, under the working directory)",
     )
     supervisor.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- srun ...", help="the job step")
 
-    commands.add_parser(
+    doctor = commands.add_parser(
         "doctor",
         parents=[common],
+        formatter_class=_Formatter,
         help="check this process's situation and suggest fixes",
-        description="Check the launcher and stale variables, Lightning and mpi4py installs, visible GPUs against "
-        "local ranks, and (on rank 0) that the main address is this host's and the port is free. Exit 1 on errors.",
+        description="Check the launcher and stale variables, every LIGHTNING_MPI_ENV_* setting as the package reads "
+        "it (and unknown names), Lightning and mpi4py installs, visible GPUs against local ranks, and (on rank 0) "
+        "that the main address is this host's and the port is free. One finding a line, [ok], [info], [warn] or "
+        "[error], with its HINT; exit 1 on errors.",
     )
+    doctor.add_argument("--json", action="store_true", help=JSON_HELP + ", with one entry per finding")
 
     cluster = commands.add_parser(
         "simcluster",
         parents=[common],
+        formatter_class=_Formatter,
         usage=f"{PROG} simcluster [-h] [--debug] [--nodes N] [--per-node P] [--np K] [--map-by {{slot,node}}] "
         "[-x NAME=VALUE ...] [--timeout S] -- CMD [ARGS ...]",
         help="run a command under a real Open MPI mpirun, on simulated nodes of this machine",
@@ -220,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=2,
         metavar="P",
-        help=f"slots (ranks) per node (default 2; at most {MAX_SLOTS} in all)",
+        help=f"{PER_NODE_HELP} (default 2; at most {MAX_SLOTS} in all)",
     )
     cluster.add_argument("--np", type=_positive, metavar="K", help="number of ranks (default: N x P)")
     cluster.add_argument("--map-by", choices=[m.value for m in MapBy], default="slot", help="block or round-robin")
@@ -238,4 +344,4 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-__all__ = ["PROG", "build_parser"]
+__all__ = ["HIDDEN_ALIASES", "JSON_COMMANDS", "PROG", "ArgumentsError", "build_parser", "wants_json"]

@@ -21,9 +21,11 @@ from lightning_mpi_env.core.launchers import LAUNCHERS, detect_launcher, inherit
 from lightning_mpi_env.core.layout import RankLayout, from_env
 from lightning_mpi_env.core.namespaces import NAMESPACES
 from lightning_mpi_env.core.schedulers import first_host
+from lightning_mpi_env.core.settings import VARIABLE, setting_errors, unknown_settings
 from lightning_mpi_env.core.shape import describe_counts, even_launches, uneven_fix
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import shown
+from lightning_mpi_env.tools.cli_output import layout_summary
 
 
 class Level(str, Enum):
@@ -43,10 +45,35 @@ class Finding:
     topic: str
     message: str
     fix: str = ""
+    variable: str | None = None
+    """The variable the finding is about, where there is one."""
+    value: str | None = None
+    """Its value, where there is one."""
 
     def __str__(self) -> str:
         fix = f" HINT: {self.fix}" if self.fix else ""
         return f"[{self.level.value}] {self.topic}: {self.message}{fix}"
+
+    def as_dict(self) -> dict[str, object]:
+        """The finding as JSON-ready values (``doctor --json``)."""
+        return {
+            "level": self.level.value,
+            "topic": self.topic,
+            "message": self.message,
+            "hint": self.fix,
+            "variable": self.variable,
+            "value": self.value,
+        }
+
+
+def doctor_object(findings: list[Finding], host: str, rank: int | None) -> dict[str, object]:
+    """``doctor --json``: ``ok`` when no finding is an error, this process's host and rank, and every finding."""
+    return {
+        "ok": all(finding.level is not Level.ERROR for finding in findings),
+        "host": host,
+        "rank": rank,
+        "findings": [finding.as_dict() for finding in findings],
+    }
 
 
 def _module_available(name: str) -> bool:
@@ -77,7 +104,10 @@ def diagnose(
     resolve: Callable[[str], str] = _resolve,
     bind: Callable[[str, int], None] = _bind,
 ) -> list[Finding]:
-    """Check the launcher, stale variables, Lightning and mpi4py installs, GPUs, and the main address and port.
+    """Check the launcher, the settings, stale variables, Lightning and mpi4py, GPUs, and the main address and port.
+
+    Each ``LIGHTNING_MPI_ENV_*`` setting is read by the reader the ranks use
+    (:func:`~lightning_mpi_env.core.settings.setting_errors`): a value they would refuse is an error here too.
 
     Args:
         env: The process environment.
@@ -90,15 +120,15 @@ def diagnose(
     Returns:
         The findings, in the order checked.
     """
-    findings = _launcher_findings(env)
+    findings = [*_launcher_findings(env), *_settings_findings(env)]
     layout: RankLayout | None
     try:
         layout = from_env(env)
     except LayoutError as error:
-        findings.append(Finding(Level.ERROR, "layout", error.problem, error.hint))
+        findings.append(Finding(Level.ERROR, "layout", error.problem, error.hint, error.variable, error.value))
         layout = None
     if layout is not None:
-        findings.append(Finding(Level.OK, "layout", repr(layout)))
+        findings.append(Finding(Level.OK, "layout", layout_summary(layout)))
         if layout.launcher is not None and (layout.num_nodes is None or not layout.is_even):
             findings.append(_uneven_finding(layout))
         findings.extend(Finding(Level.WARN, "layout", warning.problem, warning.hint) for warning in layout.warnings)
@@ -107,6 +137,23 @@ def diagnose(
     if layout is not None:
         findings.extend(_gpu_findings(env, layout, gpu_count()))
         findings.extend(_network_findings(layout, resolve, bind))
+    return findings
+
+
+def _settings_findings(env: Mapping[str, str]) -> list[Finding]:
+    """Every ``LIGHTNING_MPI_ENV_*`` setting read as the package reads it, and the names it does not know."""
+    findings = [
+        Finding(Level.ERROR, "settings", error.problem, error.hint, error.variable, error.value)
+        for error in setting_errors(env)
+    ]
+    findings += [
+        Finding(Level.WARN, "settings", warning.problem, warning.hint, warning.variable, warning.value)
+        for warning in unknown_settings(env)
+    ]
+    if not findings:
+        given = [variable for variable in VARIABLE.values() if variable in env]
+        said = f"{', '.join(given)}: valid." if given else "no LIGHTNING_MPI_ENV_* setting is set: the defaults apply."
+        findings.append(Finding(Level.OK, "settings", said))
     return findings
 
 

@@ -17,6 +17,7 @@ from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.hostfile import host_file_head
 from lightning_mpi_env.core.layout import LOOPBACK_ADDRESS, RankLayout, from_env
 from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_STRATEGY, even_launches, uneven_fix, uneven_strategy
+from lightning_mpi_env.tools.cli_output import APPROXIMATE, explained, mark
 from lightning_mpi_env.tools.simulated_launch import (
     DEFAULT_SCHEDULER,
     MapBy,
@@ -51,7 +52,9 @@ class SimulatedRank:
             "placement": layout.placement.name.lower() if layout else None,
             "host": self.host,
             "launched": {"rank": self.slot.rank, "node": self.slot.node, "local_rank": self.slot.local_rank},
-            "warnings": list(layout.warnings) if layout else [],
+            "node_rank_exact": layout.node_rank_is_exact if layout else None,
+            "num_nodes_exact": layout.num_nodes_is_exact if layout else None,
+            "warnings": [explained(warning) for warning in layout.warnings] if layout else [],
             "error": self.error,
         }
 
@@ -90,6 +93,66 @@ class Simulation:
     def ok(self) -> bool:
         """Whether every rank resolved and the table has no problems."""
         return not self.problems
+
+    def as_dict(self) -> dict[str, object]:
+        """``simulate --json``: the launch, every rank's row, the problems and the warnings."""
+        return {
+            "ok": self.ok,
+            "launcher": self.launcher,
+            "scheduler": self.scheduler,
+            "nodes": self.nodes,
+            "per_node": self.ppn,
+            "np": self.np,
+            "map_by": self.map_by.value,
+            "strategy": self.strategy,
+            "even": self.is_even,
+            "ranks_per_node": self.ranks_per_node,
+            "ranks": [row.as_dict() for row in self.ranks],
+            "problems": list(self.problems),
+            "warnings": list(self.warnings),
+        }
+
+    def table(self) -> list[str]:
+        """``simulate`` as text: the rank table, ``~`` on assumed node ranks, and the verdict."""
+        lines = [
+            f"# {self.launcher} under {self.scheduler}: {self.np} ranks on {self.nodes} node(s) x {self.ppn} "
+            f"slots, --map-by {self.map_by.value}"
+        ]
+        header = ("host", "global_rank", "node_rank", "local_rank", "world_size", "local_size", "main", "placement")
+        rows = [header]
+        for simulated in self.ranks:
+            layout = simulated.layout
+            if layout is None:
+                rows.append((simulated.host, str(simulated.slot.rank), "ERROR", "", "", "", "", ""))
+                continue
+            rows.append(
+                (
+                    simulated.host,
+                    str(layout.rank),
+                    mark(layout.node_rank, layout.node_rank_is_exact),
+                    str(layout.local_rank),
+                    str(layout.world_size),
+                    str(layout.local_size),
+                    f"{layout.main_address}:{layout.main_port}",
+                    layout.placement.name.lower(),
+                )
+            )
+        widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+        lines += [
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+        ]
+        if any(row.layout is not None and not row.layout.node_rank_is_exact for row in self.ranks):
+            lines.append(f"# {APPROXIMATE}")
+        lines.append(f"# {'OK' if self.ok else f'{len(self.problems)} problem(s)'} for strategy={self.strategy!r}")
+        if not self.is_even:
+            # Not a problem for ddp_mpi, but what an HPC user wants to hear about before Lightning's own strategies;
+            # where a rank is refused (Flux cannot say its node's count), no strategy trains it.
+            resolved = all(row.layout is not None for row in self.ranks)
+            lines.append(
+                f"# uneven: {describe_spread(self.ranks_per_node)}."
+                + (f" {uneven_fix(self.launcher)}." if resolved else "")
+            )
+        return lines
 
 
 def simulate(

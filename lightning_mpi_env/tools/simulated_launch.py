@@ -82,22 +82,22 @@ def check_size(nodes: int, ppn: int, np: int) -> None:
     >>> check_size(10**18, 10**18, 1)
     Traceback (most recent call last):
     ...
-    lightning_mpi_env.core.errors.SettingError: --nodes 1000000000000000000 x --ppn 1000000000000000000 is more than the 65536 slots a simulation lays out.
+    lightning_mpi_env.core.errors.SettingError: --nodes 1000000000000000000 x --per-node 1000000000000000000 is more than the 65536 slots a simulation lays out.
     HINT: Simulate a smaller launch: the rules it checks are the same at any size.
     """  # noqa: E501
-    for name, value in (("--nodes", nodes), ("--ppn", ppn), ("--np", np)):
+    for name, value in (("--nodes", nodes), ("--per-node", ppn), ("--np", np)):
         if value < 1:
             raise SettingError(f"{name} {value} must be at least 1.", f"Give {name} a positive count.", variable=name)
     if nodes * ppn > MAX_SIMULATED_RANKS:
         raise SettingError(
-            f"--nodes {nodes} x --ppn {ppn} is more than the {MAX_SIMULATED_RANKS} slots a simulation lays out.",
+            f"--nodes {nodes} x --per-node {ppn} is more than the {MAX_SIMULATED_RANKS} slots a simulation lays out.",
             "Simulate a smaller launch: the rules it checks are the same at any size.",
             variable="--nodes",
             value=str(nodes)[:SHOWN_CHARACTERS],
         )
     if np > nodes * ppn:
         raise SettingError(
-            f"--np {np} is more than the {nodes * ppn} slots of --nodes {nodes} x --ppn {ppn}.",
+            f"--np {np} is more than the {nodes * ppn} slots of --nodes {nodes} x --per-node {ppn}.",
             "Give at most as many ranks as there are slots.",
             variable="--np",
             value=str(np)[:SHOWN_CHARACTERS],

@@ -782,7 +782,13 @@ class SlurmCluster:
                 stdout, stderr = proc.communicate(timeout=3)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                stdout, stderr = proc.communicate()
+                try:
+                    stdout, stderr = proc.communicate(timeout=30)
+                except subprocess.TimeoutExpired as held:  # a grandchild holds the pipes: report what came so far
+                    stdout, stderr = (
+                        (part or b"").decode(errors="replace") if isinstance(part, bytes) else (part or "")
+                        for part in (held.output, held.stderr)
+                    )
             raise ClientTimeout(list(argv), expired.timeout, stdout, stderr, state) from None
         done = subprocess.CompletedProcess(list(argv), proc.returncode, stdout, stderr)
         if check:

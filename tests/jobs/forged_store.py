@@ -4,14 +4,16 @@ Usage: python forged_store.py KIND [TAG]. On rank 3, a second client of the job'
 network could open) writes a forged or malformed value before the rank's own roll call; KIND says which:
 
 - ``node``: a verdict saying the ranks met, and node assignments ``node_rank=7`` of ``num_nodes=3``;
-- ``device``: node assignments with a device index past the devices a rank sees (it sees none here);
 - ``claim``: a claim under rank 3's key that is not a claim;
 - ``verdict``: a roll call verdict that is not JSON;
-- ``report``, ``stall-verdict``, ``stop``: after the roll call, while the ranks run 12 steps of 0.5 s: malformed
-  watchdog reports under rank 2's key, a malformed watchdog verdict, and a stop request with a malformed step.
-  With ``report`` the ranks go on (up to 120 steps) until rank 0 has named the forged report, which it leaves as a
-  file at ``FORGED_STORE_NAMED`` for every rank and the forger to see: on a loaded machine rank 0's watchdog may not
-  read within one window of forging.
+- ``report``: after the roll call, while the ranks run steps of 0.5 s, malformed watchdog reports under rank 2's
+  key. The ranks go on (up to 120 steps) until rank 0 has named the forged report, which it leaves as a file at
+  ``FORGED_STORE_NAMED`` for every rank and the forger to see: on a loaded machine rank 0's watchdog may not read
+  within one window of forging.
+
+A forged device index, a malformed stall verdict and a malformed stop record take the same parsers and readers,
+which the unit tests over a real store cover (``tests/rollcall/test_wire.py``, ``test_watchdog.py``,
+``test_agreement.py``).
 
 Each rank prints ``MET rank=R`` after the roll call and ``DONE rank=R`` at the end; this package's errors are one
 line per rank.
@@ -32,17 +34,12 @@ def forge_before_roll_call(kind, address, port):
     import torch.distributed as dist
 
     client = dist.TCPStore(address, port, is_master=False, timeout=timedelta(seconds=30))
-    if kind in ("node", "device"):
+    if kind == "node":
         # The arrival count past the world size: no rank finalizes, so every rank reads the forged assignment.
         client.add(P + "arrived", 100)
-    if kind == "node":
         client.set(P + "verdict", '{"summary": "forged"}')
         for rank in range(4):
             client.set(f"{P}node/{rank}", "[7, 3, 0, 2, null]")
-    elif kind == "device":
-        client.set(P + "verdict", '{"summary": "forged"}')
-        for rank in range(4):
-            client.set(f"{P}node/{rank}", f"[{rank // 2}, 2, {rank % 2}, 2, 5]")
     elif kind == "claim":
         client.add(P + "claims/3", 1)
         client.set(P + "claim/3/1", '{"rank": "three"}')
@@ -53,22 +50,15 @@ def forge_before_roll_call(kind, address, port):
 
 def forge_while_training(kind, client, stop, named):
     if kind == "report":
-        # In windows of 1.5 s, faster than rank 2's own reports, so rank 0 reads a forged one; each shorter than the
-        # stall timeout (5 s), and 2 s apart for rank 2's own reports to be read: a rank whose reports cannot be read
-        # for that long looks frozen. Until rank 0 has named it.
+        # In windows of 1.5 s, faster than rank 2's own reports, so rank 0 reads a forged one; 2 s apart, for rank
+        # 2's own reports to be read too: a rank whose reports cannot be read for the stall timeout looks frozen.
+        # Until rank 0 has named it.
         while not stop.is_set() and not named.is_file():
             until = time.monotonic() + 1.5
             while not stop.is_set() and time.monotonic() < until:
                 client.set(P + "watchdog/2", '{"rank": 2, "beat": "x"}')
                 time.sleep(0.02)
             stop.wait(2.0)
-    elif kind == "stall-verdict":
-        client.set(P + "watchdog/verdict", '{"problem": 1}')
-        client.add(P + "watchdog/events", 1)
-    elif kind == "stop":
-        client.set(P + "stop/at", "soon")
-        client.set(P + "stop/requested", "3")
-        client.add(P + "watchdog/events", 1)
 
 
 def main():

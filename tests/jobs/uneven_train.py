@@ -1,7 +1,10 @@
 """Train one model on any launch, and say whether it is the model one process trains on the same global batches.
 
 Run under a launcher (``mpirun``, ``srun``) with ``strategy="ddp_mpi"`` and no ``devices``/``num_nodes``, Trainer
-or Fabric. In float64, ``DistributedSampler`` deals rank ``r`` of ``N`` the items ``r, r + N, ...`` of one order
+or Fabric; with ``--recommended``, the recommended line instead of the name
+(``from lightning_mpi_env.pytorch import MPIDDPStrategy`` and ``strategy=MPIDDPStrategy()``, each package's module).
+
+In float64, ``DistributedSampler`` deals rank ``r`` of ``N`` the items ``r, r + N, ...`` of one order
 (``shuffle=False``: the indices; Lightning's Trainer shuffles its training data, seeded: one permutation for every
 rank), so the ranks' ``k``-th batches of ``b`` together are the ``k``-th batch of ``N x b`` of one process;
 DDP averages the ranks' gradients, so after every step the weights equal those of one process (the reference,
@@ -79,17 +82,25 @@ def reference(world_size: int, args: argparse.Namespace, sampler: dict) -> tuple
     return flat(model), batches
 
 
+RECOMMENDED = {
+    "lightning.pytorch": "lightning_mpi_env.pytorch",
+    "lightning.fabric": "lightning_mpi_env.fabric",
+    "pytorch_lightning": "lightning_mpi_env.pytorch_lightning",
+    "lightning_fabric": "lightning_mpi_env.lightning_fabric",
+}
+"""The recommended import for each package: ``from lightning_mpi_env.pytorch import MPIDDPStrategy``, ..."""
+
+
 def ddp_mpi(args: argparse.Namespace) -> object:
-    """``"ddp_mpi"`` by name, or (``--as-object``) the strategy object, which brings its own cluster environment.
+    """``"ddp_mpi"`` by name, or (``--recommended``) the recommended line: ``MPIDDPStrategy()`` of the package's module.
 
     By name, Lightning first makes the cluster environment it detects, and its ``SLURMEnvironment`` refuses an
-    ``srun --ntasks`` without ``--ntasks-per-node`` while it is made (before any strategy is): the object avoids it.
+    ``srun --ntasks`` without ``--ntasks-per-node`` while it is made (before any strategy is): the object, which
+    brings its own environment, avoids it.
     """
-    if not args.as_object:
+    if not args.recommended:
         return "ddp_mpi"
-    from lightning_mpi_env.lightning.strategy import strategy_class
-
-    return strategy_class(args.namespace)()
+    return importlib.import_module(RECOMMENDED[args.namespace]).MPIDDPStrategy()
 
 
 def check_sampler(sampler: object, world_size: int, global_rank: int, length: int) -> dict:
@@ -149,6 +160,7 @@ def run_trainer(args: argparse.Namespace) -> dict:
     trainer.fit(model)
     sampler = check_sampler(trainer.train_dataloader.sampler, trainer.world_size, trainer.global_rank, args.length)
     return {
+        "strategy_object": trainer.strategy,
         "global_rank": trainer.global_rank,
         "local_rank": trainer.local_rank,
         "node_rank": trainer.node_rank,
@@ -188,6 +200,7 @@ def run_fabric(args: argparse.Namespace) -> dict:
     sampler = check_sampler(loader.sampler, fabric.world_size, fabric.global_rank, args.length)
     strategy.cluster_environment.teardown()  # the end of the run (Fabric calls no teardown)
     return {
+        "strategy_object": strategy,
         "global_rank": fabric.global_rank,
         "local_rank": fabric.local_rank,
         "node_rank": fabric.node_rank,
@@ -212,7 +225,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2, help="samples per rank and step")
     parser.add_argument("--length", type=int, default=163, help="samples: not a multiple of the world size")
     parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--as-object", action="store_true", help="pass the ddp_mpi strategy object, not its name")
+    parser.add_argument(
+        "--recommended", action="store_true", help="the recommended line, MPIDDPStrategy() of the package's module"
+    )
     args = parser.parse_args()
     # float64 throughout: Fabric's "64-true" converts a module's output to the default dtype (float32 otherwise),
     # which would put float32 rounding (~1e-9 here) between the job and the reference.
@@ -227,6 +242,8 @@ def main() -> None:
     result["hostname"] = socket.gethostname()
     result["launcher_rank"] = next((int(os.environ[name]) for name in LAUNCHER_RANK if name in os.environ), None)
     result["api"] = "Fabric" if fabric else "Trainer"
+    strategy_class = type(result.pop("strategy_object"))
+    result["strategy"] = f"{strategy_class.__module__}.{strategy_class.__qualname__}"
     print("RESULT " + json.dumps(result) + "\n", end="", flush=True)  # one write: lines of ranks never merge
 
 

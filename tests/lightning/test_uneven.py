@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_mpi_env.lightning.strategy import public_module
 from lightning_mpi_env.tools.simcluster import RSH_AGENT, find_mpirun
 from tests.clusters.hydra import printed_results, probe_command, read_probes
 from tests.clusters.slurm import SlurmCluster
@@ -194,8 +195,9 @@ def test_zero_config_on_the_node_of_three(namespace, entry):
 
 @pytest.mark.parametrize(("namespace", "entry"), NAMESPACES[::3])
 def test_zero_config_on_the_lone_rank_of_an_uneven_slurm_step(namespace, entry):
-    # SLURM_NTASKS_PER_NODE: srun -N2 -n3 --ntasks-per-node=2 (without it Lightning's own SLURMEnvironment, made
-    # while the Trainer/Fabric is built from a strategy's name, refuses `--ntasks`; see the srun jobs below).
+    # SLURM_NTASKS_PER_NODE set here: without it Lightning's own SLURMEnvironment, made while the Trainer/Fabric is
+    # built from a strategy's name, refuses `--ntasks` (a real `srun -N2 -n3 --ntasks-per-node=2` exports none, so
+    # the srun jobs below pass the strategy object: docs/lightning.md).
     shape = _built(namespace, entry, {**SLURM_2_1, "SLURM_NTASKS_PER_NODE": "2"})
     assert shape == {
         "devices": 1,
@@ -210,26 +212,35 @@ def test_zero_config_on_the_lone_rank_of_an_uneven_slurm_step(namespace, entry):
 # --- real mpirun jobs on uneven host files -----------------------------------------------------------------------
 
 CASES = [
-    # (slots, placement, namespace): every host file with both placements, each host file and each placement once with
-    # the Trainer and once with Fabric, each namespace once. The assignment each rank gets on the others is the roll
-    # call's, which tests/rollcall/test_rendezvous.py checks over a real store for every placement.
-    ("3+1", "slot", "lightning.pytorch"),
-    ("3+1", "node", "lightning.fabric"),
-    ("2+1+1", "slot", "lightning_fabric"),
-    ("2+1+1", "node", "pytorch_lightning"),
+    # (slots, placement, namespace, form): every host file with both placements, each host file and each placement
+    # once with the Trainer and once with Fabric, each namespace once; the unified namespace's with the recommended
+    # line (its module's MPIDDPStrategy()), the standalone one's by name. The assignment each rank gets on the others is
+    # the roll call's, which tests/rollcall/test_rendezvous.py checks over a real store for every placement.
+    ("3+1", "slot", "lightning.pytorch", "recommended"),
+    ("3+1", "node", "lightning.fabric", "recommended"),
+    ("2+1+1", "slot", "lightning_fabric", "name"),
+    ("2+1+1", "node", "pytorch_lightning", "name"),
 ]
 
 
+def assert_strategy(results: list[dict], namespace: str, form: str) -> None:
+    """Every rank ran the package's ``MPIDDPStrategy``: from its recommended module, or picked by the name."""
+    module = public_module(namespace)
+    assert {r["strategy"] for r in results} == {f"{module}.MPIDDPStrategy"}, form
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize(("slots", "map_by", "namespace"), CASES)
-def test_mpirun_uneven_launch_trains_as_one_process(tmp_path, slots, map_by, namespace):
+@pytest.mark.parametrize(("slots", "map_by", "namespace", "form"), CASES)
+def test_mpirun_uneven_launch_trains_as_one_process(tmp_path, slots, map_by, namespace, form):
     command = [sys.executable, str(JOB), "--namespace", namespace, "--length", str(LENGTH)]
-    command += ["--batch", str(BATCH), "--steps", str(STEPS)]
+    command += ["--batch", str(BATCH), "--steps", str(STEPS), *(["--recommended"] if form == "recommended" else [])]
     result = _run(mpirun_uneven(tmp_path, SLOTS[slots], map_by, command))
     assert result.returncode == 0, result.stderr[-4000:]
     api = "Fabric" if "fabric" in namespace else "Trainer"
-    difference = assert_trained_as_one_process(_results(result.stdout), PLACED[slots, map_by], api)
-    print(f"FIGURE {slots} --map-by {map_by} {namespace}: max |weights - reference| = {difference:.3g}")
+    results = _results(result.stdout)
+    difference = assert_trained_as_one_process(results, PLACED[slots, map_by], api)
+    assert_strategy(results, namespace, form)
+    print(f"FIGURE {slots} --map-by {map_by} {namespace} ({form}): max |weights - reference| = {difference:.3g}")
 
 
 @pytest.mark.mpi
@@ -286,28 +297,37 @@ def _srun(cluster: SlurmCluster, out: Path, srun_args: list[str], command: list[
     return records
 
 
+SRUN_CASES = [
+    # (api and namespace, distribution): the recommended line, Trainer and Fabric, block and cyclic, each module once.
+    ("lightning.pytorch", "block"),
+    ("pytorch_lightning", "cyclic"),
+    ("lightning_fabric", "block"),
+    ("lightning.fabric", "cyclic"),
+]
+
+
 @pytest.mark.mpi
 @pytest.mark.slurm
-@pytest.mark.parametrize(
-    ("namespace", "srun_args", "as_object"),
-    [
-        # The strategy object brings its own cluster environment: Lightning makes no SLURMEnvironment, which would
-        # refuse `--ntasks` while it is made (by name, `strategy="ddp_mpi"`, it does: docs/troubleshooting.md).
-        ("lightning_fabric", ["-N2", "-n3"], True),
-        ("pytorch_lightning", ["-N2", "-n3"], True),
-    ],
-)
-def test_srun_three_tasks_on_two_nodes_train_as_one_process(slurm_cluster, tmp_path, namespace, srun_args, as_object):
+@pytest.mark.parametrize(("namespace", "distribution"), SRUN_CASES)
+def test_srun_three_tasks_on_two_nodes_train_as_one_process(slurm_cluster, tmp_path, namespace, distribution):
+    # `srun --nodes=2 --ntasks=3` without --ntasks-per-node: Slurm exports no SLURM_NTASKS_PER_NODE. The recommended
+    # line passes the strategy object, which brings its own cluster environment: Lightning makes no SLURMEnvironment,
+    # which would refuse `--ntasks` while it is made (by name, `strategy="ddp_mpi"`, it does: docs/lightning.md).
     command = [sys.executable, str(JOB), "--namespace", namespace, "--length", str(LENGTH)]
-    command += ["--batch", str(BATCH), "--steps", str(STEPS), *(["--as-object"] if as_object else [])]
+    command += ["--batch", str(BATCH), "--steps", str(STEPS), "--recommended"]
+    srun_args = ["--nodes=2", "--ntasks=3", f"--distribution={distribution}"]
     records = _srun(slurm_cluster, tmp_path / "probes", srun_args, command)
     for record in records:
         assert record["returncode"] == 0, record["stderr"][-4000:]
         assert record["launcher"]["SLURM_STEP_TASKS_PER_NODE"] == "2,1"
+        assert "SLURM_NTASKS_PER_NODE" not in record["launcher"]
     results = sorted(printed_results(records), key=lambda r: r["global_rank"])
     first, second = slurm_cluster.hosts[:2]
+    # block: ranks 0 and 1 on the first node; cyclic: dealt in turn, ranks 0 and 2 there.
+    placed = [first, first, second] if distribution == "block" else [first, second, first]
     api = "Fabric" if "fabric" in namespace else "Trainer"
-    difference = assert_trained_as_one_process(results, [first, first, second], api)
+    difference = assert_trained_as_one_process(results, placed, api)
+    assert_strategy(results, namespace, "recommended")
     print(f"FIGURE srun {' '.join(srun_args)} {namespace}: max |weights - reference| = {difference:.3g}")
 
 
@@ -326,7 +346,7 @@ def test_srun_heterogeneous_step_trains_as_one_process(slurm_cluster, tmp_path, 
     out = tmp_path / "probes"
     out.mkdir()
     job = [sys.executable, str(JOB), "--length", str(LENGTH), "--batch", str(BATCH), "--steps", str(STEPS)]
-    command = probe_command(out, [*job, "--as-object"])
+    command = probe_command(out, [*job, "--recommended"])
     first, second = slurm_cluster.hosts[:2]
     if form == "colon":
         argv, placed = ["srun", "-N1", "-n2", *command, ":", "-N1", "-n1", *command], [first, first, second]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_mpi_env import __version__
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.layout import from_env
 from lightning_mpi_env.tools import cli
@@ -66,23 +67,23 @@ def test_help_on_every_command(command, capsys):
         ([], "the following arguments are required: COMMAND"),
         (["launch"], "invalid choice: 'launch'"),
         (["show", "--yaml"], "unrecognized arguments: --yaml"),
-        (["simulate", "--ppn", "2"], "the following arguments are required: --nodes"),
-        (["simulate", "--nodes", "0", "--ppn", "2"], "argument --nodes: must be a positive integer, got '0'"),
+        (["simulate", "--per-node", "2"], "the following arguments are required: --nodes"),
+        (["simulate", "--nodes", "0", "--per-node", "2"], "argument --nodes: must be a positive integer, got '0'"),
         (["simulate", "--nodes", "two", "--ppn", "2"], "argument --nodes: must be a positive integer, got 'two'"),
         (
-            ["simulate", "--nodes", "2", "--ppn", "-1"],
-            "argument --ppn/--per-node: must be a positive integer, got '-1'",
+            ["simulate", "--nodes", "2", "--per-node", "-1"],
+            "argument --per-node/--ppn: must be a positive integer, got '-1'",
         ),
-        (["simulate", "--nodes", "2", "--ppn", "２"], "argument --ppn/--per-node: must be a positive integer"),
+        (["simulate", "--nodes", "2", "--ppn", "２"], "argument --per-node/--ppn: must be a positive integer"),
         (["simulate", "--nodes", "2", "--ppn", "2", "--launcher", "lam"], "argument --launcher: invalid choice: 'lam'"),
         (["simulate", "--nodes", "2", "--ppn", "2", "--map-by", "core"], "argument --map-by: invalid choice: 'core'"),
-        (["simulate", "--nodes", "2", "--ppn", "2", "--np", "5"], "--np 5 is more than --nodes 2 x --ppn 2 = 4"),
+        (["simulate", "--nodes", "2", "--ppn", "2", "--np", "5"], "--np 5 is more than --nodes 2 x --per-node 2 = 4"),
         (["exec"], "no command given"),
         (["exec", "--"], "no command given"),
-        (["torchrun-args", "--nproc-per-node", "0"], "must be a positive integer, got '0'"),
-        (["torchrun-args", "--nproc-per-node", "four"], "must be a positive integer, got 'four'"),
+        (["torchrun-args", "--nproc-per-node", "0"], "must be a positive integer, or one of gpu, cpu, auto; got '0'"),
+        (["torchrun-args", "--nproc-per-node", "four"], "must be a positive integer, or one of gpu, cpu, auto; got"),
         (["doctor", "--fix"], "unrecognized arguments: --fix"),
-        (["simcluster"], "no command given. Usage: lightning-mpi-env simcluster [--nodes N]"),
+        (["simcluster"], "no command given. HINT: Usage: lightning-mpi-env simcluster [--nodes N]"),
         (["simcluster", "--nodes", "3", "--"], "no command given"),
         (["simcluster", "--nodes", "0", "--", "true"], "argument --nodes: must be a positive integer, got '0'"),
         (["simcluster", "--per-node", "x", "--", "true"], "argument --per-node/--ppn: must be a positive integer"),
@@ -104,19 +105,41 @@ def test_usage_errors_exit_2(argv, message, capsys, environ):
 # --- show ---------------------------------------------------------------------------------------------------------
 
 
-def test_show_text(capsys, environ):
+def test_show_text_one_value_a_line_grouped_with_whose_line_it_is(capsys, environ):
     environ(OPEN_MPI_RANK_5)
     assert main(["show"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1
-    assert "Open MPI, block placement: rank=5 (OMPI_COMM_WORLD_RANK) world_size=8 (OMPI_COMM_WORLD_SIZE)" in out
-    assert "main_address=nodea (MASTER_ADDR) main_port=29611 (MASTER_PORT); Trainer(devices=4, num_nodes=2) if" in out
+    lines = capsys.readouterr().out.splitlines()
+    prefix = f"rank 5 on {socket.gethostname()}: "
+    assert all(line.startswith(prefix) for line in lines)  # under mpirun the ranks' lines share the output
+    said = [line[len(prefix) :] for line in lines]
+    assert said[0] == f"launch: Open MPI, block placement, on host {socket.gethostname()}"
+    assert said[1:6] == [
+        "ranks:",
+        "  rank=5 (OMPI_COMM_WORLD_RANK)",
+        "  world_size=8 (OMPI_COMM_WORLD_SIZE)",
+        "  local_rank=1 (OMPI_COMM_WORLD_LOCAL_RANK)",
+        "  local_size=4 (OMPI_COMM_WORLD_LOCAL_SIZE)",
+    ]
+    assert said[6:9] == [
+        "nodes:",
+        "  node_rank=1~ (OMPI_COMM_WORLD_RANK // OMPI_COMM_WORLD_LOCAL_SIZE (assumed block placement))",
+        "  num_nodes=2~ (OMPI_COMM_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_SIZE (assumed even))",
+    ]
+    assert said[9:12] == ["rendezvous:", "  main_address=nodea (MASTER_ADDR)", "  main_port=29611 (MASTER_PORT)"]
+    assert said[12] == "trainer:"
+    assert said[13].startswith("  Trainer(devices=4, num_nodes=2) if")
+    assert said[14].startswith("~ = approximate: ")  # the ~ above, explained
+    assert max(len(line) for line in said[:13]) < 100
 
 
 def test_show_json(capsys, environ):
     environ(OPEN_MPI_RANK_5)
     assert main(["show", "--json"]) == 0
-    shown = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    shown = json.loads(out)
+    assert shown["ok"] is True
+    assert (shown["node_rank_exact"], shown["num_nodes_exact"]) == (False, False)
     assert (shown["global_rank"], shown["node_rank"], shown["local_rank"], shown["world_size"]) == (5, 1, 1, 8)
     assert shown["launcher"] == "openmpi"
     assert shown["sources"]["node_rank"].startswith("OMPI_COMM_WORLD_RANK // OMPI_COMM_WORLD_LOCAL_SIZE")
@@ -159,27 +182,27 @@ SLURM_RANK_5 = {
             "Trainer: no devices/num_nodes fits: Open MPI launched 7 ranks, 4 on this node, not the same number",
         ),
         # srun exports every node's count: exact, and exactly uneven.
-        (SLURM_RANK_5, (4, 2, True), "; Trainer(devices=4, num_nodes=2)\n"),
+        (SLURM_RANK_5, (4, 2, True), "  Trainer(devices=4, num_nodes=2)\n"),
         (
             {**SLURM_RANK_5, "SLURM_NTASKS": "5", "SLURM_PROCID": "4", "SLURM_LOCALID": "0",
              "SLURM_STEP_TASKS_PER_NODE": "4,1"},
             (None, None, True),
             # Under srun, the object: by name Lightning's SLURMEnvironment refuses the step first.
             "Trainer: no devices/num_nodes fits: Slurm srun launched 5 ranks, 1 on this node (4,1 per node), not the "
-            "same number on every node. Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) (the object, not the "
-            "name: by name Lightning makes its own SLURMEnvironment first, and that refuses a step of srun --ntasks "
-            "without --ntasks-per-node) trains it as launched, with no devices or num_nodes; Lightning's own ddp, "
-            "fsdp, deepspeed need the same number on every node.\n",
+            "same number on every node. Trainer(strategy=lightning_mpi_env.pytorch.MPIDDPStrategy()) (the object, "
+            "not the name: by name Lightning makes its own SLURMEnvironment first, and that refuses a step of srun "
+            "--ntasks without --ntasks-per-node) trains it as launched, with no devices or num_nodes; Lightning's own "
+            "ddp, fsdp, deepspeed need the same number on every node.\n",
         ),
         (
             {"FLUX_TASK_RANK": "3", "FLUX_JOB_SIZE": "4", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_NNODES": "2",
              "MASTER_ADDR": "nodea"},
             # FLUX_JOB_NNODES is exact, the ranks per node divided out of FLUX_JOB_SIZE are not.
             (2, 2, False),
-            "; Trainer(devices=2, num_nodes=2) if every node runs 2 ranks like this one (Flux exports no ranks per "
+            "  Trainer(devices=2, num_nodes=2) if every node runs 2 ranks like this one (Flux exports no ranks per "
             'node; strategy="ddp_mpi" needs neither)\n',
         ),
-        ({}, (1, 1, True), "; Trainer(devices=1, num_nodes=1)\n"),
+        ({}, (1, 1, True), "  Trainer(devices=1, num_nodes=1)\n"),
     ],
     ids=["openmpi", "openmpi-one-per-node", "openmpi-uneven", "slurm", "slurm-uneven", "flux", "no-launcher"],
 )  # fmt: skip
@@ -194,15 +217,17 @@ def test_show_trainer_arguments(variables, expected, shown, capsys, environ):
     assert from_env(variables).trainer_kwargs()[:3] == expected
 
 
-def test_show_json_carries_warnings_as_text(capsys, environ):
+def test_show_json_carries_warnings_as_data(capsys, environ):
     # 3 nodes x 2 in blocks: rank 2 fits block and round-robin placement with different nodes.
     environ({**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "6",
              "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})  # fmt: skip
     assert main(["show", "--json"]) == 0
     captured = capsys.readouterr()
     (warning,) = json.loads(captured.out)["warnings"]
-    assert warning.startswith("Node rank 1 is approximate")
-    assert " HINT: " in warning
+    assert warning["kind"] == "ApproximateNodeRankWarning"
+    assert warning["problem"].startswith("Node rank 1 is approximate")
+    assert warning["hint"]
+    assert warning["launcher"] == "Open MPI"
     assert "lightning-mpi-env: warning: Node rank 1 is approximate" in captured.err
 
 
@@ -238,6 +263,15 @@ def test_show_bad_layout_is_one_line_exit_1(variables, message, capsys, environ)
     assert " HINT: " in captured.err
 
 
+def test_partly_set_variables_read_right_when_several_are_named(capsys, environ):
+    environ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"})
+    assert main(["show"]) == 1
+    assert "LOCAL_RANK='1' are set, but OMPI_COMM_WORLD_LOCAL_SIZE is missing." in capsys.readouterr().err
+    del os.environ["OMPI_COMM_WORLD_SIZE"], os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]  # the fixture restores all
+    assert main(["show"]) == 1
+    assert "OMPI_COMM_WORLD_RANK='0' is set, but OMPI_COMM_WORLD_SIZE, " in capsys.readouterr().err
+
+
 def test_debug_raises_with_traceback(environ):
     environ({"OMPI_COMM_WORLD_RANK": "0"})
     with pytest.raises(LayoutError, match="only partly set"):
@@ -262,7 +296,12 @@ def test_simulate_table(capsys, environ):
 
 def test_simulate_json(capsys, environ):
     assert main(["simulate", "--nodes", "3", "--ppn", "2", "--launcher", "pals", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    result = json.loads(out)
+    assert (result["ok"], result["nodes"], result["per_node"], result["np"]) == (True, 3, 2, 6)
+    rows = result["ranks"]
+    assert {row["node_rank_exact"] for row in rows} == {True}  # PALS exports the node index
     assert [(row["global_rank"], row["node_rank"], row["local_rank"], row["world_size"]) for row in rows] == [
         (rank, rank // 2, rank % 2, 6) for rank in range(6)
     ]
@@ -316,8 +355,8 @@ def test_simulate_warnings_do_not_fail(capsys, environ):
 # --- exec ---------------------------------------------------------------------------------------------------------
 
 
-class Executed(Exception):
-    pass
+class Executed(BaseException):
+    """What the fake execvp raises in place of replacing the process: like SystemExit, nothing of ours catches it."""
 
 
 @pytest.fixture
@@ -459,13 +498,13 @@ def test_module_help_and_version():
     result = _run("--help")
     assert result.returncode == 0
     assert "simulate" in result.stdout
-    assert _run("--version").stdout.strip() == "lightning-mpi-env 0.1.0"
+    assert _run("--version").stdout.strip() == f"lightning-mpi-env {__version__}"
 
 
 def test_module_simulate_json():
     result = _run("simulate", "--nodes", "2", "--ppn", "2", "--json")
     assert result.returncode == 0
-    assert [row["global_rank"] for row in json.loads(result.stdout)] == [0, 1, 2, 3]
+    assert [row["global_rank"] for row in json.loads(result.stdout)["ranks"]] == [0, 1, 2, 3]
 
 
 def test_module_error_is_one_line_without_traceback():

@@ -39,3 +39,35 @@ def test_values_in_bounds_are_parsed_to_their_types():
     )
     assert build_parser().parse_args(["torchrun-args", "--nproc-per-node", "gpu"]).nproc_per_node == "gpu"
     assert build_parser().parse_args(["simulate", "--nodes", "2", "--ppn", "4"]).strategy == "ddp_mpi"
+
+
+@pytest.mark.parametrize("command", ["simulate", "simcluster"])
+def test_per_node_is_one_name_in_both_commands(command, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    out = capsys.readouterr().out
+    assert "--per-node P" in out
+    assert "slots (ranks) per node" in out
+    assert "--ppn" not in out  # the old name of simulate's, still taken, is not shown
+    base = ["--nodes", "2"] + (["--", "true"] if command == "simcluster" else [])
+    for name in ("--per-node", "--ppn"):
+        args = build_parser().parse_args([command, *base[:2], name, "3", *base[2:]])
+        assert args.per_node == 3
+
+
+def test_run_says_each_option_s_value_the_same_in_usage_and_option_list(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    usage, _, options = capsys.readouterr().out.partition("options:")
+    for option in ("--restarts N", "--backoff S", "--probe-timeout S", "--grace S", "--min-nodes K", "--state-dir D"):
+        assert option in " ".join(usage.split())
+        assert option in options
+    assert "RESTARTS" not in options
+
+
+def test_nproc_per_node_says_what_it_accepts(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["torchrun-args", "--nproc-per-node", "four"])
+    assert "must be a positive integer, or one of gpu, cpu, auto; got 'four'" in capsys.readouterr().err
+    for word in ("gpu", "cpu", "auto"):
+        assert build_parser().parse_args(["torchrun-args", "--nproc-per-node", word]).nproc_per_node == word

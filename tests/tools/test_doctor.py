@@ -225,7 +225,9 @@ def test_uneven_slurm_launch_is_an_info_with_what_trains_it():
     assert finding.message == (
         "Slurm srun launched 5 ranks on 2 nodes (4,1 per node), 1 on this node: not the same number on every node."
     )
-    assert finding.fix.startswith("Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) (the object, not the name")
+    assert finding.fix.startswith(
+        "Trainer(strategy=lightning_mpi_env.pytorch.MPIDDPStrategy()) (the object, not the name"
+    )
     # The even launches near this one, for Lightning's own strategies: 2 or 3 per node, never one rank in all.
     assert finding.fix.endswith(
         "An even launch: `mpirun -np 4 --map-by ppr:2:node` or `-np 6 --map-by ppr:3:node` (Open MPI), or "

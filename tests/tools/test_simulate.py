@@ -177,7 +177,7 @@ def test_uneven_nodes_are_a_problem_for_lightning_s_own_strategies(strategy):
     # Under srun, the strategy object, in the problem as in the hint below.
     assert result.problems == (
         "nodes run different numbers of ranks (node001: 4, node002: 2); Lightning's own strategy "
-        f'"{strategy}" needs the same on every node: use Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) '
+        f'"{strategy}" needs the same on every node: use Trainer(strategy=lightning_mpi_env.pytorch.MPIDDPStrategy()) '
         "(the object, not the name: by name Lightning makes its own SLURMEnvironment first, and that refuses a step "
         "of srun --ntasks without --ntasks-per-node), which trains it.",
     )
@@ -191,7 +191,7 @@ def test_uneven_nodes_are_a_problem_for_lightning_s_own_strategies(strategy):
         require_ok(result)
     # Under srun, the strategy object: by name, Lightning's SLURMEnvironment refuses the uneven step before it.
     assert raised.value.hint.startswith(
-        "Trainer(strategy=lightning_mpi_env.MPIDDPStrategy()) (the object, not the name"
+        "Trainer(strategy=lightning_mpi_env.pytorch.MPIDDPStrategy()) (the object, not the name"
     )
     assert raised.value.hint.endswith(
         "Or launch the same number on each of the 2 node(s): `mpirun -np 6 --map-by ppr:3:node` (Open MPI) or "

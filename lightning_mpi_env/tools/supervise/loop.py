@@ -15,8 +15,9 @@ failed step:
 5. the first training step of the relaunched step is an event of its own, with the checkpoint it resumed and the
    steps lost since it (from the step's ``first-step.json``).
 
-The exit status is the last step's. ``SIGINT`` and ``SIGTERM`` to the supervisor go to the step (srun ends its
-tasks on them) and end the loop.
+Before the loop waits (the backoff, the health probe), one line on stderr says what for and how long; these lines
+are no events of the timeline, which records what happened. The exit status is the last step's. ``SIGINT`` and
+``SIGTERM`` to the supervisor go to the step (srun ends its tasks on them) and end the loop.
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ from lightning_mpi_env.tools.supervise.placement import Placement, Shortfall
 from lightning_mpi_env.tools.supervise.policy import Action, RestartPolicy, StepOutcome, describe
 from lightning_mpi_env.tools.supervise.probe import PROBE_TIMEOUT, probe
 from lightning_mpi_env.tools.supervise.step import GRACE, StepEnd, run_step
-from lightning_mpi_env.tools.supervise.timeline import Event, EventKind, Timeline, Value
+from lightning_mpi_env.tools.supervise.timeline import PREFIX, Event, EventKind, Timeline, Value
 
 DEFAULT_STATE = ".lightning-mpi-env-run"
 """The state folder under the working directory (a batch job's, on a file system every node sees)."""
+SHOWN_HOSTS = 8
+"""The most host names the probe's line lists; the rest are counted."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 RunStep = Callable[..., StepEnd]
@@ -133,9 +136,14 @@ def supervise(
                 return end.status
             hosts = line.hosts()
             _exclude(job, step, [_node_name(host, template, hosts) for host in decision.exclude], EventKind.EXCLUDED)
+            relaunches = f"relaunch {policy.relaunched} of at most {policy.restarts}"
+            if decision.wait > 0:
+                job.timeline.say(f"{PREFIX}: waiting {decision.wait:g} s (the backoff) before {relaunches}")
             sleep(decision.wait)
             if hosts is not None:
                 candidates = [host for host in hosts if host not in job.excluded]
+                if candidates:
+                    job.timeline.say(_probing_text(candidates, probe_timeout, relaunches))
                 failed = check(candidates, env=env, timeout=probe_timeout, line_for=line.probe_line)
                 _exclude(job, step, [host for host in candidates if host in failed], EventKind.PROBE, failed)
             placed = line.relaunch(job.excluded, overlap=end.abandoned, folder=root / f"step-{step + 1}")
@@ -185,6 +193,17 @@ def _node_name(name: str, template: str, hosts: Sequence[str] | None) -> str:
     if node != name and any(same_host(name, host) for host in hosts or ()):
         return name
     return node
+
+
+def _probing_text(hosts: Sequence[str], timeout: float, relaunches: str) -> str:
+    """The line said before the health probe waits: how many hosts, the longest wait, and the first few names.
+
+    >>> _probing_text(["node1", "node3"], 20, "relaunch 1 of at most 3")
+    'lightning-mpi-env run: probing 2 host(s), up to 20 s, before relaunch 1 of at most 3: node1, node3'
+    """
+    more = len(hosts) - SHOWN_HOSTS
+    names = ", ".join(hosts[:SHOWN_HOSTS]) + (f" and {more} more" if more > 0 else "")
+    return f"{PREFIX}: probing {len(hosts)} host(s), up to {timeout:g} s, before {relaunches}: {names}"
 
 
 def _relaunch_env(

@@ -11,7 +11,7 @@ What changes, and only in the tests' processes: the first generation is collecte
 of 700 (memory is reclaimed by reference counting as always; cycles wait a little longer), and the objects still alive
 at exit are frozen once every ``atexit`` handler of the program has run, so finalization does not traverse them (their
 memory goes back with the process, as after ``os._exit``; Python never promised ``__del__`` for objects alive at exit).
-Nothing the tests assert depends on either. Run the suite with ``LIGHTNING_MPI_ENV_TEST_PLAIN_GC=1`` to leave it out.
+Nothing the tests assert depends on either. Run the suite with ``LMPI_TEST_PLAIN_GC=1`` to leave it out.
 
 A ``sitecustomize`` found later on ``sys.path`` (a distribution's own) still runs, after this one.
 """

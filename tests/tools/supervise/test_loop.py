@@ -77,27 +77,39 @@ def killed_by_srun(folder: str) -> StepEnd:
     return StepEnd(137, "srun: error: node2: task 3: Killed\nsrun: error: node1: tasks 0-1: Exited with exit code 1\n")
 
 
-def _supervise(tmp_path, steps, *, probe_fails=None, line=LINE, env=ALLOCATION):
+def _supervise(tmp_path, steps, *, probe_fails=None, line=LINE, env=ALLOCATION, backoff=0, trace=None):
+    """Run the loop on fakes; ``trace`` (a list) gets every line said, wait and probe, in order."""
     shown: list[str] = []
     probed: list[list[str]] = []
+    trace = [] if trace is None else trace
+
+    def say(text: str) -> None:
+        shown.append(text)
+        trace.append(text)
 
     def check(hosts, *, env, timeout, line_for):
         probed.append(list(hosts))
+        trace.append(("probe", list(hosts)))
         assert line_for(hosts[0])[:2] == ["srun", "--nodes=1"]  # the srun line's probe is a Slurm step
         return {host: "no answer in 20 s" for host in hosts if host in (probe_fails or {})}
 
     status = supervise(
         line,
-        RestartPolicy(3, backoff=0),
+        RestartPolicy(3, backoff=backoff),
         env=env,
         state=str(tmp_path),
-        say=shown.append,
+        say=say,
         run=steps,
         check=check,
-        sleep=lambda seconds: None,
+        sleep=lambda seconds: trace.append(("sleep", seconds)),
     )
     (journal,) = tmp_path.glob("*/timeline.jsonl")
     return status, [json.loads(line) for line in journal.read_text().splitlines()], probed, shown
+
+
+def _events_said(shown: list[str]) -> list[str]:
+    """The lines that are events of the timeline (the others say what the loop waits for)."""
+    return [line for line in shown if line.startswith("lightning-mpi-env run: step ")]
 
 
 def test_a_frozen_node_is_left_out_and_the_relaunch_resumes_with_the_steps_lost_said(tmp_path):
@@ -119,7 +131,53 @@ def test_a_frozen_node_is_left_out_and_the_relaunch_resumes_with_the_steps_lost_
     assert first["resumed_step"] == 10
     assert first["steps_lost"] == 2
     assert "2 step(s) since that checkpoint were lost" in first["message"]
-    assert len(shown) == len(events)
+    assert len(_events_said(shown)) == len(events)
+
+
+def test_the_backoff_and_the_probe_are_said_before_each_waits(tmp_path):
+    trace: list[object] = []
+    status, events, _, shown = _supervise(
+        tmp_path, Steps(frozen_on("node2"), resumed(10, at=10)), backoff=10, trace=trace
+    )
+    assert status == 0
+    start = trace.index("lightning-mpi-env run: step 1: excluded: node2")
+    assert trace[start + 1 : start + 6] == [
+        "lightning-mpi-env run: waiting 10 s (the backoff) before relaunch 1 of at most 3",
+        ("sleep", 10.0),
+        "lightning-mpi-env run: probing 2 host(s), up to 20 s, before relaunch 1 of at most 3: node1, node3",
+        ("probe", ["node1", "node3"]),
+        "lightning-mpi-env run: step 2: relaunch: relaunch 1 of at most 3 after frozen: rank(s) 2 on node2 at step 10",
+    ]
+    # They are no events: the timeline's file and its lines are what they were.
+    assert [event["event"] for event in events] == [
+        "launch",
+        "failure",
+        "excluded",
+        "relaunch",
+        "launch",
+        "first_step",
+        "done",
+    ]
+    assert len(_events_said(shown)) == len(events)
+    assert len(shown) == len(events) + 2
+
+
+def test_without_a_backoff_only_the_probe_is_said(tmp_path):
+    _, _, _, shown = _supervise(tmp_path, Steps(frozen_on("node2"), resumed(10, at=10)), backoff=0)
+    assert not [line for line in shown if "backoff" in line]
+    assert [line for line in shown if "probing" in line] == [
+        "lightning-mpi-env run: probing 2 host(s), up to 20 s, before relaunch 1 of at most 3: node1, node3"
+    ]
+
+
+def test_the_probe_s_line_names_the_first_hosts_and_counts_the_rest(tmp_path):
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-12]"}
+    _, _, probed, shown = _supervise(tmp_path, Steps(frozen_on("node2"), resumed(10, at=10)), env=env)
+    assert len(probed[0]) == 11
+    assert [line for line in shown if "probing" in line] == [
+        "lightning-mpi-env run: probing 11 host(s), up to 20 s, before relaunch 1 of at most 3: node1, node3, node4, "
+        "node5, node6, node7, node8, node9 and 3 more"
+    ]
 
 
 def test_a_host_that_fails_the_probe_is_left_out_and_without_a_spare_the_loop_stops(tmp_path):

@@ -1,0 +1,90 @@
+"""Whether a Trainer needs the package's callback, and whether Lightning finds its ``callbacks_factory`` entry point.
+
+Lightning adds the callback (:mod:`lightning_mpi_env.lightning.callbacks`) to a Trainer through the entry points
+that ``pip install`` registers. A program that imports the package from a source tree on ``PYTHONPATH``, not
+installed, has none: there ``"ddp_mpi"`` gives its Trainer the callback itself (from its ``setup_environment``,
+:func:`~lightning_mpi_env.lightning.callbacks.attach`), and the plugin, which a Lightning strategy never hands the
+Trainer, says so once, with the fix (:func:`warn_without_callback`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+
+from lightning_mpi_env.core.errors import Explained, MpiEnvError
+from lightning_mpi_env.core.launchers import started_by_launcher
+from lightning_mpi_env.core.namespaces import NAMESPACES
+from lightning_mpi_env.imports.sites import both_namespaces_loaded
+from lightning_mpi_env.lightning.requeue import Requeue
+
+ENTRY_MODULE = "_lightning_mpi_env_entry"
+"""The top-level module the entry points name (``pyproject.toml``)."""
+
+
+class CallbackWarning(Explained, UserWarning):
+    """A Trainer with the plugin gets no callback: the package is used from a source tree, not installed."""
+
+    separator = " "
+
+
+_warned = False
+
+
+def needed(env: Mapping[str, str]) -> bool:
+    """Whether a Trainer made now may have anything for the callback to do; never raises.
+
+    That is: a mixed import, a launcher (the stall watchdog's progress marks, a ``SIGTERM``'s exit status), or a job
+    that can requeue. Otherwise the factories add nothing (and Lightning logs nothing), so a Trainer outside a
+    launcher and a scheduler, with one namespace, is exactly as Lightning builds it. No setting is read here: a bad
+    ``LIGHTNING_MPI_ENV_*`` value is the environment's error, where it is used, not the factory's. A launch that
+    cannot be read adds the callback, whose hooks act only for an ``MPIClusterEnvironment``.
+    """
+    if both_namespaces_loaded():
+        return True
+    try:
+        if started_by_launcher(env):
+            return True
+        return Requeue.plan(env, enabled=True, requeue_signal=None, command=None) is not None
+    except MpiEnvError:
+        return True
+
+
+def installed(trainer_package: str) -> bool:
+    """Whether Lightning's Trainer of ``trainer_package`` finds this package's ``callbacks_factory`` entry point."""
+    points = entry_points(group=f"{trainer_package}.callbacks_factory")
+    return any(point.value.partition(":")[0] == ENTRY_MODULE for point in points)
+
+
+def warn_without_callback(env: Mapping[str, str] | None = None) -> None:
+    """Once per process, where a Trainer may hold the plugin and Lightning cannot add the callback: say so.
+
+    Called right before ``init_process_group`` under Lightning's own strategies, which never hand the plugin the
+    Trainer. Nothing is said where no Trainer package is imported (a Fabric program: Fabric calls no callbacks), where
+    the callback would have nothing to do (:func:`needed`), or where the entry point is installed.
+    """
+    global _warned
+    if _warned:
+        return
+    env = os.environ if env is None else env
+    trainers = [namespace.trainer for namespace in NAMESPACES if namespace.trainer in sys.modules]
+    if not trainers or all(installed(package) for package in trainers) or not needed(env):
+        return
+    _warned = True
+    warnings.warn(
+        CallbackWarning(
+            "lightning_mpi_env is imported from a source tree, not installed: Lightning finds no callbacks_factory "
+            "entry point of it, so a Trainer with plugins=[MPIClusterEnvironment()] and Lightning's own strategy "
+            "runs without its callback (no checkpoint and requeue on the scheduler's signal, no progress marks for "
+            "the stall watchdog, no mixed-import check, status 0 after SIGTERM). A Fabric program is not affected.",
+            "Install the package (`pip install -e <checkout>`), or use its strategy, which adds the callback itself: "
+            "`from lightning_mpi_env.pytorch import MPIDDPStrategy` and Trainer(strategy=MPIDDPStrategy()).",
+        ),
+        stacklevel=2,
+    )
+
+
+__all__ = ["ENTRY_MODULE", "CallbackWarning", "installed", "needed", "warn_without_callback"]

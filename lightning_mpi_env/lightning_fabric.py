@@ -1,0 +1,74 @@
+"""Fabric of ``lightning_fabric``: ``from lightning_mpi_env.lightning_fabric import MPIDDPStrategy``.
+
+``Fabric(strategy=MPIDDPStrategy())`` takes ``devices`` and ``num_nodes`` from the launch (``srun``, ``mpirun``, one
+device), on any layout. The classes are the ones ``strategy="ddp_mpi"`` and ``plugins=[...]`` use with
+``lightning_fabric``, typed for it: ``MPIDDPStrategy`` as a subclass of its ``DDPStrategy`` (not the Trainer's, which
+Fabric refuses), ``MPIClusterEnvironment`` as its ``ClusterEnvironment``. ``MPIDDPStrategy`` is made when first asked
+for, which imports ``lightning_fabric``: a tool that imports every module of this package (a doctest or documentation
+collector) loads no Lightning namespace through this one, nor both through the four.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lightning_mpi_env.lightning.strategy import strategy_class
+
+if TYPE_CHECKING:
+    from datetime import timedelta
+    from typing import Any, Literal
+
+    import torch
+    from lightning_fabric.accelerators.accelerator import Accelerator
+    from lightning_fabric.plugins.environments.cluster_environment import ClusterEnvironment
+    from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning_fabric.plugins.precision.precision import Precision
+    from lightning_fabric.strategies.ddp import DDPStrategy
+    from torch.distributed.constants import default_pg_timeout
+
+    from lightning_mpi_env.lightning import environment
+
+    class MPIClusterEnvironment(environment.MPIClusterEnvironment, ClusterEnvironment):
+        """:class:`lightning_mpi_env.MPIClusterEnvironment`, typed as a ``ClusterEnvironment`` of this namespace."""
+
+    class MPIDDPStrategy(DDPStrategy):
+        """``DDPStrategy`` with ``MPIClusterEnvironment`` and its roll call: ``strategy="ddp_mpi"`` as a class.
+
+        The signature is the one the class built at run time accepts (``rendezvous_timeout`` and ``DDPStrategy``'s
+        keyword arguments), so that type checkers check the arguments.
+        """
+
+        def __init__(
+            self,
+            *,
+            rendezvous_timeout: float | None = None,
+            cluster_environment: ClusterEnvironment | None = None,
+            accelerator: Accelerator | None = None,
+            parallel_devices: list[torch.device] | None = None,
+            checkpoint_io: CheckpointIO | None = None,
+            precision: Precision | None = None,
+            process_group_backend: str | None = None,
+            timeout: timedelta | None = default_pg_timeout,
+            start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+            **kwargs: Any,
+        ) -> None: ...
+
+        @property
+        def rendezvous_timeout(self) -> float | None:
+            """Seconds the roll call waits for every rank (``None`` with another cluster environment)."""
+
+        def bind_device(self) -> None:
+            """Open the process group with ``device_id=root_device`` where Lightning would pass none."""
+
+else:
+    from lightning_mpi_env.lightning.environment import MPIClusterEnvironment as MPIClusterEnvironment
+
+    def __getattr__(name: str) -> type:
+        # Made on first use, which imports the package: see the module's docstring.
+        if name == "MPIDDPStrategy":
+            cls = globals()[name] = strategy_class("lightning_fabric")
+            return cls
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["MPIClusterEnvironment", "MPIDDPStrategy"]

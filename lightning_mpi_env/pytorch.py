@@ -1,0 +1,80 @@
+"""The Trainer of ``lightning.pytorch``: ``from lightning_mpi_env.pytorch import MPIDDPStrategy``.
+
+``Trainer(strategy=MPIDDPStrategy())`` takes ``devices`` and ``num_nodes`` from the launch (``srun``, ``mpirun``, one
+device), on any layout. The classes are the ones ``strategy="ddp_mpi"`` and ``plugins=[...]`` use with
+``lightning.pytorch``, typed for it: ``MPIDDPStrategy`` as a subclass of its ``DDPStrategy``, ``MPIClusterEnvironment``
+as a ``ClusterEnvironment`` of ``lightning.fabric``. ``MPIDDPStrategy`` is made when first asked for, which imports
+``lightning.pytorch``: a tool that imports every module of this package (a doctest or documentation collector) loads
+no Lightning namespace through this one, nor both through the four.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lightning_mpi_env.lightning.requeue import hpc_checkpoint as hpc_checkpoint
+from lightning_mpi_env.lightning.strategy import strategy_class
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from datetime import timedelta
+    from typing import Any, Literal
+
+    import torch
+    from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
+    from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning.pytorch.accelerators.accelerator import Accelerator
+    from lightning.pytorch.plugins.precision.precision import Precision
+    from lightning.pytorch.strategies.ddp import DDPStrategy
+    from torch.distributed.constants import default_pg_timeout
+
+    from lightning_mpi_env.lightning import environment
+
+    class MPIClusterEnvironment(environment.MPIClusterEnvironment, ClusterEnvironment):
+        """:class:`lightning_mpi_env.MPIClusterEnvironment`, typed as a ``ClusterEnvironment`` of this namespace."""
+
+    class MPIDDPStrategy(DDPStrategy):
+        """``DDPStrategy`` with ``MPIClusterEnvironment`` and its roll call: ``strategy="ddp_mpi"`` as a class.
+
+        The signature is the one the class built at run time accepts (``rendezvous_timeout`` and ``DDPStrategy``'s
+        keyword arguments), so that type checkers check the arguments.
+        """
+
+        def __init__(
+            self,
+            *,
+            rendezvous_timeout: float | None = None,
+            cluster_environment: ClusterEnvironment | None = None,
+            accelerator: Accelerator | None = None,
+            parallel_devices: list[torch.device] | None = None,
+            checkpoint_io: CheckpointIO | None = None,
+            precision_plugin: Precision | None = None,
+            ddp_comm_state: object | None = None,
+            ddp_comm_hook: Callable[..., Any] | None = None,
+            ddp_comm_wrapper: Callable[..., Any] | None = None,
+            model_averaging_period: int | None = None,
+            process_group_backend: str | None = None,
+            timeout: timedelta | None = default_pg_timeout,
+            start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+            **kwargs: Any,
+        ) -> None: ...
+
+        @property
+        def rendezvous_timeout(self) -> float | None:
+            """Seconds the roll call waits for every rank (``None`` with another cluster environment)."""
+
+        def bind_device(self) -> None:
+            """Open the process group with ``device_id=root_device`` where Lightning would pass none."""
+
+else:
+    from lightning_mpi_env.lightning.environment import MPIClusterEnvironment as MPIClusterEnvironment
+
+    def __getattr__(name: str) -> type:
+        # Made on first use, which imports the package: see the module's docstring.
+        if name == "MPIDDPStrategy":
+            cls = globals()[name] = strategy_class("lightning.pytorch")
+            return cls
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["MPIClusterEnvironment", "MPIDDPStrategy", "hpc_checkpoint"]
