@@ -1,11 +1,8 @@
 """Lightning's ``callbacks_factory`` entry points for lightning-mpi-env: nothing unless the program uses the package.
 
-Lightning calls every installed ``lightning.pytorch.callbacks_factory`` / ``pytorch_lightning.callbacks_factory``
-entry point in every ``Trainer(...)`` of every program in the environment, including programs that never heard of
-``lightning_mpi_env``. So the entry points name this top-level module, outside the package: importing it imports
-nothing, and its factories return ``[]`` (no callback, no log line, no exception, no import of the package) unless
-the program already imported ``lightning_mpi_env``. Only then do they ask the package
-(:mod:`lightning_mpi_env.lightning.callbacks`), which adds its callback where it has something to do.
+Lightning calls every installed entry point of these groups in every ``Trainer(...)`` of every program in the
+environment, so they name this top-level module, outside the package: its factories import nothing and return ``[]``
+unless the program already imported ``lightning_mpi_env`` (:mod:`lightning_mpi_env.lightning.callbacks`).
 """
 
 from __future__ import annotations

@@ -68,9 +68,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """The lazily loaded public names, and ``MPIDDPStrategy``, kept for existing programs.
 
-    ``MPIDDPStrategy`` here is the Trainer class of the one Lightning namespace imported, untyped; the recommended,
-    typed import names the package: ``from lightning_mpi_env.pytorch import MPIDDPStrategy`` (``.fabric``,
-    ``.pytorch_lightning``, ``.lightning_fabric``).
+    ``MPIDDPStrategy`` here is untyped; see :mod:`lightning_mpi_env.lightning.strategy` for the typed imports.
     """
     if name == "MPIDDPStrategy":
         return importlib.import_module("lightning_mpi_env.lightning.strategy").loaded_strategy_class()
@@ -86,7 +84,6 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY, "MPIDDPStrategy"})
 
 
-# The one process-wide effect of this import: a single import finder that registers "ddp_mpi" and the environment
-# with each Lightning namespace, and notices the second namespace, as they are imported (before or after this).
+# The one process-wide effect of this import (the module's docstring): the import finder.
 import_sites.watch_imports()
 _registration.watch_lightning()

@@ -1,11 +1,10 @@
 """Fabric of ``lightning.fabric``: ``from lightning_mpi_env.fabric import MPIDDPStrategy``.
 
-``Fabric(strategy=MPIDDPStrategy())`` takes ``devices`` and ``num_nodes`` from the launch (``srun``, ``mpirun``, one
-device), on any layout. The classes are the ones ``strategy="ddp_mpi"`` and ``plugins=[...]`` use with
-``lightning.fabric``, typed for it: ``MPIDDPStrategy`` as a subclass of its ``DDPStrategy`` (not the Trainer's, which
-Fabric refuses), ``MPIClusterEnvironment`` as its ``ClusterEnvironment``. ``MPIDDPStrategy`` is made when first asked
-for, which imports ``lightning.fabric``: a tool that imports every module of this package (a doctest or documentation
-collector) loads no Lightning namespace through this one, nor both through the four.
+``Fabric(strategy=MPIDDPStrategy())`` takes ``devices`` and ``num_nodes`` from the launch, on any layout. The
+classes are the ones ``strategy="ddp_mpi"`` and ``plugins=[...]`` use with ``lightning.fabric``, typed for it (its
+own ``DDPStrategy``, not the Trainer's, which Fabric refuses). ``MPIDDPStrategy`` is made when first asked for,
+which imports ``lightning.fabric``: a tool that imports every module of this package (a doctest or documentation
+collector) loads no Lightning namespace through this one.
 """
 
 from __future__ import annotations
@@ -34,8 +33,7 @@ if TYPE_CHECKING:
     class MPIDDPStrategy(DDPStrategy):
         """``DDPStrategy`` with ``MPIClusterEnvironment`` and its roll call: ``strategy="ddp_mpi"`` as a class.
 
-        The signature is the one the class built at run time accepts (``rendezvous_timeout`` and ``DDPStrategy``'s
-        keyword arguments), so that type checkers check the arguments.
+        For type checkers: the signature the class built at run time accepts.
         """
 
         def __init__(

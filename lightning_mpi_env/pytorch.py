@@ -1,11 +1,9 @@
 """The Trainer of ``lightning.pytorch``: ``from lightning_mpi_env.pytorch import MPIDDPStrategy``.
 
-``Trainer(strategy=MPIDDPStrategy())`` takes ``devices`` and ``num_nodes`` from the launch (``srun``, ``mpirun``, one
-device), on any layout. The classes are the ones ``strategy="ddp_mpi"`` and ``plugins=[...]`` use with
-``lightning.pytorch``, typed for it: ``MPIDDPStrategy`` as a subclass of its ``DDPStrategy``, ``MPIClusterEnvironment``
-as a ``ClusterEnvironment`` of ``lightning.fabric``. ``MPIDDPStrategy`` is made when first asked for, which imports
-``lightning.pytorch``: a tool that imports every module of this package (a doctest or documentation collector) loads
-no Lightning namespace through this one, nor both through the four.
+``Trainer(strategy=MPIDDPStrategy())`` takes ``devices`` and ``num_nodes`` from the launch, on any layout. The
+classes are the ones ``strategy="ddp_mpi"`` and ``plugins=[...]`` use with ``lightning.pytorch``, typed for it.
+``MPIDDPStrategy`` is made when first asked for, which imports ``lightning.pytorch``: a tool that imports every
+module of this package (a doctest or documentation collector) loads no Lightning namespace through this one.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ if TYPE_CHECKING:
     class MPIDDPStrategy(DDPStrategy):
         """``DDPStrategy`` with ``MPIClusterEnvironment`` and its roll call: ``strategy="ddp_mpi"`` as a class.
 
-        The signature is the one the class built at run time accepts (``rendezvous_timeout`` and ``DDPStrategy``'s
-        keyword arguments), so that type checkers check the arguments.
+        For type checkers: the signature the class built at run time accepts.
         """
 
         def __init__(

@@ -1,19 +1,10 @@
 """Which accelerator each rank drives, when the launcher binds GPUs per task (standard library only).
 
-A launcher that binds GPUs per task gives each task its own visible set through ``CUDA_VISIBLE_DEVICES``,
-``ROCR_VISIBLE_DEVICES`` or ``HIP_VISIBLE_DEVICES``: ``srun --gpus-per-task=1`` and ``--gpu-bind=single:1`` one GPU
-each, ``--gpu-bind=closest`` the GPUs of the task's socket, PALS and Flux wrappers one per rank. A device index is an
-index into the process's *own* visible set, so ``cuda:<local rank>`` is right only when every local rank sees all of
-the node's devices.
-
-Two rules, one answer:
-
-- :func:`own_device`: what one process can prove from its own variables. One visible device is index 0; a process
-  that sees all of the node's devices drives the one at its local rank. A list with room for every local rank is
-  taken at the local rank, as torchrun and Lightning do, but not called exact. Anything else is not known.
-- :func:`assign_devices`: what the roll call proves from every rank's visible set on each host. A rank that has
-  chosen keeps its device; the others take, in local-rank order, the first device of their set that no rank on the
-  host holds (for ranks that share one set: their index among those ranks). Two ranks on one device are refused.
+A launcher that binds GPUs per task (``srun --gpus-per-task=1``, ``--gpu-bind=closest``, PALS and Flux wrappers)
+gives each task its own visible set through ``CUDA_VISIBLE_DEVICES``, ``ROCR_VISIBLE_DEVICES`` or
+``HIP_VISIBLE_DEVICES``. A device index is an index into the process's *own* visible set, so ``cuda:<local rank>`` is
+right only when every local rank sees all of the node's devices. :func:`own_device` decides from one process's
+variables, :func:`assign_devices` from every rank's view in the roll call.
 """
 
 from __future__ import annotations
@@ -51,8 +42,7 @@ def visible_devices(env: Mapping[str, str]) -> tuple[str, list[str]] | None:
 class PhysicalDevices(Sequence[str]):
     """The physical device indices ``"0"`` ... ``"count - 1"`` a process sees when no variable lists them.
 
-    A sequence, not a list: where the count comes from a launcher's local size, nothing is made in proportion to a
-    number someone typed (``OMPI_COMM_WORLD_LOCAL_SIZE=10**17``).
+    A sequence, not a list, so a count taken from a launcher's local size costs nothing however large.
 
     >>> devices = PhysicalDevices(10**17)
     >>> len(devices), devices[-1], devices[:2]
@@ -115,8 +105,7 @@ class DeviceChoice:
     basis: DeviceBasis
     """Why this index."""
     visible: Sequence[str]
-    """The identifiers this process sees (``("2", "3")``, GPU UUIDs); :class:`PhysicalDevices` when no variable is
-    set."""
+    """The identifiers this process sees; :class:`PhysicalDevices` when no variable is set."""
     variable: str = ""
     """The variable that lists :attr:`visible`; empty when none is set."""
 
@@ -145,7 +134,11 @@ def own_device(
     node_devices: int | None = None,
     shared: bool = False,
 ) -> DeviceChoice:
-    """The device a rank drives, from its own variables alone (see the module docstring).
+    """The device a rank drives, from its own variables alone.
+
+    One visible device is index 0; a process that sees all of the node's devices drives the one at its local rank; a
+    list with room for every local rank is taken at the local rank, as torchrun and Lightning do, but not called
+    exact. Anything else is not known.
 
     Args:
         found: :func:`visible_devices` of the process's environment.
@@ -241,8 +234,7 @@ def assign_devices(views: Sequence[DeviceView]) -> dict[int, int | None]:
     gets ``None``.
 
     Raises:
-        RendezvousError: Two ranks on one host on one device, naming both ranks, the host, the device, the variable
-            and the fix.
+        RendezvousError: Two ranks on one host would drive one device.
 
     >>> views = [DeviceView(r, "a", r, ("0", "1") if r < 2 else ("2", "3"), "CUDA_VISIBLE_DEVICES") for r in range(4)]
     >>> assign_devices(views)
@@ -292,11 +284,7 @@ def shared_device(first: DeviceView, second: DeviceView, device: str) -> Rendezv
 
 
 def lost_peer_links(views: Sequence[DeviceView]) -> list[str]:
-    """One line per host whose ranks see different, disjoint device sets (per-task binding), else nothing.
-
-    Those ranks cannot open each other's GPUs, so CUDA peer-to-peer (NVLink, PCIe P2P) between them is not there
-    for NCCL, which then goes through host memory or the network instead.
-    """
+    """One line per host whose ranks see disjoint device sets, so NCCL cannot use CUDA peer-to-peer between them."""
     notes = []
     by_host: dict[str, dict[tuple[str, ...], list[int]]] = {}
     for view in views:
@@ -325,8 +313,7 @@ def _ranks(ranks: Sequence[int]) -> str:
 def seen_devices(env: Mapping[str, str], device_count: int) -> tuple[str, tuple[str, ...]]:
     """The variable listing this process's accelerators (``""`` when none is set) and the identifiers it sees.
 
-    The list of the first variable of :data:`VISIBLE_DEVICE_VARIABLES` that is set; with none, every device of the
-    node, by physical index ``0..device_count-1`` (the driver's count, never a number from a variable).
+    With no variable set, every device of the node by physical index, from the driver's ``device_count``.
 
     >>> seen_devices({"ROCR_VISIBLE_DEVICES": "2,3"}, 8)
     ('ROCR_VISIBLE_DEVICES', ('2', '3'))

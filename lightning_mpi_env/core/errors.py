@@ -2,7 +2,7 @@
 
 Every error of this package is a :class:`MpiEnvError` holding :attr:`~Explained.problem`, :attr:`~Explained.hint`
 and the fields it is about; its text is rendered from them once, here, and nothing parses it back. Warnings carry
-the same data (:class:`LayoutWarning`). The module imports nothing outside the standard library.
+the same data (:class:`LayoutWarning`).
 """
 
 from __future__ import annotations
@@ -95,17 +95,11 @@ class StrategyImportError(MpiEnvError, ImportError):
 
 
 class FailureRecordError(MpiEnvError, ValueError):
-    """A failure record in the state folder (``LIGHTNING_MPI_ENV_STATE_DIR``) that cannot be read.
-
-    Not a regular file, too long, or malformed.
-    """
+    """A failure record in the state folder that is not a regular file, is too long, or is malformed."""
 
 
 class ProgressRecordError(MpiEnvError, ValueError):
-    """A progress record in the state folder (``first-step.json``) that cannot be read.
-
-    Not a regular file, too long, or malformed.
-    """
+    """A progress record (``first-step.json``) that is not a regular file, is too long, or is malformed."""
 
 
 class MpirunLineError(MpiEnvError, ValueError):

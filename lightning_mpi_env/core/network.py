@@ -1,13 +1,10 @@
 """Multi-homed nodes: this host's interfaces, what the main host resolves to, and the fabric the user chose.
 
 Nodes often have a management network and a fast fabric (InfiniBand, Slingshot), and a host name may resolve to
-the management network. Two settings choose the fabric: ``LIGHTNING_MPI_ENV_MAIN_HOST``, a template for the main
-host's name on the fabric (``{host}i`` on JSC's machines), applied by :mod:`~lightning_mpi_env.core.layout` to the
-host a scheduler's host list names; and ``LIGHTNING_MPI_ENV_IFNAME``, the interface whose name gloo and NCCL get
-(:func:`socket_ifname_exports`). The roll call names what each side resolved and rank 0's interfaces when ranks
-cannot meet (:mod:`lightning_mpi_env.rollcall.reach`).
+the management network. ``LIGHTNING_MPI_ENV_MAIN_HOST`` (:func:`apply_host_template`) and
+``LIGHTNING_MPI_ENV_IFNAME`` (:func:`socket_ifname_exports`) choose the fabric.
 
-Standard library only. Interfaces come from ``socket.if_nameindex()``, their IPv4 address and netmask from the
+Interfaces come from ``socket.if_nameindex()``, their IPv4 address and netmask from the
 ``SIOCGIFADDR``/``SIOCGIFNETMASK`` ioctls (one address per interface, as ``ifconfig`` shows), their IPv6 addresses
 from ``/proc/net/if_inet6``; link-local IPv6 addresses are left out.
 """

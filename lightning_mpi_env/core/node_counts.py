@@ -1,11 +1,8 @@
 """How many ranks run on this node, and on every node, for the launchers that export counts rather than a local size.
 
 Slurm's ``srun`` exports every node's count of the step, compressed (``SLURM_STEP_TASKS_PER_NODE=2(x3),1``), with
-this node's index (``SLURM_NODEID``): the whole layout is exact, even or not. In a heterogeneous step (``srun
---het-group=0,1``, one ``MPI_COMM_WORLD`` over several components) the counts and ``SLURM_STEP_NODELIST`` are sorted
-by host name while ``SLURM_NODEID`` numbers the nodes component by component, so this node's count is found by its
-name (``SLURMD_NODENAME``). Flux exports only the node count (``FLUX_JOB_NNODES``): a local size divided out of
-``FLUX_JOB_SIZE`` is assumed even, and a job that cannot be even is one named error. Standard library only.
+this node's index (``SLURM_NODEID``): the whole layout is exact, even or not; in a heterogeneous step this node's
+count is found by its name (``SLURMD_NODENAME``). Flux exports only the node count (:func:`flux_local_size`).
 """
 
 from __future__ import annotations
@@ -156,9 +153,8 @@ def _het_position(env: Mapping[str, str], row: Launcher, nodes: int) -> int:
 def het_step_needs_main_address(env: Mapping[str, str], row: Launcher) -> LayoutError | None:
     """The error for a heterogeneous Slurm job without ``MASTER_ADDR``; ``None`` for any other launch.
 
-    srun sorts the node list of a step over several components by host name (``_reorder_het_job_recs``), so the
-    first host of ``SLURM_STEP_NODELIST`` runs rank 0 only when the first component's first node sorts first; no
-    variable of one task says which node runs rank 0. A guess would leave every rank waiting at the wrong host.
+    srun sorts the node list of such a step by host name (``_reorder_het_job_recs``), and no variable of one task
+    says which node runs rank 0: a guess would leave every rank waiting at the wrong host.
     """
     if HET_SIZE not in env or row.tasks_per_node is None:
         return None

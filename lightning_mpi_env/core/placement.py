@@ -4,7 +4,7 @@ A launcher such as Open MPI exports the global rank, the world size and *this* n
 about the other nodes. ``mpirun -n 6 --host a:4,b:4`` runs 4 ranks on ``a`` and 2 on ``b``; rank 4 (local rank 0 of
 2) looks exactly like the third node of an even 3 x 2 job. So a node index or node count derived from these numbers
 is an assumption (every node runs as many ranks as this one), never exact, unless every rank of the launch runs on
-this node. The roll call makes it exact by exchanging host names. Standard library only.
+this node. The roll call makes it exact by exchanging host names.
 """
 
 from __future__ import annotations
@@ -25,10 +25,7 @@ class Placement(str, Enum):
     LAUNCHER = "exported by the launcher"
     """The launcher exports the node index (``SLURM_NODEID``, ``PALS_NODEID``, ``GROUP_RANK``): exact."""
     BLOCK = "block placement"
-    """Consecutive ranks fill a node before the next (``--map-by slot``): ``rank // local_size``, assumed.
-
-    Exact only when every rank runs on this node: another node may run fewer ranks (an uneven host list).
-    """
+    """Consecutive ranks fill a node before the next (``--map-by slot``): ``rank // local_size``, assumed."""
     ROUND_ROBIN = "round-robin placement"
     """Ranks dealt to nodes in turn (``--map-by node``): ``rank % num_nodes``, assumed like :attr:`BLOCK`."""
     UNKNOWN = "unknown placement"
@@ -76,11 +73,7 @@ def num_nodes_source(row: Launcher, local_size_source: str, world_size: int, loc
 def guess_node(
     row: Launcher, rank: int, world_size: int, local_rank: int, local_size: int, local_size_source: str
 ) -> NodeGuess:
-    """This process's node under block or round-robin placement, for a launcher that exports no node index.
-
-    The answer is exact only when every rank runs on this node (:func:`every_rank_here`); otherwise it assumes
-    that every node runs ``local_size`` ranks, which this process cannot check.
-    """
+    """This process's node under block or round-robin placement, for a launcher that exports no node index."""
     num_nodes = world_size // local_size if world_size % local_size == 0 else None
     sources = {"num_nodes": num_nodes_source(row, local_size_source, world_size, local_size)}
     assumed = "" if every_rank_here(world_size, local_size) else "assumed "

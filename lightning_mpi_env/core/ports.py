@@ -1,9 +1,6 @@
 """Where the ranks meet: ``MASTER_ADDR`` checked, and the main port, the same on every rank.
 
 The port is ``MASTER_PORT``, or one derived from the launch's or the job's identity.
-
-Standard library only; :mod:`lightning_mpi_env.core.layout` calls :func:`given_main_address` and :func:`main_port`
-once per layout.
 """
 
 from __future__ import annotations
@@ -29,12 +26,9 @@ DERIVED_PORT_RANGE = range(20000, 30000)
 def given_main_address(env: Mapping[str, str], launcher: Launcher | None) -> str | None:
     """``MASTER_ADDR`` when set and not empty: a host name or an IPv4 or IPv6 address, without a port.
 
-    Its syntax is checked (:func:`check_host`): a blank, a newline, a leading ``-`` or a label DNS cannot carry is
-    refused here, not found later by the resolver or by a command line that takes it for an option.
-
-    An IPv6 literal may come in brackets (``[fe80::1]``); the brackets are dropped, as the other tools (JAX's
-    ``[host]:port``) add their own. A host with a port (``g0001:29500``, ``[fe80::1]:29500``) or a URL is refused:
-    taken as a host, it would become ``g0001:29500:29500``.
+    Its syntax is checked here (:func:`check_host`), not found wrong later by the resolver or a command line. An
+    IPv6 literal may come in brackets (``[fe80::1]``), which are dropped, as other tools (JAX's ``[host]:port``) add
+    their own. A host with a port (``g0001:29500``) or a URL is refused: it would become ``g0001:29500:29500``.
 
     Raises:
         AddressError: Naming the value, the launcher and the fix (where the port goes, when it holds one).

@@ -2,12 +2,10 @@
 
 With ``LIGHTNING_MPI_ENV_STATE_DIR`` set (the supervisor sets one folder per job and step), rank 0 of a Trainer job
 writes :data:`FIRST_STEP` once, after the first training batch of the fit: the global step it reached, and the
-checkpoint the fit resumed from with its step. A relaunched step that says ``resumed_step: 10`` resumed from its
-job's step-10 checkpoint; ``null``: it started afresh. Without the setting nothing is written.
+checkpoint the fit resumed from with its step (:class:`FirstStep`). Without the setting nothing is written.
 
-Written by other processes on a shared file system, the file is read here only, bounded and checked
-(:func:`read_first_step`): a regular file, at most :data:`MAX_RECORD_BYTES`, every field's type and range; anything
-else is one :class:`~lightning_mpi_env.core.errors.ProgressRecordError` naming the file. Standard library only.
+The record is read as :mod:`~lightning_mpi_env.core.state_files` describes (:func:`read_first_step`): anything else
+is one :class:`~lightning_mpi_env.core.errors.ProgressRecordError` naming the file.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The record of where one process sits in the job: :class:`RankLayout`, frozen, with where each value came from.
 
-:func:`lightning_mpi_env.core.layout.from_env` builds it; this module only holds it. Standard library only.
+:func:`lightning_mpi_env.core.layout.from_env` builds it; this module only holds it.
 """
 
 from __future__ import annotations
@@ -48,15 +48,11 @@ class RankLayout(NamedTuple):
     warnings: tuple[LayoutWarning, ...] = ()
     """Things the user should hear about that do not stop the job, such as an approximate node rank."""
     ranks_per_node: tuple[int, ...] = ()
-    """Every node's number of ranks, where the launcher exports them all (``SLURM_STEP_TASKS_PER_NODE``); else empty.
-
-    In the order of the launcher's host list (``SLURM_STEP_NODELIST``), which is :attr:`node_rank`'s order except in
-    a heterogeneous Slurm step, where srun sorts the list by host name (:mod:`~lightning_mpi_env.core.node_counts`)."""
+    """Every node's number of ranks, in the order of the launcher's host list (``SLURM_STEP_NODELIST``), where the
+    launcher exports them all (``SLURM_STEP_TASKS_PER_NODE``); else empty."""
     end_step: tuple[str, ...] = ()
-    """The scheduler's command that ends this launch's step, filled from the launch's own variables when they were
-    read (:func:`~lightning_mpi_env.core.launchers.end_step_command`: ``scancel --signal=KILL 42.0`` under ``srun``);
-    empty where the launcher has none or its variables are not ASCII digits. Not compared: it follows from the
-    launch, like :attr:`sources`."""
+    """The command that ends this launch's step (:func:`~lightning_mpi_env.core.launchers.end_step_command`); not
+    compared: it follows from the launch, like :attr:`sources`."""
 
     @property
     def launcher_name(self) -> str:
@@ -65,22 +61,14 @@ class RankLayout(NamedTuple):
 
     @property
     def node_rank_is_exact(self) -> bool:
-        """Whether :attr:`node_rank` is known for certain from this process's variables alone.
-
-        True where the launcher exports the node index, or where every rank runs on this node; a node rank derived
-        from a placement assumes every node runs as many ranks as this one, which one process cannot check.
-        """
+        """Whether :attr:`node_rank` is known for certain: exported by the launcher, or every rank is on this node."""
         if self.placement in (Placement.SINGLE, Placement.LAUNCHER):
             return True
         return every_rank_here(self.world_size, self.local_size)
 
     @property
     def num_nodes_is_exact(self) -> bool:
-        """Whether :attr:`num_nodes` is known for certain: exported by the launcher, or every rank is on this node.
-
-        ``world_size / local_size`` proves nothing about the other nodes (``mpirun -n 6 --host a:4,b:4`` looks like
-        3 x 2 from node ``b``).
-        """
+        """Whether :attr:`num_nodes` is known for certain: exported by the launcher, or every rank is on this node."""
         launcher = self.launcher
         if launcher is None or launcher.tasks_per_node is not None or launcher.num_nodes is not None:
             return True

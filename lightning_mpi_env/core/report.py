@@ -2,16 +2,13 @@
 
 Under ``mpirun -np 64`` every rank that stops prints its own traceback, and the one line that matters is buried
 under hundreds. An uncaught :class:`~lightning_mpi_env.core.errors.MpiEnvError` is shown under a launcher as one
-line per rank, prefixed with its rank and host: ``ClassName: rank 3 on nodeb: problem HINT: fix``. In a single
-process it keeps the frames of the user's code (where the error came from) and drops this package's. Every other
-exception goes to the hook that was there before, untouched. ``LIGHTNING_MPI_ENV_DEBUG=1`` shows every traceback in
-full. The exception itself is unchanged: catch it as usual.
+line per rank (``ClassName: rank 3 on nodeb: problem HINT: fix``); in a single process, with the user's frames
+only. Every other exception goes to the hook that was there before, untouched; ``LIGHTNING_MPI_ENV_DEBUG=1`` shows
+every traceback in full. The exception itself is unchanged: catch it as usual.
 
-The hook is there only while it is needed: :func:`shows_errors_briefly` (on the public methods of the Lightning
-adapter) installs it, chained, when an error of ours leaves them, for that error only, and
-:func:`restore_excepthook` (at the end of a fit or a Fabric run) puts the previous hook back unless such an error
-is on its way out right then. :func:`install_excepthook` is the explicit call for a program that wants every error
-of ours shown so. Never by an import.
+The hook is there only while it is needed, never installed by an import: :func:`shows_errors_briefly` installs it,
+chained, for an error of ours leaving the Lightning adapter's public methods, :func:`restore_excepthook` takes it
+back at the end of a run, and :func:`install_excepthook` keeps it for every error of ours.
 """
 
 from __future__ import annotations
@@ -60,8 +57,6 @@ def rank_prefix(environ: Mapping[str, str] | None = None) -> str:
 
 def render(error: MpiEnvError, environ: Mapping[str, str] | None = None) -> str | None:
     """The one line an uncaught error is shown with under a launcher, newline included; ``None`` outside one.
-
-    Under a launcher every rank prints, so N ranks failing for one reason add N lines, not N tracebacks.
 
     >>> from lightning_mpi_env.core.errors import LayoutError
     >>> render(LayoutError("PMI_RANK='x' is wrong.", "Use mpiexec."), {}) is None
@@ -123,11 +118,7 @@ def _hook() -> _BriefHook:
 
 
 def install_excepthook() -> None:
-    """Show every uncaught error of this package briefly, from now on (see the module docstring); idempotent.
-
-    An explicit call, for a program that wants it process-wide. It chains: every exception that is not this
-    package's goes to the hook that was installed before, unchanged.
-    """
+    """Show every uncaught error of this package briefly, from now on (see the module docstring); idempotent."""
     _hook().every = True
 
 

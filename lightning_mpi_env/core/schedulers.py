@@ -43,8 +43,7 @@ class Scheduler(NamedTuple):
     ``{file:pe}`` (Grid Engine's ``PE_HOSTFILE``)."""
     array_task: tuple[str, ...] = ()
     """Variables that tell apart the tasks of one array job, which share :attr:`job_id`: appended to the job's
-    identity (for the main port) where set, not ``undefined`` (Grid Engine outside arrays) and, for those in
-    :attr:`nonzero`, not ``0``."""
+    identity (for the main port) where set (:func:`job_identity`)."""
     requeue_command: tuple[str, ...] = ()
     """The command that puts this job back in the queue (``{job}``: the job as :attr:`requeue_job` names it);
     empty where the job does it by its exit status (:attr:`requeue_exit_code`) or cannot."""
@@ -65,8 +64,7 @@ class Scheduler(NamedTuple):
     run_for_real: str = ""
     """How the test suite runs this scheduler for real; empty: documented variables, not run here."""
     job_syntax: Mapping[str, str] = MappingProxyType({})
-    """The scheduler's own syntax of each variable of the job that this package reads (job id, array task,
-    restart count): a regular expression the whole value must match (ASCII), checked before a value reaches a
+    """A regular expression (ASCII) that the whole value of each job variable read must match before it reaches a
     command line or a file name (:func:`scheduler_job`)."""
     restart_count: str = ""
     """The variable that counts this job's restarts (Slurm's ``SLURM_RESTART_COUNT``); empty where the scheduler
@@ -95,8 +93,7 @@ SGE = Scheduler(
     requeue_exit_code=99,
     warning_signal=signal.SIGUSR2,  # -notify: SIGUSR2 before SIGKILL (SIGUSR1 comes before a suspension)
     job_script="#$ -notify",
-    # qsub(1): JOB_ID "a unique job identifier"; SGE_TASK_ID the task's index, "undefined" outside arrays. RESTARTED
-    # is a 0/1 flag, not a count: the requeue record counts restarts.
+    # RESTARTED is a 0/1 flag, not a count: the requeue record counts restarts.
     job_syntax=MappingProxyType({"JOB_ID": _NUMBER, "SGE_TASK_ID": f"{_NUMBER}|undefined"}),
     warning="SIGUSR2 comes `notify` seconds (60 by default) before h_rt's SIGKILL; with s_rt instead, SIGUSR1: "
     "`requeue_signal=signal.SIGUSR1`",
@@ -152,8 +149,7 @@ SLURM = Scheduler(
     name="Slurm",
     # The job, not the step: ranks that mpirun starts inside a batch job inherit different steps on different nodes.
     job_id=("SLURM_JOB_ID",),
-    # The job's list only: SLURM_STEP_NODELIST belongs to srun's row. Ranks that mpirun starts inside a batch job
-    # inherit the step of the daemon that started them: on the second node, a step of that node alone.
+    # The job's list only: SLURM_STEP_NODELIST belongs to srun's row (mpirun's ranks inherit a daemon's step).
     host_lists=(HostList("SLURM_JOB_NODELIST", HostListForm.NODELIST),),
     simulated=MappingProxyType(
         {"SLURM_JOB_ID": "{job}", "SLURM_JOB_NODELIST": "{nodelist}", "SLURM_JOB_NUM_NODES": "{num_nodes}"}
@@ -175,8 +171,7 @@ SLURM = Scheduler(
             "SLURM_RESTART_COUNT": _NUMBER,
         }
     ),
-    # sbatch(1): "SLURM_RESTART_COUNT: If the job has been restarted due to system failure or has been explicitly
-    # requeued, this will be sent to the number of times the job has been restarted." Kept across requeues.
+    # sbatch(1): the number of times the job has been restarted or requeued; kept across requeues.
     restart_count="SLURM_RESTART_COUNT",
 )
 

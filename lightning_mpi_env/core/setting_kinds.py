@@ -2,7 +2,6 @@
 
 One reader per kind, each refusing a bad value with a :class:`~lightning_mpi_env.core.errors.SettingError` that
 names the variable, its value and the fix; :mod:`~lightning_mpi_env.core.settings` says which variable is which kind.
-Standard library only.
 """
 
 from __future__ import annotations
@@ -28,9 +27,7 @@ def switch(env: Mapping[str, str], variable: str, *, default: bool) -> bool:
 
 
 def seconds(value: float | None, env: Mapping[str, str], variable: str, default: float) -> float:
-    """A timeout: ``value`` if given, else ``variable`` of ``env``, else ``default``.
-
-    Parsed by :func:`~lightning_mpi_env.core.values.parse_seconds`, the one parser of seconds.
+    """A timeout: ``value`` if given, else ``variable`` of ``env``, else ``default`` (:func:`~.values.parse_seconds`).
 
     Raises:
         SettingError: If the value is not a positive number of seconds in plain digits, up to a week.

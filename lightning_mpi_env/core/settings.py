@@ -2,7 +2,7 @@
 
 Each variable has one row in :data:`SETTINGS` and one parser per kind of value (an on/off switch, seconds, a
 choice), so a variable is never read twice or two ways. Constructor arguments override the environment through
-:meth:`Settings.with_arguments`. Standard library only.
+:meth:`Settings.with_arguments`.
 """
 
 from __future__ import annotations
@@ -108,58 +108,37 @@ DEFAULT_RENDEZVOUS_TIMEOUT = 120.0
 
 DEFAULT_MAX_REQUEUES = 20
 """Requeues of one job before it stops requeueing: weeks of 24-hour slots, yet a job warned again right after each
-restart (a time limit shorter than the warning, a node that fails at once) stops after a bounded number of tries.
-Slurm's own cap on batch requeues, ``MaxBatchRequeue``, defaults to 5, and applies first where it is lower."""
+restart stops after a bounded number of tries. Slurm's ``MaxBatchRequeue`` (default 5) applies first where lower."""
 
 DEFAULT_CHECKPOINT_EVERY = 0
-"""No periodic checkpoints unless asked: each one stops every rank for a save of the whole training state (seconds
-to minutes for a large model, on a shared file system), and only a relaunch inside the allocation
-(``lightning-mpi-env run``) reads them; a requeue saves its own checkpoint on the scheduler's warning signal."""
+"""No periodic checkpoints unless asked: each one stops every rank for a save of the whole training state, and only
+a relaunch inside the allocation (``lightning-mpi-env run``) reads them; a requeue saves its own on the warning."""
 
 DEFAULT_STALL_TIMEOUT = 300.0
-"""Seconds without progress on any rank, ranks not level, before the stall watchdog stops the job.
-
-Long enough for a rank's slow batch or a brief file-system hang on a busy cluster; well inside the collective
-timeouts after which torch gives up without naming a rank (Lightning sets 30 minutes for gloo, NCCL's is 10)."""
+"""Seconds without progress on any rank, ranks not level, before the stall watchdog stops the job: longer than a
+slow batch, well inside torch's collective timeouts (Lightning's 30 minutes for gloo, NCCL's 10), which name no rank."""
 
 DEFAULT_STALL_SOFT_TIMEOUT = 60.0
-"""Seconds without progress, ranks not level, before rank 0 reports a stall and the job goes on.
-
-A report costs nothing and ends nothing, so it comes early: a fifth of the hard timeout, several times a slow step,
-it names the rank that keeps the others waiting four minutes before the hard timeout acts. Rank 0 working alone
-(sampling, an evaluation of its own) for a minute or more is reported, not ended."""
+"""Seconds without progress, ranks not level, before rank 0 reports a stall and the job goes on: a report ends
+nothing, so it comes early, at a fifth of the hard timeout."""
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The ``LIGHTNING_MPI_ENV_*`` settings of one process, read once."""
+    """The ``LIGHTNING_MPI_ENV_*`` settings of one process, read once; :data:`SETTINGS` says what each field does."""
 
     roll_call: bool = True
-    """Run the roll call before ``init_process_group``."""
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT
-    """Seconds the roll call waits for every rank."""
     requeue: bool = True
-    """Checkpoint and requeue on the scheduler's warning signal (where a scheduler can requeue)."""
     stall_timeout: float = DEFAULT_STALL_TIMEOUT
-    """Seconds the stall watchdog waits before it ends the job (the hard timeout); ``0``: no watchdog."""
     stall_soft_timeout: float = DEFAULT_STALL_SOFT_TIMEOUT
-    """Seconds before the stall watchdog reports a stall and lets the job go on; ``0``, or not below
-    :attr:`stall_timeout`: no report before the hard timeout."""
     max_requeues: int = DEFAULT_MAX_REQUEUES
-    """The most requeues of one job; ``0``: no limit."""
     debug: bool = False
-    """Show full tracebacks of this package's errors."""
     mixed_imports: MixedImportMode = MixedImportMode.WARN
-    """What a mixed import of both Lightning namespaces does."""
     main_host: str = ""
-    """Template of the main host's name on the fabric (``{host}i``); empty: the host list's name as it is."""
     ifname: str = ""
-    """The fabric's interface for gloo and NCCL; empty: theirs to choose."""
     state_dir: str = ""
-    """The folder for failure records (:mod:`~lightning_mpi_env.core.failures`) and the first-step record
-    (:mod:`~lightning_mpi_env.core.progress`); empty: none are written."""
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
-    """Training steps between periodic HPC checkpoints (:mod:`~lightning_mpi_env.lightning.periodic`); ``0``: none."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:

@@ -50,11 +50,9 @@ BY_NAME_UNDER_SRUN = (
     "the object, not the name: by name Lightning makes its own SLURMEnvironment first, and that refuses a step of "
     "srun --ntasks without --ntasks-per-node"
 )
-"""Why ``"ddp_mpi"`` goes in as ``MPIDDPStrategy()`` on an uneven ``srun`` step. Lightning's accelerator connector picks
-a cluster environment before it looks up a strategy name; ``SLURMEnvironment()`` then raises "You set `--ntasks=3`
-... Use `--ntasks-per-node=3` instead" when ``SLURM_NTASKS`` > 1 without ``SLURM_NTASKS_PER_NODE``, which a step of
-uneven nodes never has (Lightning 2.1-2.6, ``SLURMEnvironment._validate_srun_variables``). A strategy object brings
-its own environment, and Lightning makes none."""
+"""Why ``"ddp_mpi"`` goes in as ``MPIDDPStrategy()`` on an uneven ``srun`` step: by name, Lightning makes a
+``SLURMEnvironment`` first, which refuses ``SLURM_NTASKS`` > 1 without ``SLURM_NTASKS_PER_NODE``
+(``SLURMEnvironment._validate_srun_variables``); a strategy object brings its own environment."""
 
 
 def uneven_strategy(launcher_key: str | None = None) -> str:

@@ -4,17 +4,8 @@ The failure records (:mod:`~lightning_mpi_env.core.failures`), the progress reco
 (:mod:`~lightning_mpi_env.core.progress`), the requeue records (:mod:`~lightning_mpi_env.lightning.checkpoints`)
 and the scheduler's host files (:mod:`~lightning_mpi_env.core.hostfile`) all lie in folders that other processes,
 possibly of another version, and anyone with access to the folder can write into. This module is the one home of
-how such a file is opened, read, parsed and written:
-
-- :func:`open_regular` opens regular files only, without blocking (a FIFO put in a record's place would block the
-  open forever, ``/dev/zero`` never ends): anything else is :class:`NotARegularFile`, naming what it is.
-- :func:`read_capped` reads at most a cap plus one byte, so that a reader can refuse a longer file, never hold it.
-- :func:`load_json` parses bounded text, refusing ``NaN`` and ``Infinity``; :func:`versioned_object`,
-  :func:`exact_fields`, :func:`whole_number` and :func:`seconds` check what every record has. Their problems are
-  :class:`FieldError`, which each record's module names with the file, in its own error.
-- :func:`write_whole` writes a file that a reader sees whole or not at all.
-
-Standard library only.
+how such a file is opened, read, parsed and written; a problem with its content is a :class:`FieldError`, which each
+record's module names with the file, in its own error.
 """
 
 from __future__ import annotations
@@ -51,6 +42,8 @@ class FieldError(ValueError):
 
 def open_regular(path: str, *, follow_links: bool = True) -> int:
     """A descriptor of the regular file at ``path``, opened for reading without blocking.
+
+    A FIFO put in a record's place would block the open forever, and ``/dev/zero`` never ends.
 
     Args:
         path: The file.

@@ -4,9 +4,8 @@ Numbers are ranks, sizes, counts, ports and node indices; each kind has a sane m
 number someone typed grows past it.
 
 Only plain ASCII digits are numbers: ``str.isdigit()`` also accepts ``'²'`` and ``int()`` accepts ``'٣'``, ``' 3'``
-and ``'+3'``, none of which a launcher ever exports. A value that is not a number gets a :class:`LayoutError`
-naming the variable, the value and the launcher, never a bare ``ValueError``; a switch that is neither on nor off
-gets a :class:`SettingError`.
+and ``'+3'``, none of which a launcher ever exports. A bad value is a :class:`LayoutError` or :class:`SettingError`
+naming the variable, never a bare ``ValueError``.
 """
 
 from __future__ import annotations

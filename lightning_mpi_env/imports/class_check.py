@@ -163,10 +163,9 @@ def _fix(offender: Offender, reference_package: str) -> str:
 def check_mixed_imports(*objects: object, trainer: object | None = None) -> None:
     """Refuse objects built on the other Lightning namespace than the Trainer's (or than the first object's).
 
-    Walks the MRO of every object given (an object or a class) and of everything the Trainer holds: callbacks,
-    loggers, strategy, accelerator, cluster environment, precision and checkpoint plugins, profiler, datamodule and
-    model when attached. An object counts as the Trainer's when it inherits from, or is registered with, a class of
-    the Trainer's namespace; objects with no Lightning base (and everything from ``lightning_mpi_env``) are neutral.
+    Walks the MRO of every object given (an object or a class) and of everything the Trainer holds (:func:`held_by`).
+    An object counts as the Trainer's when it inherits from, or is registered with, a class of the Trainer's
+    namespace; objects with no Lightning base (and everything from ``lightning_mpi_env``) are neutral.
 
     Args:
         *objects: Objects or classes to check as well, e.g. the model and datamodule before ``fit``.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from importlib.abc import Loader as _Loader
     from importlib.abc import MetaPathFinder as _Finder
-else:  # The import system needs no base classes, and importing importlib.abc costs ~10 ms.
+else:  # The import system needs no base classes, and importing importlib.abc would slow the package's import.
     _Loader = _Finder = object
 
 ImportCallback = Callable[[ModuleType], None]

@@ -1,35 +1,11 @@
 """The callback Lightning adds to a Trainer through this package's ``callbacks_factory`` entry points.
 
 Lightning loads the factories of the entry point groups ``lightning.pytorch.callbacks_factory`` and
-``pytorch_lightning.callbacks_factory`` in every ``Trainer(...)`` of that namespace, in every program of the
-environment (its public way for an installed package to add callbacks without touching the Trainer).
-``pyproject.toml`` names the top-level module ``_lightning_mpi_env_entry``, whose factories return ``[]`` unless the
-program imported ``lightning_mpi_env``, and only then call :func:`unified_callbacks` and :func:`standalone_callbacks`
-here. These add the callback only where it has something to do
-(:func:`~lightning_mpi_env.lightning.entry_point.needed`), and never raise. Where the package is imported from a
-source tree, not installed, there is no entry point: ``"ddp_mpi"`` adds the callback itself (:func:`attach`).
-The callback's hooks:
-
-- ``setup``: when both Lightning namespaces are loaded, it checks a Trainer that holds a model, datamodule,
-  callback, logger or plugin built on the other namespace (:func:`~lightning_mpi_env.check_mixed_imports`), before
-  any of them is used: in ``LIGHTNING_MPI_ENV_MIXED_IMPORTS`` mode ``warn`` a ``MixedImportWarning`` names them, in
-  ``error`` a ``MixedImportError``.
-- ``on_train_batch_end``: with an ``MPIClusterEnvironment`` whose job can requeue, it checkpoints and requeues at
-  the step the ranks agreed on once any rank got the scheduler's warning signal
-  (:mod:`lightning_mpi_env.lightning.requeue`; no collective per step: :mod:`lightning_mpi_env.rollcall.agreement`);
-  else, with ``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY`` under a scheduler job, it saves a periodic checkpoint where due,
-  and with ``LIGHTNING_MPI_ENV_STATE_DIR`` rank 0 records the fit's first step
-  (:mod:`lightning_mpi_env.lightning.periodic`).
-- the four hooks of a training step: progress marks for the stall watchdog
-  (:mod:`lightning_mpi_env.rollcall.watchdog`).
-- ``on_sanity_check_start``/``on_train_start``: the requeue signal handler goes in (after Lightning set its own);
-  on Lightning 2.5.2+ ``SIGTERM`` only records the signal, with no collective in the handler, so ranks signalled a
-  moment apart cannot hang in mismatched collectives
-  (:func:`~lightning_mpi_env.lightning.compat.record_sigterm_without_collective`).
-- ``teardown``: the environment's process-wide changes come out (``MPIClusterEnvironment.teardown``), after
-  Lightning put back its signal handlers.
-- ``on_exception``: a Trainer ended by ``SIGTERM`` (Lightning raises ``SIGTERMException``, a ``SystemExit`` with
-  status 0) exits with status 143, as a process ended by ``SIGTERM`` does, so a job script's ``&&`` stops there.
+``pytorch_lightning.callbacks_factory`` in every ``Trainer(...)`` of that namespace (its public way for an installed
+package to add callbacks). They name ``_lightning_mpi_env_entry``, which calls :func:`unified_callbacks` and
+:func:`standalone_callbacks` here only once the program imported ``lightning_mpi_env``; these add the callback only
+where it has something to do (:func:`~lightning_mpi_env.lightning.entry_point.needed`), and never raise. Imported from
+a source tree, not installed, the package has no entry point: ``"ddp_mpi"`` adds the callback itself (:func:`attach`).
 
 Users of another Trainer, or of Fabric (which calls callbacks only where the program says), call
 :func:`~lightning_mpi_env.check_mixed_imports` and ``MPIClusterEnvironment.requeue_requested()`` themselves.
@@ -147,7 +123,11 @@ def callback_class(package: str) -> type:
                 self._fit = self._fit.after_batch(trainer)
 
         def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-            """A ``SIGTERM`` ends the job with status 143, not 0: the job did not finish."""
+            """A ``SIGTERM`` ends the job with status 143, not 0: the job did not finish (a script's ``&&`` stops).
+
+            Lightning raises ``SIGTERMException``, a ``SystemExit`` with status 0; 143 is a shell's status for a
+            process ``SIGTERM`` ended.
+            """
             if (
                 _environment(trainer) is not None
                 and isinstance(exception, sigterm_exception)
@@ -190,10 +170,9 @@ def attach(trainer: Any, package: str) -> None:
     """Give ``trainer`` the callback where Lightning's entry point did not: the package used from a source tree.
 
     ``"ddp_mpi"``'s ``setup_environment`` calls it, which Lightning's ``Trainer._run`` (2.1 to 2.6) calls after it
-    has ordered the Trainer's callbacks and before the run's first callback hook (``setup``): the run calls every
-    hook of the callback added here. Nothing is added where one is there already: the entry point's (the package is
-    installed) or an earlier run's of the same Trainer. It goes before the first checkpoint callback, as Lightning
-    orders them (checkpoints last), where the entry point's would be.
+    has ordered the callbacks and before the first hook (``setup``): the run calls every hook of the callback added
+    here. Nothing is added where one is there already; it goes before the first checkpoint callback, where Lightning
+    puts the entry point's.
     """
     cls = callback_class(package)
     callbacks = trainer.callbacks

@@ -1,20 +1,12 @@
 """Which HPC checkpoint a requeued job resumes from: its own, complete, newest one, told by the job's record.
 
-A requeue checkpoint is Lightning's ``<default_root_dir>/hpc_ckpt_<n>.ckpt``. A file name says nothing about the
-job that saved it, nor whether the save finished, so each job keeps a record beside them,
-``<default_root_dir>/.lightning-mpi-env/<scheduler>-<job>.json`` (rank 0 writes it whole, through a temporary file
-and ``os.replace``): the job's scheduler and identity (job id and array task; also the job as its requeue command
-names it), how often it was requeued, and each checkpoint it saved, first as *pending* (the number reserved, before
-the save) and then with its size (after every rank's save). A job resumes only from a checkpoint of its own record
-whose save finished and whose file is still there, not empty, readable and of the recorded size; any other of its
-checkpoints is skipped with a
-:class:`~lightning_mpi_env.core.errors.CheckpointWarning`, newest first. Other jobs' checkpoints in the same folder
-are never candidates. Deleting checkpoints does not reset the requeue count: the record keeps it (and under Slurm,
-``SLURM_RESTART_COUNT`` is the count).
-
-Periodic checkpoints (``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY``, :mod:`lightning_mpi_env.lightning.periodic`) go
-through the same path, :func:`save_recorded`, and the same record, marked ``periodic``: a step relaunched in the same
-allocation (same job id) resumes from them as a requeued job does.
+A file name (Lightning's ``<default_root_dir>/hpc_ckpt_<n>.ckpt``) says nothing about the job that saved it, nor
+whether the save finished, so each job keeps a record beside them (:func:`record_path`, written whole): the job's
+scheduler and identity, how often it was requeued, and each checkpoint it saved, first as *pending* and then with
+its size. A job resumes only from a checkpoint of its own record whose save finished and whose file checks out
+(:func:`resumable`); other jobs' checkpoints in the same folder are never candidates. Deleting checkpoints does
+not reset the requeue count. Periodic checkpoints (:mod:`lightning_mpi_env.lightning.periodic`) go through the same
+:func:`save_recorded` into the same record, marked ``periodic``.
 
 Everything read here is bounded: names by their syntax (ASCII digits, at most :data:`MAX_DIGITS`), records by
 :data:`MAX_RECORD_BYTES` and regular files only, folders by :data:`MAX_ENTRIES`.
@@ -102,7 +94,7 @@ def checkpoint_number(name: str) -> int | None:
 
 
 def record_path(directory: str, job: SchedulerJob) -> str:
-    """Where ``job``'s record is in ``directory`` (the job's key is safe in a file name by its syntax)."""
+    """Where ``job``'s record is: ``<directory>/.lightning-mpi-env/<scheduler>-<job>.json`` (a safe name by syntax)."""
     return os.path.join(directory, RECORDS, f"{job.key}.json")
 
 
@@ -220,16 +212,15 @@ def save_recorded(
 ) -> Checkpointed:
     """Save an HPC checkpoint and record it in ``job``'s record; every rank calls this at the same step.
 
-    Rank 0 reserves the next name and records it as *pending*; its name and the job's requeue count go to every
-    rank; every rank takes part in the save; after a barrier rank 0 records the save as finished (with its size),
-    the record passed through ``finish`` first (a requeue counts itself there, in the same write), and writes it.
-    No collective comes after the barrier: a requeued job's ranks may be ended at any moment from there on.
+    Rank 0 records the reserved name as *pending* before the save, and as finished with its size after every
+    rank's save and a barrier. No collective comes after the barrier: a requeued job's ranks may be ended at any
+    moment from there on.
 
     Args:
         trainer: The Trainer (its ``strategy``, ``save_checkpoint``, ``global_rank``, ``global_step``).
         job: The job whose record it is.
         periodic: A periodic checkpoint (``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY``), not a requeue's.
-        finish: Rank 0's last change to the record before it is written.
+        finish: Rank 0's last change to the record before it is written (a requeue counts itself there).
 
     Raises:
         CheckpointError: Rank 0 cannot read the job's record.
@@ -307,8 +298,7 @@ def _records(directory: str) -> Iterator[Record]:
 
 
 def _read(path: str) -> Record:
-    # Regular files only (a link is refused), and at most MAX_RECORD_BYTES: a FIFO or a huge file in its place is an
-    # error, not a hang.
+    # Regular files only, at most MAX_RECORD_BYTES: a link, a FIFO or a huge file in its place is an error, not a hang.
     return _parse(load_json(read_capped(path, MAX_RECORD_BYTES, follow_links=False), MAX_RECORD_BYTES))
 
 

@@ -3,9 +3,9 @@
 The Lightning layer extends Lightning through its public hooks only: ``ClusterEnvironment`` methods, the
 ``"ddp_mpi"`` strategy's public ``setup_environment``, ``num_nodes`` and ``parallel_devices``, callbacks added through
 Lightning's ``callbacks_factory`` entry points, Lightning's own HPC checkpoint resume, and public Trainer/Fabric
-properties. What remains here is what no public hook says; ``tests/lightning/test_compat.py`` checks each item
-against the real Trainer and Fabric of both namespaces on the oldest (2.1) and newest supported Lightning
-(``CHECKED_BY`` there names the test of each). Nothing here imports Lightning or torch at module level.
+properties. What remains is here, each name's docstring saying which private name or behaviour of Lightning (2.1
+to 2.6) it relies on; ``tests/lightning/test_compat.py`` checks each against the real Trainer and Fabric of both
+namespaces (``CHECKED_BY`` there names the test of each). Nothing here imports Lightning or torch at module level.
 
 **Call order relied on** (no name is read; the order of public calls is), for ``MPIClusterEnvironment`` as a plugin
 of Lightning's own strategies only (``"ddp_mpi"`` runs the roll call from its own ``setup_environment``):
@@ -17,34 +17,6 @@ of Lightning's own strategies only (``"ddp_mpi"`` runs the roll call from its ow
   through its ``_set_node_environment_variables``). A process that starts Lightning's own workers
   (``_SubprocessScriptLauncher``, ``ddp_spawn``) also reads them once before, after the first proposal only, to
   start them. So the roll call runs at the first read of the address after the second proposal.
-
-**Names relied on:**
-
-- :func:`strategy_registry`: ``StrategyRegistry`` (Trainer) and ``STRATEGY_REGISTRY`` (Fabric) in each
-  ``strategies`` package, with ``register(name, cls, description=..., override=...)``: Lightning registers its own
-  strategies there and offers no entry point for a package's.
-- :data:`HPC_CHECKPOINT`: the file names of Lightning's HPC checkpoints (``hpc_ckpt_<n>.ckpt`` in
-  ``default_root_dir``), from which Lightning resumes by itself under Slurm (``SLURMEnvironment.detect()`` in the
-  checkpoint connector) and which :func:`~lightning_mpi_env.hpc_checkpoint` finds on every scheduler.
-- :data:`SRUN_NOT_USED`: the text of Lightning's "`srun` is available but not used" warning, which has no class of
-  its own to filter by.
-- :func:`record_sigterm_without_collective`, the signal connector's internals: ``Trainer._signal_connector``, its
-  ``_sigterm_notifier_fn`` and ``received_sigterm``; ``_HandlersCompose.signal_handlers``, the handlers it composes
-  for ``SIGTERM``; ``trainer.strategy.launcher.kill(signum)``, which the notifier calls for the workers Lightning
-  started; that the connector puts back, at its teardown, the handlers from before ``fit``; and that its
-  teardown runs after the strategy's.
-- :data:`SIGTERM_COLLECTIVE_SINCE`: the first Lightning whose ``SIGTERM`` handler runs a collective.
-- :func:`lightning_version`: ``__version__`` of the Trainer's package.
-
-- :data:`DEVICE_ID_SINCE` and :func:`init_dist_connection`: the first Lightning whose DDP and FSDP strategies pass
-  ``device_id=root_device`` to ``init_process_group`` (2.5.5); before it, ``"ddp_mpi"`` opens the process group itself
-  through Lightning's own ``_init_dist_connection`` (``lightning.fabric.utilities.distributed``, 2.1 to 2.6:
-  ``**kwargs`` go to ``init_process_group``), with ``device_id``; Lightning's own call after it then returns at once,
-  as it does whenever ``torch.distributed`` is initialized.
-
-- :func:`hpc_resume_path`: the HPC checkpoint Lightning's Trainer resumes from by itself, under Slurm, when
-  ``fit()`` gets no ``ckpt_path`` (``_CheckpointConnector._hpc_resume_path``, behind the public
-  ``SLURMEnvironment.detect()``), so that a requeued job can refuse another job's.
 
 **Torch behaviour worked around:** :func:`settle_collectives_at_exit`.
 """
@@ -74,7 +46,7 @@ SRUN_NOT_USED = "The `srun` command is available on your system but is not used"
 
 
 def strategy_registry(strategies: ModuleType) -> Any:
-    """The strategy registry of a ``strategies`` package.
+    """The strategy registry of a ``strategies`` package (Lightning offers no entry point for a package's strategy).
 
     ``StrategyRegistry`` in the Trainer's, ``STRATEGY_REGISTRY`` in Fabric's; both have
     ``register(name, cls, description=..., override=...)``.
@@ -100,12 +72,11 @@ _srun_lock = threading.Lock()
 def silence_srun_not_used() -> Callable[[], None]:
     """Ignore Lightning's "`srun` is available but not used" warning until the returned function is called.
 
-    Lightning gives it whenever ``srun`` is on ``PATH`` and the process was not started by ``srun``: on every HPC
-    login node, and for every rank ``mpirun`` starts. An ``MPIClusterEnvironment`` made under another launcher than
-    ``srun`` calls it (never an import, and not under ``srun`` or without a launcher, where the advice may be
-    right): the ranks come from the launcher that did start them, so the advice to prepend ``srun`` is wrong. Its
-    end of the run calls the returned function. The warning has no class of its own (``PossibleUserWarning`` is
-    shared), so the filter matches its text. Several callers share one filter, removed when the last one is done.
+    Lightning gives it whenever ``srun`` is on ``PATH`` and the process was not started by ``srun``. For ranks
+    another launcher started the advice to prepend ``srun`` is wrong, so an ``MPIClusterEnvironment`` made under
+    such a launcher calls this (not without a launcher, where the advice may be right). The warning has no class of
+    its own (``PossibleUserWarning`` is shared), so the filter matches its text. Several callers share one filter,
+    removed when the last one is done.
 
     Returns:
         The function that takes the filter out again (idempotent).
@@ -150,11 +121,10 @@ def settle_collectives_at_exit() -> None:
     A Gloo worker thread frees each finished collective's work object, whose thread-local state holds a Python
     object: freeing it needs the GIL. When the main thread ends right after its last collective (Fabric programs
     do; nothing in Lightning destroys the process group), that worker waits for the GIL until Python finalizes, and
-    a thread taking the GIL then is unwound through C++ frames: "terminate called without an active exception",
-    status 134, for a rank that finished its work (pytorch/pytorch#190489; an ``atexit`` fix in torch,
-    pytorch/pytorch#179291, was abandoned). ``destroy_process_group()`` at the end of the program does not prevent
-    it; giving up the GIL before finalization does. Called once the roll call's hook runs, right before
-    ``init_process_group``: never by an import. Registered once per process; see :func:`release_collectives_at_exit`.
+    is then unwound through C++ frames: "terminate called without an active exception", status 134, for a rank that
+    finished its work (pytorch/pytorch#190489). ``destroy_process_group()`` does not prevent it; giving up the GIL
+    before finalization does. Registered once per process, right before ``init_process_group`` (never by an
+    import); see :func:`release_collectives_at_exit`.
     """
     atexit.unregister(_let_collective_workers_finish)
     atexit.register(_let_collective_workers_finish)
@@ -163,9 +133,8 @@ def settle_collectives_at_exit() -> None:
 def release_collectives_at_exit() -> bool:
     """At the end of a run: unregister :func:`settle_collectives_at_exit`'s hook, unless a process group is alive.
 
-    Lightning does not destroy the process group at the end of ``fit()``, nor Fabric at the end of a run: while it
-    lives, the hook is what keeps the interpreter's exit from crashing, so it stays (and does nothing once the group
-    is destroyed).
+    Neither Lightning nor Fabric destroys the process group at the end of a run: while it lives, the hook keeps the
+    interpreter's exit from crashing, so it stays (and does nothing once the group is destroyed).
 
     Returns:
         Whether the hook was unregistered.
@@ -179,8 +148,7 @@ def release_collectives_at_exit() -> bool:
 
 SIGTERM_COLLECTIVE_SINCE = (2, 5, 2)
 """The first Lightning whose ``SIGTERM`` handler runs a collective: ``_sigterm_notifier_fn`` broadcasts from rank 0
-(Lightning-AI/pytorch-lightning#20825, "Synchronize SIGTERM Handling in DDP to Prevent Deadlocks", released in
-2.5.2; 2.5.1 and older have no collective in the handler)."""
+(Lightning-AI/pytorch-lightning#20825)."""
 
 
 def lightning_version(trainer: Any) -> tuple[int, ...]:
@@ -195,8 +163,7 @@ def lightning_version(trainer: Any) -> tuple[int, ...]:
 
 DEVICE_ID_SINCE = (2, 5, 5)
 """The first Lightning whose DDP and FSDP strategies (Trainer and Fabric) pass ``device_id=root_device`` to
-``init_process_group`` on a GPU (Lightning-AI/pytorch-lightning#21105, "adding a missing device id for pytorch 2.8",
-released in 2.5.5; 2.5.4 and older pass none)."""
+``init_process_group`` on a GPU (Lightning-AI/pytorch-lightning#21105)."""
 
 
 def package_version(package: str) -> tuple[int, ...]:
@@ -216,10 +183,9 @@ def passes_device_id(package: str) -> bool:
 def init_dist_connection(fabric_package: str, cluster_environment: Any, backend: str, **kwargs: Any) -> None:
     """Lightning's own ``_init_dist_connection`` of ``fabric_package``, with ``kwargs`` for ``init_process_group``.
 
-    It sets ``MASTER_ADDR``/``MASTER_PORT`` from the cluster environment, calls ``init_process_group(backend,
-    rank=..., world_size=..., **kwargs)`` and registers the NCCL group's destruction at exit, exactly as the
-    strategy's own call would; it does nothing once ``torch.distributed`` is initialized, so the strategy's own call
-    after it returns at once (2.1 to 2.6).
+    Exactly the strategy's own call (``MASTER_ADDR``/``MASTER_PORT``, ``init_process_group``, the NCCL group's
+    destruction at exit); it does nothing once ``torch.distributed`` is initialized, so the strategy's own call
+    after it returns at once (``lightning.fabric.utilities.distributed``, 2.1 to 2.6).
     """
     distributed: Any = importlib.import_module(f"{fabric_package}.utilities.distributed")
     distributed._init_dist_connection(cluster_environment, backend, **kwargs)
@@ -233,20 +199,18 @@ def sigterm_handler_runs_collective(trainer: Any) -> bool:
 def record_sigterm_without_collective(trainer: Any) -> bool:
     """For this ``fit``, a ``SIGTERM`` handler that records the signal as Lightning 2.1's does, with no collective.
 
-    Only where Lightning's handler runs a collective: 2.5.2 and newer broadcast from rank 0 inside the handler
-    (``_sigterm_notifier_fn``; :data:`SIGTERM_COLLECTIVE_SINCE`). A handler runs wherever the main thread is when
-    the signal comes, so ranks signalled a moment apart (``scancel``, a scheduler's ``SIGTERM`` to every process)
-    enter that broadcast at different points: one in its step, the others already in DDP's gradient all-reduce, and
-    the job hangs until the collective's timeout (30 min). Reproduced under ``mpirun`` with staggered ``SIGTERM``s:
-    tests/lightning/test_strategy.py. The loop itself broadcasts rank 0's ``received_sigterm`` at the start of every
-    step (2.5.2+, the same change), so every rank still stops at the same step. The other handlers Lightning
-    composed for ``SIGTERM`` (one set before ``fit``, Lightning's Slurm bypass) still run, in order. Lightning puts
-    back the handlers from before ``fit`` at its teardown. Call it from the main thread once Lightning registered its
-    handlers.
+    Only where Lightning's handler broadcasts from rank 0 (:data:`SIGTERM_COLLECTIVE_SINCE`). A handler runs
+    wherever the main thread is when the signal comes, so ranks signalled a moment apart (``scancel``) enter that
+    broadcast at different points, one in its step, the others in DDP's gradient all-reduce, and the job hangs until
+    the collective's timeout (30 min). The loop itself broadcasts rank 0's ``received_sigterm`` at the start of every
+    step (same versions), so every rank still stops at the same step. The other handlers Lightning composed for
+    ``SIGTERM`` (``_HandlersCompose``) still run, in order; Lightning's signal connector puts back the handlers from
+    before ``fit`` at its teardown, which runs after the strategy's. Call it from the main thread once Lightning
+    registered its handlers.
 
     Returns:
-        Whether the handler was replaced: not on Lightning before 2.5.2 (its handler only records the signal), and
-        not when the one in place is not the connector's (already replaced, or another program's).
+        Whether the handler was replaced: not before :data:`SIGTERM_COLLECTIVE_SINCE`, and not when the one in place
+        is not the connector's (already replaced, or another program's).
     """
     if not sigterm_handler_runs_collective(trainer):
         return False

@@ -1,14 +1,12 @@
 """The one path where no ``device_id`` reaches ``init_process_group``: the plugin with Lightning's own strategies.
 
 ``"ddp_mpi"`` passes the device it chose on every supported Lightning (``MPIDDPStrategy.bind_device``), and
-Lightning 2.5.5 and newer pass ``device_id=root_device`` from their own DDP and FSDP strategies
-(:data:`~lightning_mpi_env.lightning.compat.DEVICE_ID_SINCE`). With ``plugins=[MPIClusterEnvironment()]`` and
-Lightning's own strategy on an older Lightning, nothing public lets the plugin add it: Lightning calls
-``init_process_group`` without one, and torch 2.15's ``nccl`` backend (``nccl2``) binds ``LOCAL_RANK % count`` or
-``global rank % count`` (:func:`~lightning_mpi_env.core.nccl.nccl2_device`) while Lightning sets up
-``cuda:<local rank>``. Where those differ (nodes with more GPUs than ranks, ``LOCAL_RANK`` set to something else) the
-rank's communicator sits on another GPU than its model, or two ranks share one ("Duplicate GPU detected"). Right
-before that call, the plugin says so, naming the fix (:func:`warn_unbound_device`).
+Lightning from :data:`~lightning_mpi_env.lightning.compat.DEVICE_ID_SINCE` on passes ``device_id=root_device`` from
+its own DDP and FSDP strategies. With ``plugins=[MPIClusterEnvironment()]`` and Lightning's own strategy on an older
+Lightning, nothing public lets the plugin add it, and torch 2.15's ``nccl`` backend (``nccl2``) binds
+``LOCAL_RANK % count`` or ``global rank % count`` (:func:`~lightning_mpi_env.core.nccl.nccl2_device`) while Lightning
+sets up ``cuda:<local rank>``: where those differ, the rank's communicator sits on another GPU than its model, or two
+ranks share one. Right before that call, the plugin says so, naming the fix (:func:`warn_unbound_device`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Whether a Trainer needs the package's callback, and whether Lightning finds its ``callbacks_factory`` entry point.
 
-Lightning adds the callback (:mod:`lightning_mpi_env.lightning.callbacks`) to a Trainer through the entry points
-that ``pip install`` registers. A program that imports the package from a source tree on ``PYTHONPATH``, not
-installed, has none: there ``"ddp_mpi"`` gives its Trainer the callback itself (from its ``setup_environment``,
-:func:`~lightning_mpi_env.lightning.callbacks.attach`), and the plugin, which a Lightning strategy never hands the
-Trainer, says so once, with the fix (:func:`warn_without_callback`).
+Imported from a source tree, not installed, the package has no entry point: ``"ddp_mpi"`` then adds the callback
+itself (:func:`~lightning_mpi_env.lightning.callbacks.attach`), and the plugin, which a Lightning strategy never hands
+the Trainer, says so once (:func:`warn_without_callback`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``MPIClusterEnvironment``: the layout core as a Lightning ``ClusterEnvironment`` plugin, for either namespace.
 
-The class inherits from neither ``lightning.fabric``'s nor ``lightning_fabric``'s ``ClusterEnvironment``: importing
-one namespace just to subclass it would itself mix the two. It is registered as a virtual subclass of each
-namespace's ``ClusterEnvironment`` when that namespace is imported (:mod:`lightning_mpi_env.lightning.registration`), so
-``Trainer(plugins=[MPIClusterEnvironment()])`` and ``Fabric(plugins=[...])`` accept it in both.
+It subclasses neither namespace's ``ClusterEnvironment`` (importing one just to subclass it would itself mix the
+two): :mod:`lightning_mpi_env.lightning.registration` registers it as a virtual subclass of each.
 """
 
 from __future__ import annotations
@@ -77,53 +75,25 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     Use it as ``Trainer(plugins=[MPIClusterEnvironment()])`` (``lightning.pytorch`` or ``pytorch_lightning``) or
     ``Fabric(plugins=[MPIClusterEnvironment()])``. The environment is read once, when the object is made; a bad
-    layout raises :class:`~lightning_mpi_env.LayoutError` right there. The variables read are those of the launcher
-    rows in :mod:`lightning_mpi_env.core.launchers` and the scheduler rows in :mod:`lightning_mpi_env.core.schedulers`
-    (``MASTER_ADDR``/``MASTER_PORT`` first), plus ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE`` from Lightning's own
-    workers, ``LIGHTNING_MPI_ENV_ROLL_CALL``, ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, ``LIGHTNING_MPI_ENV_IFNAME``,
-    ``LIGHTNING_MPI_ENV_STALL_TIMEOUT``, ``LIGHTNING_MPI_ENV_STALL_SOFT_TIMEOUT``, ``LIGHTNING_MPI_ENV_STATE_DIR``
-    (where a verdict's failure record goes) and
-    ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
+    layout raises :class:`~lightning_mpi_env.LayoutError` right there. The variables read are the launcher rows'
+    (:mod:`lightning_mpi_env.core.launchers`), the scheduler rows' (:mod:`lightning_mpi_env.core.schedulers`),
+    Lightning's own ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE`` and the ``LIGHTNING_MPI_ENV_*`` settings
+    (:class:`~lightning_mpi_env.core.settings.Settings`).
 
-    Three ways to run (:class:`LaunchMode`):
+    Three ways to run (:class:`LaunchMode`): one launcher process per rank (``mpirun -np 8`` with
+    ``Trainer(devices=4, num_nodes=2)``: the launcher's ranks are the truth); one per node (``mpirun -npernode 1``
+    with ``Trainer(devices=N, num_nodes=M)``: Lightning starts the N workers, node rank = launcher rank; not with
+    Slurm or Flux, which export no local size); or no launcher (``python train.py``: one node, like Lightning's
+    ``LightningEnvironment``, on a free port where ``MASTER_PORT`` and every job identity are unset). With
+    Lightning's own strategies every node must run ``devices`` ranks; with ``"ddp_mpi"`` (:attr:`any_layout`) nodes
+    may differ.
 
-    - **One launcher process per rank** (``mpirun -np 8`` with ``Trainer(devices=4, num_nodes=2)``): the launcher's
-      ranks are the truth; Lightning's proposals (``set_global_rank``/``set_world_size``) are ignored. With Lightning's
-      own strategies every node must run ``devices`` ranks; with ``"ddp_mpi"`` (:attr:`any_layout`) nodes may differ.
-    - **One launcher process per node** (``mpirun -npernode 1`` with ``Trainer(devices=N, num_nodes=M)``, M = the
-      launcher's world size): Lightning starts the N local workers itself; node rank = the launcher's rank, world =
-      M x N. The workers are recognised by the launcher's variables with a local size of 1 plus Lightning's own
-      ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK`` (= the launcher's rank), ``LOCAL_RANK`` and ``WORLD_SIZE``
-      (a multiple of the launcher's world size); a ``LOCAL_RANK``/``WORLD_SIZE`` that fits no such pattern is still
-      rejected as stale. Not available with launchers that export no local size (Slurm, Flux).
-    - **No launcher** (``python train.py``): one node, Lightning starts the local workers and sets ``LOCAL_RANK``
-      and ``NODE_RANK`` (read here), like Lightning's own ``LightningEnvironment``; a free port is picked when
-      ``MASTER_PORT`` and every job identity are unset.
-
-    **The roll call.** Right before ``init_process_group``, in every strategy that sets up ``torch.distributed``
-    through the cluster environment (DDP and its spawn variants, FSDP, ModelParallel, DeepSpeed; Trainer and
-    Fabric), every rank checks in on the store that ``init_process_group`` then uses
-    (:mod:`lightning_mpi_env.rollcall`): a missing, duplicate or disagreeing rank stops every process with a
-    :class:`~lightning_mpi_env.RendezvousError` naming it, instead of a silent hang; node ranks become exact.
-    ``"ddp_mpi"`` runs it from its own ``setup_environment`` (:meth:`meet_now`); with Lightning's own strategies it
-    runs when the strategy reads ``main_address`` after its last rank proposal (the order is in
-    :mod:`~lightning_mpi_env.lightning.compat`): no frame is inspected and nothing of Lightning's is patched.
-
-    **Checkpoint and requeue.** Under Slurm, Grid Engine, PBS or LSF, the requeue signal (the scheduler's warning
-    signal unless told otherwise) makes every rank save Lightning's HPC checkpoint at the next training step (the
-    callback Lightning adds to every Trainer through this package's ``callbacks_factory`` entry point); rank 0 then
-    puts the job back in the queue (:mod:`lightning_mpi_env.lightning.requeue`). The job, started again, resumes from
-    it: by itself under Slurm, with ``trainer.fit(..., ckpt_path=lightning_mpi_env.hpc_checkpoint(trainer))``
-    elsewhere.
-
-    **Process-wide changes, scoped to the run** (:mod:`~lightning_mpi_env.lightning.process_state`; none on
-    import): the filter for Lightning's "`srun` is available but not used" advice (made here, under a launcher
-    other than ``srun`` only), ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` in ``os.environ`` right before
-    ``init_process_group`` with ``LIGHTNING_MPI_ENV_IFNAME`` (gloo and NCCL read nothing else; where the user set
-    neither), the stall watchdog's thread, the requeue signal handler (chained to the previous one), and the
-    one-line-per-rank display of an error of ours that ends the program (chained to the previous
-    ``sys.excepthook``). :meth:`teardown` puts each back: a Trainer calls it at the end of every run; a Fabric
-    program calls ``environment.teardown()`` at the end of its run, else it happens at interpreter exit.
+    Right before ``init_process_group`` every rank checks in on the roll call (:mod:`lightning_mpi_env.rollcall`): a
+    missing, duplicate or disagreeing rank stops every process with a :class:`~lightning_mpi_env.RendezvousError`
+    naming it, instead of a silent hang; node ranks become exact. When it runs is in
+    :mod:`~lightning_mpi_env.lightning.compat`; checkpoint and requeue on a scheduler's warning signal in
+    :mod:`~lightning_mpi_env.lightning.requeue`; what changes process-wide for the run, undone by :meth:`teardown`,
+    in :mod:`~lightning_mpi_env.lightning.process_state`.
 
     Args:
         environ: The environment to read; ``os.environ`` by default.
@@ -138,9 +108,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         stall_timeout: Seconds without progress on any rank, ranks not level, before the stall watchdog stops the
             job naming the stalled rank; ``0`` turns it off; else ``LIGHTNING_MPI_ENV_STALL_TIMEOUT``, else 300
             (:mod:`lightning_mpi_env.rollcall.watchdog`; it needs the roll call).
-        stall_soft_timeout: Seconds before the watchdog reports such a stall and lets the job go on (rank 0 prints
-            one line, and another when the ranks move again); ``0``: no report; else
-            ``LIGHTNING_MPI_ENV_STALL_SOFT_TIMEOUT``, else 60. Only below ``stall_timeout``.
+        stall_soft_timeout: Seconds before rank 0 reports such a stall and lets the job go on; ``0``: no report;
+            else ``LIGHTNING_MPI_ENV_STALL_SOFT_TIMEOUT``, else 60. Only below ``stall_timeout``.
         requeue_command: The command that puts the job back in the queue, instead of the scheduler's (e.g.
             ``["qsub", "job.sh"]`` where PBS's ``qrerun`` needs a manager).
     """
@@ -171,14 +140,11 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         """The ``LIGHTNING_MPI_ENV_*`` settings, with the arguments given here taking precedence."""
         self._layout, spawned = read_launch(env)
         identity = job_identity(env)
-        # Only where LIGHTNING_MPI_ENV_STATE_DIR is set (a supervisor's step): elsewhere nothing is written.
         self._recorder = FailureRecorder.plan(
             self.settings.state_dir, self._layout.launcher_name, None if identity is None else identity[0]
         )
         launcher = self._layout.launcher
         if launcher is not None and launcher.key != SLURM.key:
-            # Lightning's advice to prepend `srun` is wrong for ranks another launcher started (and it gives none
-            # under srun); until the end of the run: Lightning gives it while it builds the Trainer and at fit().
             self.changes.add(Change.SRUN_FILTER, silence_srun_not_used())
         self._fabric = socket_ifname_exports(self.settings.ifname, env)  # checked now, exported before init
         if not self.settings.roll_call:  # with the roll call, node ranks become exact before any use
@@ -191,12 +157,10 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         self._stage = Stage.CONFIGURED
         self._expected: tuple[int, int] | None = None  # (devices, num_nodes) the launcher was given
         self.any_layout = False
-        """Whether the strategy takes the world size, every rank's rank and device and the data sampler from the
-        launch (``"ddp_mpi"`` says so), so that nodes may run different numbers of ranks. Lightning's own
-        strategies take ``devices x num_nodes``: with them an uneven launch is refused."""
+        """Whether the strategy (``"ddp_mpi"``) takes world, ranks, devices and sampler from the launch, so that
+        nodes may run different numbers of ranks; Lightning's own strategies refuse an uneven launch."""
         self.api = "Trainer/Fabric"
-        """Who takes ``devices``/``num_nodes``, for the messages: the ``"ddp_mpi"`` strategy says which (a plugin
-        is never told whether a Trainer or a Fabric holds it)."""
+        """Who takes ``devices``/``num_nodes``, for the messages (``"ddp_mpi"`` says which; a plugin is not told)."""
         self._met: RendezvousResult | None = None  # keeps rank 0's store serving until init_process_group
         self._watchdog: Watchdog | None = None  # started by the roll call, stopped at teardown
         self._steps_asked = 0  # requeue_requested() calls: a Fabric loop's steps
@@ -204,8 +168,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         self._made_in_pid = os.getpid()  # a copy in another process was forked or pickled there by Lightning
         self.process_group_backend: str | None = None  # the strategy's, when it says (ddp_mpi); else the device's
         self.accelerator = ""
-        """The device type the strategy drives (``"cuda"``), when it says (``"ddp_mpi"``): the roll call then
-        states this rank's visible devices and finds each rank's own."""
+        """The device type ``"ddp_mpi"`` drives (``"cuda"``): the roll call then finds each rank's own device."""
         self.requeue = Requeue.plan(
             env, enabled=self.settings.requeue, requeue_signal=requeue_signal, command=requeue_command
         )
@@ -269,8 +232,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     def _port(self) -> int:
         if self._layout.launcher is None and self._layout.sources.get("main_port") == "default":
-            # On a workstation several jobs may run at once: like LightningEnvironment, take a free port. The
-            # workers Lightning starts inherit it as MASTER_PORT.
+            # Like LightningEnvironment: several jobs may share a workstation. The workers inherit it as MASTER_PORT.
             if self._free_port is None:
                 self._free_port = find_free_port()
             return self._free_port
@@ -295,8 +257,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     def local_rank(self) -> int:
         if self._ranks.local_rank is not None:
             return self._ranks.local_rank
-        # ddp_spawn/ddp_fork/ddp_notebook set LOCAL_RANK in each worker after this object was made (and copied
-        # into the worker), as Lightning's own LightningEnvironment expects.
+        # ddp_spawn/ddp_fork/ddp_notebook set it in each worker after this object was made (as LightningEnvironment).
         value = os.environ.get(TORCH.local_rank)
         return 0 if value is None else parse_count(value, variable=TORCH.local_rank)
 
@@ -326,8 +287,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     @override
     @shows_errors_briefly
     def set_world_size(self, size: int) -> None:
-        # Lightning proposes ranks once while it builds the Trainer or Fabric, then again right before
-        # init_process_group (compat): the second proposal arms the roll call.
+        # The second of Lightning's two proposals, right before init_process_group, arms the roll call (compat).
         if self._stage is Stage.CONFIGURED:
             self._stage = Stage.PROPOSED
         elif self._stage is Stage.PROPOSED:
@@ -353,9 +313,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         """The device this rank drives, as an index into the devices it sees; asked by ``"ddp_mpi"``'s root device.
 
         From the rank's own variables where they say it (:func:`~lightning_mpi_env.core.devices.own_device`), else
-        from the roll call, which then runs right here (every rank's visible set on each host:
-        :func:`~lightning_mpi_env.core.devices.assign_devices`). Not :meth:`local_rank`: under per-task GPU binding
-        the device index is not the local rank. Made once.
+        from the roll call, run right here (:func:`~lightning_mpi_env.core.devices.assign_devices`). Made once. Not
+        :meth:`local_rank`: under per-task GPU binding the device index is not the local rank.
 
         Args:
             accelerator: The device type the strategy drives (``"cuda"``).
@@ -433,17 +392,14 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         if nodes is not None and num_nodes != nodes:
             raise nodes_against_launch(layout, self.api, num_nodes, nodes, layout.sources["num_nodes"])
         if nodes is None and not self.settings.roll_call and layout.is_even and num_nodes != layout.num_nodes:
-            # No roll call will count the hosts: hold the given value to this node's reckoning, as before.
+            # No roll call will count the hosts: hold the given value to this node's reckoning.
             raise settings_mismatch(layout, self.api, num_devices, num_nodes, self._visible)
 
     @override
     def teardown(self) -> None:
         """The end of the run: put back everything this environment changed process-wide (idempotent).
 
-        The stall watchdog stops (a finished rank is not a stalled one); the fabric's exports, the requeue handler
-        and the srun filter come out; see :mod:`~lightning_mpi_env.lightning.process_state`. A Trainer calls it at
-        the end of every run; a Fabric program calls it at the end of its run (Fabric calls no teardown), else it
-        runs at interpreter exit.
+        Who calls it, and what goes back: :mod:`~lightning_mpi_env.lightning.process_state`.
         """
         self.changes.undo()
         restore_excepthook()
@@ -489,9 +445,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     def _start_meeting(self) -> None:
         """Once per process, right before ``init_process_group``: the fabric's exports, then the roll call.
 
-        From ``"ddp_mpi"``'s ``setup_environment`` (:meth:`meet_now`); with Lightning's own strategies at the first
-        read of the address after the last rank proposal; or earlier where ``"ddp_mpi"`` asks for a device that only
-        the roll call can say (:meth:`device_for`): all ways prepare the same.
+        Reached from :meth:`meet_now`, :attr:`main_address`/:attr:`main_port` or :meth:`device_for`, alike.
         """
         self._stage = Stage.MET
         settle_collectives_at_exit()  # init_process_group comes next
@@ -547,8 +501,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     def watch_requeue_signal(self) -> None:
         """Install the requeue signal handler for this run (idempotent; chained to the handler in place).
 
-        The Trainer's callback calls it when training starts (after Lightning set its own handlers, which it puts
-        back at its teardown); a Fabric loop's first :meth:`requeue_requested`, here. :meth:`teardown` takes it out.
+        Called when training starts (the Trainer's callback, after Lightning's own handlers) or by a Fabric loop's
+        first :meth:`requeue_requested`; :meth:`teardown` takes it out.
         """
         plan = self.requeue
         if plan is None or Change.REQUEUE_HANDLER in self.changes:

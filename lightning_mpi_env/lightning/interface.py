@@ -1,8 +1,7 @@
 """Lightning's ``ClusterEnvironment`` interface, declared here so the environment needs neither namespace to exist.
 
 The methods and their meaning are Lightning's (``lightning.fabric.plugins.environments.ClusterEnvironment``, the same
-in ``lightning_fabric``); :mod:`lightning_mpi_env.lightning.registration` registers the environment as a virtual
-subclass of each namespace's class when that namespace is imported.
+in ``lightning_fabric``).
 """
 
 from __future__ import annotations

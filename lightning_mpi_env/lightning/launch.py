@@ -93,10 +93,8 @@ def initial_mode_and_ranks(layout: RankLayout, env: Mapping[str, str], spawned: 
 def read_launch(env: Mapping[str, str]) -> tuple[RankLayout, bool]:
     """The layout, and whether Lightning started this process as a worker of a one-process-per-node launch.
 
-    Lightning's workers carry the launcher's variables plus its own ``LIGHTNING_SPAWN_VARIABLES``; their
-    ``LOCAL_RANK``/``WORLD_SIZE`` are not stale. The environment is parsed once, without those two when all of
-    Lightning's variables are there; a second parse happens only when they turn out not to be a worker's, to name
-    them as stale.
+    Lightning's workers carry the launcher's variables plus its own ``LIGHTNING_SPAWN_VARIABLES``: their
+    ``LOCAL_RANK``/``WORLD_SIZE`` are not stale. Elsewhere those two are parsed as stale.
     """
     if not all(name in env for name in LIGHTNING_SPAWN_VARIABLES):
         return from_env(env), False
@@ -168,9 +166,7 @@ def settings_mismatch(
     """``devices``/``num_nodes`` of the Trainer or Fabric (``api``) that do not fit the launch.
 
     ``visible`` is the rank's device variable and list: a list shorter than the ranks per node is per-task GPU
-    binding, under which Lightning's own strategies would drive ``cuda:<local rank>``. Where the launcher exports
-    no node count, the launch may also be uneven (another node may run another number of ranks): the message says
-    so, and names ``"ddp_mpi"``, rather than presenting a guess as the launch.
+    binding, under which Lightning's own strategies would drive ``cuda:<local rank>``.
     """
     assert layout.launcher is not None
     bound = ""
@@ -207,12 +203,7 @@ def settings_mismatch(
 
 
 def uneven_layout(layout: RankLayout, api: str, num_devices: int, num_nodes: int) -> LayoutError:
-    """A launch whose nodes run different numbers of ranks, under a strategy of Lightning's own (the plugin).
-
-    Lightning's ``DDPStrategy`` (and FSDP, DeepSpeed, ModelParallel) takes ``global rank = node rank x devices +
-    local rank`` and a world of ``devices x num_nodes``: no ``devices``/``num_nodes`` describes such a launch.
-    ``"ddp_mpi"`` takes them from the launch.
-    """
+    """A launch whose nodes run different numbers of ranks, under a strategy of Lightning's own (the plugin)."""
     assert layout.launcher is not None
     return LayoutError(
         f"{layout.launcher.name} placed ranks unevenly: this node runs {layout.sources['local_size']}="

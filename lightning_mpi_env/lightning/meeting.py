@@ -1,9 +1,8 @@
 """The roll call as ``MPIClusterEnvironment`` runs it: this rank's claim in, one :class:`Meeting` record out.
 
-The environment decides *when* (its :class:`~lightning_mpi_env.lightning.launch.Stage`); this module says *what*:
-build the claim from the rank's layout and facts, meet every rank on the store
-(:func:`lightning_mpi_env.rollcall.store.rendezvous`), and hand back the exact node ranks, the device the roll call
-found, and the stall watchdog it started. It sets no attribute of the environment.
+The environment decides when (:class:`~lightning_mpi_env.lightning.launch.Stage`); this module builds the claim and
+meets every rank on the store (:func:`lightning_mpi_env.rollcall.store.rendezvous`). It sets no attribute of the
+environment.
 """
 
 from __future__ import annotations

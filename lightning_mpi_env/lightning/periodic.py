@@ -5,18 +5,13 @@ relaunched Trainer resumes with ``fit(ckpt_path=hpc_checkpoint(trainer))`` as a 
 or died cannot save on a signal, so the checkpoint has to be there already:
 
 - ``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY=N`` (``N`` > 0; off by default) makes every rank save an HPC checkpoint every
-  ``N`` global steps, under a scheduler job, through the requeue's own path
-  (:func:`~lightning_mpi_env.lightning.checkpoints.save_recorded`: reserved, pending, saved, finished) into the
-  job's record, marked ``periodic``. It is no requeue (the count stays). Rank 0 then keeps the job's newest
-  :data:`KEEP` complete periodic checkpoints and deletes the job's older periodic files (record first, then the
-  files); requeue checkpoints and other jobs' files are never deleted. At a step where the ranks agreed to requeue,
-  only the requeue's checkpoint is saved.
+  ``N`` global steps under a scheduler job, into the job's record marked ``periodic``
+  (:func:`~lightning_mpi_env.lightning.checkpoints.save_recorded`); no requeue is counted. Rank 0 then keeps the
+  job's newest :data:`KEEP` (:func:`pruned`); requeue checkpoints and other jobs' files are never deleted.
 - With ``LIGHTNING_MPI_ENV_STATE_DIR`` set, rank 0 writes ``first-step.json`` once per fit, after its first training
   batch (:mod:`lightning_mpi_env.core.progress`): the step reached and the checkpoint resumed, for the supervisor.
 
-The callback (:mod:`lightning_mpi_env.lightning.callbacks`) holds one :class:`FitProgress` per fit and replaces it
-after each batch. Fabric gets neither: its checkpoint is its loop's own, and its steps are its loop's
-(``docs/preemption.md``, "Fabric").
+Fabric gets neither: its checkpoint and its steps are its loop's own (``docs/preemption.md``, "Fabric").
 """
 
 from __future__ import annotations

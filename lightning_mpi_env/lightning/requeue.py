@@ -6,25 +6,18 @@ Lightning requeues only for its own ``SLURMEnvironment`` (``isinstance`` of it).
 
 1. The signal handler only notes that the signal came (heavy work in a signal handler can stop halfway).
 2. The ranks agree on one step to stop at (under ``mpirun`` inside a batch job, only the ranks a job step started
-   get ``scancel --signal``): through the roll call's store, from the watchdog thread, so the training loop pays
-   nothing per step (:mod:`lightning_mpi_env.rollcall.agreement`); without the roll call, by a collective after
-   every step (:meth:`Requeue.agree`).
-3. At that step all ranks save Lightning's HPC checkpoint, ``<default_root_dir>/hpc_ckpt_<n>.ckpt``, and the job's
-   record says it saved it (:mod:`lightning_mpi_env.lightning.checkpoints`); then rank 0 runs the scheduler's requeue
-   command (``scontrol requeue``, ``qrerun``, ``brequeue``) on the job id checked against the scheduler's syntax,
-   and every rank exits with the scheduler's requeue exit status (Grid Engine reschedules a job that exits 99).
-   Past ``LIGHTNING_MPI_ENV_MAX_REQUEUES`` restarts of this job (``SLURM_RESTART_COUNT`` under Slurm, else the
-   count in the job's record: deleting checkpoints does not reset it), the checkpoint is saved but the job is not
-   requeued, and every rank exits with status 1: a job that is warned again right after each restart does not
-   requeue forever.
+   get ``scancel --signal``): through the roll call's store, from the watchdog thread
+   (:mod:`lightning_mpi_env.rollcall.agreement`), else by a collective after every step (:meth:`Requeue.agree`).
+   The Trainer's callback (:mod:`~lightning_mpi_env.lightning.callbacks`) asks, or a Fabric loop's
+   ``MPIClusterEnvironment.requeue_requested()``.
+3. At that step all ranks save Lightning's HPC checkpoint into the job's record
+   (:mod:`lightning_mpi_env.lightning.checkpoints`); rank 0 runs the scheduler's requeue command on the job id
+   checked against the scheduler's syntax, and every rank exits with the scheduler's requeue exit status (Grid
+   Engine reschedules a job that exits 99). Past ``LIGHTNING_MPI_ENV_MAX_REQUEUES`` restarts
+   (``SLURM_RESTART_COUNT`` under Slurm, else the record's count) the job is not requeued and every rank exits 1,
+   so that a job warned again right after each restart does not requeue forever.
 4. The job, started again, resumes from its own newest complete checkpoint:
-   ``trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))``, on every scheduler. That explicit path is the public
-   way past Lightning's own Slurm resume, which takes the highest ``hpc_ckpt_<n>.ckpt`` whatever job saved it and
-   whether or not its save finished; where the job has no checkpoint of its own yet and Lightning would resume
-   another's by itself, :func:`hpc_checkpoint` raises a ``CheckpointError`` naming both jobs.
-
-Step 2 runs in :class:`~lightning_mpi_env.lightning.callbacks` (added to every Trainer by Lightning itself through
-the ``callbacks_factory`` entry point) and, in a Fabric loop, in ``MPIClusterEnvironment.requeue_requested()``.
+   ``trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))``, on every scheduler (:func:`hpc_checkpoint`).
 
 ``auto_requeue=False`` or ``LIGHTNING_MPI_ENV_REQUEUE=0`` turns it off; without a scheduler it does nothing.
 """
@@ -160,9 +153,8 @@ def hpc_checkpoint(trainer: Any) -> str | None:
     """This job's own newest complete HPC checkpoint, for ``trainer.fit(model, ckpt_path=...)`` on every scheduler.
 
     ``None`` on the first run and outside a scheduler (start afresh). Checkpoints of other jobs in
-    ``default_root_dir`` are never returned;
-    the job's own that do not check out (a save cut off, an empty or unreadable file) are skipped with a
-    ``CheckpointWarning``, and the one before is used. Rank 0 says which checkpoint it resumes from.
+    ``default_root_dir`` are never returned; the job's own that do not check out (a save cut off, an empty or
+    unreadable file) are skipped with a ``CheckpointWarning``. Rank 0 says which checkpoint it resumes from.
 
     Raises:
         CheckpointError: The job has no checkpoint of its own, and Lightning would resume another file of the folder
@@ -185,11 +177,9 @@ def hpc_checkpoint(trainer: Any) -> str | None:
 def refuse_another_jobs_resume(trainer: Any, plan: Requeue) -> None:
     """Stop a fit that resumed another job's HPC checkpoint of ``default_root_dir``, before its first step.
 
-    ``fit(model)`` with no ``ckpt_path`` lets Lightning's own Slurm resume take the highest ``hpc_ckpt_<n>.ckpt``
-    of the folder, whichever job saved it; :func:`hpc_checkpoint` is the public way past that. This check, run by the
-    callback when training starts (``trainer.ckpt_path`` is then the file restored), catches the fits that do not
-    pass it: a checkpoint of the folder that is not in this job's record ends the fit with the two jobs named.
-    A file elsewhere, or not named as an HPC checkpoint, is the program's own choice and is left alone.
+    Lightning's own Slurm resume (``fit(model)`` with no ``ckpt_path``) takes the highest ``hpc_ckpt_<n>.ckpt`` of
+    the folder, whichever job saved it. The callback runs this when training starts (``trainer.ckpt_path`` is then
+    the file restored). A file elsewhere, or not named as an HPC checkpoint, is the program's own choice.
 
     Raises:
         CheckpointError: The fit resumed an HPC checkpoint of ``default_root_dir`` that this job did not save.
@@ -272,9 +262,8 @@ def _say(message: str) -> None:
 def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int) -> None:
     """Save the HPC checkpoint on every rank, have rank 0 requeue the job, and end every rank.
 
-    Called by every rank at the same step, once the ranks agreed to stop there. The checkpoint goes through
-    :func:`~lightning_mpi_env.lightning.checkpoints.save_recorded` (reserved, pending, saved by every rank,
-    finished), and the job's record counts the requeue in the same write as the finished save.
+    Called by every rank at the same step, once the ranks agreed to stop there; the job's record counts the requeue
+    in the same write as the finished save (:func:`~lightning_mpi_env.lightning.checkpoints.save_recorded`).
 
     Args:
         trainer: The Trainer.
@@ -351,7 +340,7 @@ def requeue_now(plan: Requeue | None, fabric: object) -> NoReturn:
             "Call it only when requeue_requested() said so.",
         )
     fabric.barrier("lightning_mpi_env.lightning.requeue.saved")  # type: ignore[attr-defined]  # every rank's save is done
-    # No collective after this: the scheduler ends every rank of a requeued job at once (see the module docstring).
+    # No collective after this: the scheduler ends every rank of a requeued job at once.
     if fabric.global_rank != 0 or plan.run_command():  # type: ignore[attr-defined]
         raise SystemExit(plan.exit_code)
     raise SystemExit(1)

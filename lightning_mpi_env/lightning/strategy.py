@@ -1,19 +1,15 @@
 """``MPIDDPStrategy`` (``strategy="ddp_mpi"``): Lightning's DDP with ``MPIClusterEnvironment`` and its roll call.
 
-``DDPStrategy`` is a different class in ``lightning.pytorch``, ``pytorch_lightning``, ``lightning.fabric`` and
-``lightning_fabric``, so there is one ``MPIDDPStrategy`` per package. Each is made, and registered as ``"ddp_mpi"``
-in that package's strategy registry, right when the package's ``strategies`` module is imported (before or after
-this module). The roll call runs from the strategy's own public ``setup_environment``, right before Lightning's
-``DDPStrategy`` sets up ``torch.distributed`` there, through the cluster environment
-(``MPIClusterEnvironment.meet_now``).
+``DDPStrategy`` is a different class in each Lightning package, so there is one ``MPIDDPStrategy`` per package, made
+and registered as ``"ddp_mpi"`` when that package's ``strategies`` module is imported (before or after this module).
+The roll call runs from the strategy's own public ``setup_environment`` (``MPIClusterEnvironment.meet_now``).
 
 Which class you get:
 
 - ``from lightning_mpi_env.pytorch import MPIDDPStrategy`` (``.fabric``, ``.pytorch_lightning``,
   ``.lightning_fabric``): the one for that package, typed for it (:func:`public_module`); the recommended import.
 - ``Trainer(strategy="ddp_mpi")`` and ``Fabric(strategy="ddp_mpi")`` pick the right one by themselves.
-- :func:`strategy_class` (``strategy_class("pytorch_lightning")``, ``strategy_class("lightning.fabric")``) names
-  the package explicitly, and imports it.
+- :func:`strategy_class` names the package explicitly (``strategy_class("lightning.fabric")``), and imports it.
 - ``lightning_mpi_env.MPIDDPStrategy``, kept for existing programs, is the Trainer class of the one namespace your
   program has imported, untyped; it raises :class:`ImportError` when none or both are imported.
 """
@@ -113,21 +109,17 @@ def _build(package: str, strategies: ModuleType) -> type:
         """Lightning's ``DDPStrategy`` with ``MPIClusterEnvironment``: the roll call before ``init_process_group``.
 
         ``devices`` and ``num_nodes`` left at their defaults in ``Trainer(...)``/``Fabric(...)`` come from the launch:
-        this node's ranks and the number of nodes. Lightning hands them over through the public
-        ``parallel_devices`` and ``num_nodes`` setters, which keep no record of what was typed, so a value equal to
-        the default's counts as left out (``num_nodes=1``; ``devices`` equal to what ``"auto"`` gives). Other values
-        must match the launch, or the job stops saying so.
-
-        Any layout the launch gives trains, also nodes that run different numbers of ranks: the world size and the
-        global ranks are the launcher's, each node's devices its own count, the node count the roll call's, and the
-        sampler deals over every rank (:attr:`distributed_sampler_kwargs`), never ``num_nodes x devices``.
+        this node's ranks and the number of nodes. Lightning's public ``parallel_devices`` and ``num_nodes`` setters
+        keep no record of what was typed, so a value equal to the default's counts as left out (``num_nodes=1``;
+        ``devices`` equal to what ``"auto"`` gives). Other values must match the launch, or the job stops saying so.
+        Any layout trains, also nodes that run different numbers of ranks (:attr:`distributed_sampler_kwargs`).
 
         Args:
             rendezvous_timeout: Seconds to wait for every rank in the roll call; else
                 ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, else 120. Separate from ``timeout``, the collective
                 timeout of ``DDPStrategy``.
             cluster_environment: ``MPIClusterEnvironment()`` by default, read when the strategy is made. Another
-                environment works too, without the roll call (it is ``MPIClusterEnvironment``'s).
+                environment works too, without the roll call.
             **kwargs: Passed to ``DDPStrategy`` (``timeout``, ``find_unused_parameters``,
                 ``process_group_backend``, ...).
         """
@@ -143,11 +135,9 @@ def _build(package: str, strategies: ModuleType) -> type:
                 settings = cluster_environment.settings.with_arguments(rendezvous_timeout=rendezvous_timeout)
                 cluster_environment.settings = settings
             if isinstance(cluster_environment, MPIClusterEnvironment):
-                # The roll call compares the backend this strategy will use, when it is given; the messages name
-                # the right class.
+                # The roll call compares the backend given; the messages name the right class.
                 cluster_environment.process_group_backend = kwargs.get("process_group_backend")
                 cluster_environment.api = "Trainer" if trainer_side else "Fabric"
-                # World, ranks, devices and sampler come from the launch here: any layout trains.
                 cluster_environment.any_layout = True
             # What init_process_group gets where this strategy opens the process group itself (bind_device).
             self._backend_given: str | None = kwargs.get("process_group_backend")
@@ -160,11 +150,8 @@ def _build(package: str, strategies: ModuleType) -> type:
             """The roll call, then Lightning's ``setup_environment`` (its device, then ``init_process_group``).
 
             The ranks are proposed to the environment first, as Lightning's ``DDPStrategy`` proposes them right
-            after: where Lightning starts the workers (node rank x processes per node + local rank, of nodes x
-            processes per node), the roll call needs them; where the launcher started every rank, its ranks are
-            the truth, whatever each node runs. A ``num_nodes`` given that the roll call's hosts contradict stops
-            every rank here. First, in a Trainer, the package's callback where Lightning did not add it (the
-            package imported from a source tree, not installed): the Trainer calls every hook of the run after this.
+            after; a ``num_nodes`` given that the roll call's hosts contradict stops every rank here. Before all, in a
+            Trainer, the package's callback where Lightning did not add it (:func:`attach`).
             """
             if trainer_side and self.lightning_module is not None:
                 attach(self.lightning_module.trainer, package)  # the callback, where no entry point added it
@@ -182,14 +169,14 @@ def _build(package: str, strategies: ModuleType) -> type:
             super().setup_environment()
 
         def bind_device(self) -> None:
-            """Open the process group with ``device_id=root_device`` where Lightning would pass none (before 2.5.5).
+            """Open the process group with ``device_id=root_device`` where Lightning would pass none.
 
-            Lightning 2.5.5 and newer pass ``device_id=root_device`` (this strategy's device) to
-            ``init_process_group`` themselves on a GPU. Older ones pass none, and torch 2.15's ``nccl`` backend
-            (``nccl2``) then binds ``LOCAL_RANK % count`` or ``global rank % count``, not the device this rank drives
-            (per-task binding, nodes with more GPUs than ranks). So here, on a CUDA device, the process group is
-            opened first through Lightning's own call with ``device_id`` added; Lightning's call after it finds it
-            open and returns. Nothing to do on the CPU, or on a torch older than 2.3 (as Lightning).
+            Lightning before :data:`~lightning_mpi_env.lightning.compat.DEVICE_ID_SINCE` passes none, and torch's
+            ``nccl2`` backend then binds another device than this rank's
+            (:mod:`~lightning_mpi_env.lightning.device_id`).
+            So on a CUDA device the process group is opened first through Lightning's own call with ``device_id``
+            added; Lightning's call after it finds it open and returns. Nothing to do on the CPU, or on a torch older
+            than 2.3 (as Lightning).
             """
             if passes_device_id(package) or installed_torch() < TORCH_DEVICE_ID_SINCE:
                 return
@@ -227,9 +214,6 @@ def _build(package: str, strategies: ModuleType) -> type:
                 return base.distributed_sampler_kwargs.fget(self)
             return {"num_replicas": self.world_size, "rank": self.global_rank}
 
-        # Lightning hands the strategy its devices and node count through the public setters while it builds the
-        # Trainer or Fabric. Values left at their defaults ("auto" devices, one node) follow the launch.
-
         @property
         @override
         def parallel_devices(self) -> Any:
@@ -249,9 +233,7 @@ def _build(package: str, strategies: ModuleType) -> type:
         @override
         def num_nodes(self) -> int:
             # Read here rather than set: Fabric stores its value without the public setter. Left at 1, it is the
-            # launch's: the roll call's count of hosts once it ran (from the start of fit), before that the
-            # launcher's where it exports one or this node's reckoning; unknown yet (an uneven launch under a
-            # launcher that exports no node count), it stays 1 until the roll call.
+            # launch's (the roll call's count of hosts once it ran, else the launcher's); 1 while unknown.
             num_nodes = int(base.num_nodes.fget(self))
             environment = self.__dict__.get("cluster_environment")
             if num_nodes == 1 and isinstance(environment, MPIClusterEnvironment) and environment.layout.launcher:

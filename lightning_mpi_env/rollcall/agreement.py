@@ -1,10 +1,9 @@
 """One step at which every rank stops for checkpoint-and-requeue, agreed through the store, with no collective.
 
-A requeue checkpoint must be taken by every rank at the same step, yet the scheduler's warning signal may reach only
-some ranks (under ``mpirun`` inside a batch job, ``scancel --signal`` reaches the ranks of a job step only). Asking
-the others after each step with a collective costs every step of every healthy job a round trip (1.2x step time on
-a 5 ms step, measured). Here the watchdog thread, which already talks to the roll call's store once per interval,
-agrees instead, and the training loop only reads two local variables per step:
+The scheduler's warning signal may reach only some ranks (under ``mpirun`` inside a batch job, ``scancel --signal``
+reaches the ranks of a job step only), yet every rank must checkpoint at the same step. A collective after each step
+would cost every step a round trip; instead the watchdog thread, which talks to the store once per interval, agrees,
+and the training loop only reads two local variables per step:
 
 1. A rank whose handler noted the signal writes ``stop/requested`` (its thread, at its next interval).
 2. Every rank's thread that sees it first sets :attr:`StopAgreement.seen`, then posts the step this rank will
@@ -16,8 +15,7 @@ the loop's step; so a loop that finished its step ``n`` either was seen at ``n -
 at ``n`` and waits there for the agreed step, which is at least its own post. A rank waiting there holds no other
 rank: the posts come from the threads, not from the loops. The wait is bounded by the slowest thread's interval.
 
-Store traffic: nothing per step; per interval, nothing beyond the watchdog's own requests until a signal came;
-then about four requests per rank, once.
+Store traffic: none per step, none beyond the watchdog's own until a signal came, then about four requests per rank.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ class Deadline:
     """Runs one interval's store requests on a thread of its own, and waits for them at most a deadline.
 
     A request to a store whose host is frozen (rank 0 under ``SIGSTOP``, a node swapping) never returns: the
-    client's timeout does not cover a server that accepted the connection and stopped answering (measured with
-    torch 2.13). The watchdog thread must still see the silence to name it. Requests of a later interval wait for
-    the unanswered ones instead of sending more on the same connection.
+    client's timeout does not cover a server that accepted the connection and stopped answering. The watchdog
+    thread must still see the silence to name it. Requests of a later interval wait for the unanswered ones instead
+    of sending more on the same connection.
     """
 
     def __init__(self) -> None:

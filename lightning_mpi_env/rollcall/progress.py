@@ -1,13 +1,9 @@
 """Rank 0's progress lines while the roll call waits: how many ranks arrived, which are missing, how long is left.
 
 A roll call that waits for ranks still starting (or never started) would otherwise say nothing until its timeout.
-Every :data:`PROGRESS_INTERVAL` seconds of the wait, rank 0 prints one line on stderr, never one per rank::
-
-    lightning-mpi-env: roll call: 6 of 8 ranks arrived, still waiting for ranks 3, 5 (110 s left of the 120 s
-    rendezvous timeout)
-
-Nothing is printed when every rank arrives within the first interval. The line is reported beside the protocol: it
-reads the arrived-ranks list the verdict on missing ranks reads, and changes nothing in the store.
+Every :data:`PROGRESS_INTERVAL` seconds of the wait, rank 0 prints one line on stderr (:func:`progress_line`),
+never one per rank. Nothing is printed when every rank arrives within the first interval, and nothing is written to
+the store.
 """
 
 from __future__ import annotations
@@ -64,8 +60,6 @@ def _stderr(line: str) -> None:
 
 class ArrivalProgress:
     """Says, every ``interval`` seconds from its creation, which ranks the roll call still waits for.
-
-    Created when rank 0's roll call starts; :meth:`poll` is called between two checks of the store.
 
     Args:
         world_size: The job's number of ranks.

@@ -1,9 +1,8 @@
 """When ranks cannot reach rank 0's store: what each side resolved the main host to, and rank 0's interfaces.
 
-A rank that cannot reach rank 0 cannot learn rank 0's view either, so each side says its own: the unreachable rank
-what the main host resolves to on its node and why its last attempt failed; rank 0 (in the store, read by whoever
-writes the missing-ranks verdict) what it resolved and its interfaces. Together they show a main host name that
-resolves to a management network on one node and to another address elsewhere. Standard library only.
+A rank that cannot reach rank 0 cannot learn rank 0's view, so each side says its own (rank 0's through the store,
+for the missing-ranks verdict): together they show a main host name that resolves to a different network on some
+nodes. Standard library only.
 """
 
 from __future__ import annotations
@@ -37,11 +36,8 @@ class NetworkView(NamedTuple):
     """What one host sees of the main host: its own name, what the main host resolves to, its interfaces."""
 
     host: str
-    """This host's name."""
     resolution: Resolution
-    """What the main host resolves to here."""
     interfaces: tuple[Interface, ...]
-    """This host's interfaces."""
 
     @classmethod
     def here(cls, main_address: str) -> NetworkView:

@@ -1,8 +1,10 @@
 """The stall rule, pure: what rank 0 remembers of every rank's reports, and when that adds up to a stall.
 
 Two rules, either is a stall (:func:`find_stall`): no progress anywhere for the timeout while the ranks are not
-level, or one rank's heartbeat silent for the timeout while the others' go on, whatever the loop marks. The thread
-that applies them is :mod:`lightning_mpi_env.rollcall.watchdog`. Standard library only.
+level (some rank got further and waits in the next collective; work slow for everyone leaves them level), or one
+rank's heartbeat silent for the timeout while the others' go on, whatever the loop marks. A rank behind whose
+heartbeat stopped too is *frozen*; else *alive*, its main thread's place shown. The thread that applies the rules
+is :mod:`lightning_mpi_env.rollcall.watchdog`. Standard library only.
 """
 
 from __future__ import annotations
@@ -62,12 +64,10 @@ class Stall:
 def find_stall(
     seen: Mapping[int, Seen], now: float, timeout: float, frozen_after: float, world_size: int, started: float = 0.0
 ) -> StallError | None:
-    """The stall in ``seen`` (see the module docstring), as the error every rank shows; ``None`` when there is none.
+    """The stall in ``seen`` (the module docstring's two rules), as the error every rank shows; else ``None``.
 
-    Two rules, either is a stall: no progress anywhere for ``timeout`` while ranks are not level (those behind are
-    named); or a rank's heartbeat silent for ``timeout`` while another rank's still beats (within ``frozen_after``),
-    whatever the marks say. A rank that never reported (it froze, or its main thread held it, before its watchdog's
-    first report) counts as behind, from ``started``, when rank 0 began watching.
+    A heartbeat counts as beating within ``frozen_after``. A rank that never reported counts as behind, from
+    ``started``, when rank 0 began watching.
 
     >>> r = lambda rank, progress: Report(rank, "n", progress, progress // 4, progress % 4, 1, "t.py:1 in f")
     >>> level = {0: Seen(r(0, 9), 0.0, 100.0), 1: Seen(r(1, 9), 0.0, 100.0)}

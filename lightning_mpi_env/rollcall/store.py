@@ -1,17 +1,9 @@
-"""The roll call: every rank of a job checks in on one ``torch.distributed.TCPStore`` before ``init_process_group``.
+"""The roll call's protocol on the ``torch.distributed.TCPStore`` that rank 0 serves on the main address and port.
 
-Every process registers what it claims (rank, host, local rank, process id, world size, main port, the versions of
-Python, torch and Lightning, its backend and device) in the store that rank 0 serves on the main address and port. A
-rank claimed twice, ranks that never arrive, a rank that disagrees with rank 0, two ranks on one host that would
-drive one GPU, and ranks spread unevenly over the hosts each end *every* process with a :class:`RendezvousError`
-naming the ranks, hosts and values, instead of a silent wait in ``init_process_group``.
-
-Any rank can reach the verdict, from what the store holds: the rank that sees the problem first writes it under
-one key, and every rank raises it. Rank 0 serves the store with ``multi_tenant=True``, so the store that
-``init_process_group(init_method="env://")`` then opens on the same port is this very server: no second port.
-
-Node ranks come from the exchanged host names: hosts are numbered by the lowest global rank on each (node 0 holds
-rank 0), exact under any placement. This module needs torch (imported when a roll call runs), not Lightning.
+Every process registers its :class:`~lightning_mpi_env.rollcall.verdicts.Claim`; the rank that sees a problem
+first writes it under one key as the verdict, and every rank raises it. Rank 0 serves the store with
+``multi_tenant=True``, so the store that ``init_process_group(init_method="env://")`` then opens on the same port is
+this very server: no second port. This module needs torch (imported when a roll call runs), not Lightning.
 """
 
 from __future__ import annotations
@@ -74,12 +66,12 @@ _RANK_ZERO_VIEW = KEY_PREFIX + "network/0"
 
 
 def store_append(store: TCPStore, key: str, value: str) -> None:
-    """``TCPStore.append`` (public since torch 2.2; torch's type stubs do not declare it)."""
+    """``TCPStore.append`` (public, but not in torch's type stubs)."""
     store.append(key, value)  # type: ignore[attr-defined]
 
 
 def store_multi_set(store: TCPStore, keys: list[str], values: list[str]) -> None:
-    """``TCPStore.multi_set`` (public since torch 2.2; torch's type stubs do not declare it)."""
+    """``TCPStore.multi_set`` (public, but not in torch's type stubs)."""
     store.multi_set(keys, values)  # type: ignore[attr-defined]
 
 
@@ -90,9 +82,7 @@ class RendezvousResult:
     store: TCPStore
     """The store; on rank 0 it serves the port until this object is dropped."""
     claim: Claim
-    """This process's claim."""
     nodes: NodeAssignment
-    """This process's node assignment."""
     summary: str = ""
     """One line saying who met where, for rank 0 to print."""
     device_index: int | None = None
@@ -324,12 +314,10 @@ class _Meeting:
         return self._verdict(self.store.get(_VERDICT))
 
     def leave(self) -> None:
-        """On rank 0, keep serving the verdict after this process's error is shown, until every rank read it.
+        """On rank 0, keep serving the verdict at interpreter exit, until every rank read it or the deadline passed.
 
-        Ranks still starting (importing torch) connect after the verdict; without the store they would wait out
-        the timeout and blame rank 0. The wait runs at interpreter exit, after the error is printed, and ends when
-        every rank of the job read the verdict or the roll call's deadline (plus a grace) passed. Under ``mpirun``
-        the launcher ends the job as soon as a rank fails, sooner.
+        Ranks still starting connect after the verdict; without the store they would wait out the timeout and blame
+        rank 0.
         """
         if self.claim.rank != 0 or self.claim.world_size == 1:
             return
@@ -353,8 +341,7 @@ class _Meeting:
     def _conclude(self, problem: RendezvousError, fault: Fault) -> NoReturn:
         """Write ``problem`` as the verdict unless another rank wrote one first; raise the verdict that stands.
 
-        The rank whose verdict stands writes its failure record too (one per job, where the state folder is set;
-        ranks that reached the same verdict agree on one writer through the store).
+        The first rank whose verdict stands writes the job's one failure record, where the state folder is set.
         """
         payload = json.dumps({"problem": problem.problem, "hint": problem.hint, "value": problem.value})
         stored = self.store.compare_set(_VERDICT, "", payload)
@@ -454,12 +441,9 @@ def _wait_quietly(
 ) -> bool:
     """Whether ``key`` is set before ``deadline``, asking the store with ``check`` (which never blocks).
 
-    ``tick`` runs between two checks (rank 0's progress lines).
-
-    ``TCPStore.wait`` would do, but each wait that runs out makes torch's C++ client log two ``[c10d] waitForInput
-    ... timed out`` lines on every rank: the very noise the roll call's one named error replaces. The interval
-    grows from 5 ms to a cap that scales with the job (0.25 s, 1 s at 4,096 ranks), so the server answers a
-    bounded number of checks per second however many ranks wait.
+    ``tick`` runs between two checks (rank 0's progress lines). Not ``TCPStore.wait``: each wait that runs out makes
+    torch's C++ client log ``[c10d] waitForInput ... timed out`` on every rank. The interval's cap grows with the
+    job, so the server answers a bounded number of checks per second however many ranks wait.
     """
     interval, cap = 0.005, max(0.25, world_size / 4096)
     while not store.check([key]):

@@ -35,7 +35,6 @@ class Claim:
     world_size: int
     """Number of processes this process expects."""
     host: str
-    """This process's host name."""
     local_rank: int
     """Local rank from the launcher (or Lightning)."""
     pid: int
@@ -133,15 +132,7 @@ def format_ranks(ranks: Iterable[int]) -> str:
 
 
 def assign_nodes(hosts: Sequence[str], rank: int, *, any_layout: bool = False) -> NodeAssignment:
-    """Number hosts by their lowest global rank, and place ``rank`` on its host.
-
-    Args:
-        hosts: The host name of every rank, by global rank.
-        rank: The rank to place.
-        any_layout: Whether hosts may run different numbers of ranks (every rank runs ``"ddp_mpi"``).
-
-    Raises:
-        RendezvousError: If the hosts run different numbers of ranks and ``any_layout`` is not set.
+    """``rank``'s node assignment among ``hosts`` (one host name per global rank), as :func:`assign_all` makes it.
 
     >>> assign_nodes(["b", "a", "b", "a"], 3)
     NodeAssignment(node_rank=1, num_nodes=2, local_rank=1, local_size=2)
@@ -230,8 +221,6 @@ def disagreement_message(reference: Claim, other: Claim) -> RendezvousError | No
         return None
     where = f"Rank {other.rank} on {other.describe()} {'; it '.join(phrases)}; rank 0 runs on {reference.describe()}."
     if settings_only and not runs and not uses:
-        # Only Trainer(devices, num_nodes) differ: one launch whose ranks were given (or computed) different values,
-        # as a script that reads its own node's rank count does on an uneven launch.
         return RendezvousError(
             f"{where} The ranks were given different devices/num_nodes: a script that computes them from its own "
             "node (e.g. its launcher's local size) gets different values on nodes that run different numbers of "
@@ -254,11 +243,9 @@ def _strategy_kind(claim: Claim) -> str:
 def placement_holds(claims: Iterable[Claim], expected_node: Callable[[int], int], world_size: int) -> bool:
     """Whether the arrived ``claims`` fit the placement ``expected_node`` assumes (one rank's guess, not a fact).
 
-    A rank that sees no node index from its launcher assumes every node runs as many ranks as its own, dealt in
-    block or round-robin order (:func:`~lightning_mpi_env.core.placement.guess_node`). On an uneven launch that
-    names the wrong node: a host file of 2 + 1 + 1 slots under ``--map-by node`` looks like 2 nodes of 2 from the
-    first node, and like 4 nodes of 1 from the others. Each claim's launcher count and local rank test the guess:
-    its node must run that many ranks, this one at that position.
+    The guess (:func:`~lightning_mpi_env.core.placement.guess_node`) assumes every node runs as many ranks as the
+    guessing rank's, which an uneven launch breaks. Each claim's launcher count and local rank test it: its node
+    must run that many ranks, this one at that position.
 
     >>> here = [Claim(0, 4, "a", 0, 1, "a", 1, local_size=2), Claim(2, 4, "c", 0, 3, "a", 1, local_size=1)]
     >>> placement_holds(here[:1], lambda rank: rank // 2, 4), placement_holds(here, lambda rank: rank // 2, 4)

@@ -1,34 +1,24 @@
 """The stall watchdog: a rank that stops making progress after ``init_process_group`` is named while the job runs.
 
 Once the roll call has met, every rank runs a daemon thread that, every :func:`interval_for` seconds, writes one
-:class:`Report` to the roll call's store (the store ``init_process_group`` shares, over the roll call's own client:
-no new port or connection): how far this rank got (a count of progress marks, with the step and phase for the
-message), a heartbeat, and where its main thread is (``file:line in function``, read with ``sys._current_frames()``
-to *report* it). Rank 0's thread reads every report and applies :func:`find_stall`; a verdict goes under one key,
-announced by the store's event count, which every rank's thread reads. Each rank that sees it prints one line and
-ends its process with exit status 1, so the launcher ends the job: the main thread is blocked in a collective, which
-no exception can interrupt.
+:class:`Report` to the roll call's store, over the roll call's own client (no new port or connection): how far this
+rank got (a count of progress marks, with the step and phase for the message), a heartbeat, and where its main
+thread is (``file:line in function``, from ``sys._current_frames()``). Rank 0's thread reads every report and
+applies :func:`find_stall` (the rule: :mod:`~lightning_mpi_env.rollcall.stall`); a verdict goes under one key,
+announced by the store's event count, which every rank's thread reads. A rank whose watchdog stopped (its fit or
+program ended) says so in a last report: its silence is no freeze.
 
-The same thread carries the requeue's :class:`~lightning_mpi_env.rollcall.agreement.StopAgreement` (also with the
-stall timeout off), so a job that can requeue costs its training loop no collective per step.
-
-**The rule.** A stall is *no progress anywhere for the timeout while ranks are not level*: some rank got further
-(it waits in the next collective) and the ranks behind it have not moved. Work that is slow for everyone (a long
-validation, a checkpoint written by rank 0 while the others wait in a barrier) leaves every rank level, so it is
-never a stall. A rank behind whose heartbeat also stopped is *frozen* (``SIGSTOP``, a node swapping); else it is
-*alive*, and its main thread's place is shown. And whatever the loop marks (a Fabric loop may mark nothing): a rank
-whose own heartbeat stopped for the timeout while the others' go on is frozen, a stall too. A rank whose watchdog
-stopped (its fit or program ended) says so in a last report: its silence is no freeze.
-
-**Ending the job.** Every rank that sees the verdict prints it and exits with status 1 at one moment. Where the
+Each rank that sees the verdict prints one line and ends its process with exit status 1 at one moment, so the
+launcher ends the job: the main thread is blocked in a collective, which no exception can interrupt. Where the
 launcher would still wait for the frozen rank (``srun`` by default), one surviving rank then ends the launch with the
 scheduler's own command (:attr:`~lightning_mpi_env.core.launchers.Launcher.end_step`).
 
-**Data.** Every value read from the store goes through :mod:`~lightning_mpi_env.rollcall.wire`: a malformed report
-is skipped and named once, and nothing read kills the thread; any other exception that would end it is named.
+The same thread carries the requeue's :class:`~lightning_mpi_env.rollcall.agreement.StopAgreement` (also with the
+stall timeout off). Every value read from the store goes through :mod:`~lightning_mpi_env.rollcall.wire`: a
+malformed report is skipped and named once, and any exception that would end the thread is named.
 
-**Store traffic.** Per interval: one ``set`` and one ``add`` (the event count) per rank, and rank 0 reads every
-report once (``multi_get``): linear in the world size, with an interval that widens with it.
+Store traffic per interval: one ``set`` and one ``add`` per rank, and rank 0 reads every report once
+(``multi_get``): linear in the world size, with an interval that widens with it.
 """
 
 from __future__ import annotations
@@ -155,10 +145,8 @@ class Watchdog:
     def start(self) -> Watchdog:
         """Start the thread, and stop it at interpreter exit if nothing stopped it before; returns ``self``.
 
-        At exit, Python ends a daemon thread that is inside a store request when the request returns, by unwinding
-        its C++ frames, which aborts the process ("terminate called without an active exception", status 134): a
-        rank that finished its work would look crashed. So :meth:`stop` runs from :mod:`atexit` too (a Fabric
-        program ends without a teardown that would stop it), before Python ends the daemon threads.
+        :meth:`stop` runs from :mod:`atexit` (a Fabric program has no teardown that would stop it): a daemon thread
+        ended at exit inside a store request aborts the process ("terminate called without an active exception").
         """
         self._thread.start()
         atexit.register(self.stop)
@@ -172,9 +160,8 @@ class Watchdog:
     def stop(self) -> None:
         """Stop the thread (at teardown, or at exit), and wait for its store requests in flight to return.
 
-        A finished rank is not a stalled one: the thread's last report says it left. The wait is bounded by two
-        requests' timeout; a thread that is showing a verdict is waited for until it ends the process, with the
-        status that says why.
+        The thread's last report says the rank left. The wait is bounded by two requests' timeout; a thread that is
+        showing a verdict is waited for until it ends the process.
         """
         self._stopped.set()
         atexit.unregister(self.stop)
@@ -330,9 +317,8 @@ class Watchdog:
         """Say why, then end this process at ``exit_at`` (wall clock), when every rank ends too.
 
         Ranks that ended at different moments would wake the others' collectives with "connection closed by peer"
-        tracebacks that bury the cause; so every rank waits for the common moment, and what its blocked main thread
-        might still print before then goes nowhere: the process is being ended for the reason just printed. The
-        rank that ``ends_step`` then runs :attr:`end_step` (the launcher would wait for the frozen rank).
+        tracebacks that bury the cause; until then, what the blocked main thread prints goes nowhere. The rank that
+        ``ends_step`` then runs :attr:`end_step`.
         """
         self.verdict = error.one_line()
         command = self.end_step if ends_step else ()
@@ -398,17 +384,14 @@ def watch(
 ) -> Watchdog:
     """This rank's watchdog thread, on the roll call's own client of its store, which the roll call is done with.
 
-    No new connection: rank 0's store then holds two per rank (this one, and ``init_process_group``'s), as without
-    the watchdog, which matters at tens of thousands of ranks. It watches for stalls when ``timeout`` is not 0, and
-    carries the requeue's stop agreement when ``signalled`` is given (the job can requeue; it says whether this
-    rank's requeue signal came).
+    No new connection: rank 0's store holds two per rank (this one, and ``init_process_group``'s), as without the
+    watchdog. It watches for stalls when ``timeout`` is not 0, and carries the requeue's stop agreement when
+    ``signalled`` is given (it says whether this rank's requeue signal came).
 
-    Where the launcher would wait for a frozen rank, the launch's layout (read once, with its step:
-    :attr:`~lightning_mpi_env.core.rank_layout.RankLayout.end_step`) says how to end the step; where nothing would
-    end it, rank 0 says at the start what to add to the launch. Without a layout, no launcher is known: nothing is
-    said and no step is ended. With a ``recorder`` (the state folder is set), the rank that reaches a verdict
-    writes its failure record. Below ``timeout``, ``soft_timeout`` makes rank 0 report a stall first, and the job
-    goes on.
+    ``launch`` says how to end the step where the launcher would wait for a frozen rank
+    (:attr:`~lightning_mpi_env.core.rank_layout.RankLayout.end_step`); where nothing would end it, rank 0 says at
+    the start what to add to the launch. Without it, nothing is said and no step is ended. ``recorder`` and
+    ``soft_timeout`` are as for :class:`Watchdog`.
     """
     from datetime import timedelta
 

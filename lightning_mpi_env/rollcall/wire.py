@@ -1,14 +1,10 @@
 """Everything read back from the roll call's store, parsed in one place (standard library only).
 
-torch's ``TCPStore`` has no authentication: anyone who reaches the main port can write any key. So nothing read
-from it is trusted as it comes. Each reader here takes the key and the raw bytes, checks the size, the JSON, every
-field's type and range (``0 <= node_rank < num_nodes``, a device index within the devices the rank sees, steps
-finite and non-negative, strings and lists bounded), and gives a typed record, or one
+torch's ``TCPStore`` has no authentication: anyone who reaches the main port can write any key. So each reader here
+checks the size, the JSON, and every field's type and range, and gives a typed record or one
 :class:`~lightning_mpi_env.core.errors.RendezvousError` naming the key, what is wrong with it and the fix. Nothing
-else in the roll call or the watchdog calls ``json.loads`` or ``int()`` on a stored value.
-
-A value that parses can still be forged; these checks make sure a job acts only on values that make sense
-(``docs/roll-call.md``, "Trust").
+else in the roll call or the watchdog parses a stored value. A value that parses can still be forged; these checks
+make a job act only on values that make sense (``docs/roll-call.md``, "Trust").
 """
 
 from __future__ import annotations

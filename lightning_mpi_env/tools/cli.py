@@ -125,8 +125,7 @@ def _emit(line: str, stream: TextIO | None = None) -> None:
     unbuffered (``PYTHONUNBUFFERED=1``), so the lines of two ranks could merge.
     """
     stream = stream or sys.stdout
-    # A value that is not text in the stream's encoding (bytes that are not UTF-8 in a variable) is escaped, never
-    # a UnicodeEncodeError.
+    # Text the stream's encoding cannot hold (a variable's bytes that are not UTF-8) is escaped, never an error.
     encoding = getattr(stream, "encoding", None) or "utf-8"
     text = (line + "\n").encode(encoding, "backslashreplace").decode(encoding)
     print(text, end="", file=stream, flush=True)

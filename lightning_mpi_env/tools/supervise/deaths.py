@@ -1,17 +1,9 @@
-"""What the launcher says of ranks that died, read from its standard error, for a step that ended with no record.
+"""What the launcher's standard error says of ranks that died, for a step that ended with no failure record.
 
-- srun reports each task that ended badly, per host, as ``srun: error: <host>: task <ranks>: <how>``: ``Exited
-  with exit code <n>`` for a task that exited, and the signal's description (``Killed``, ``Segmentation fault``) for
-  one a signal ended (seen from Slurm 22.05 on the simulated cluster; ``<ranks>`` as ``3``, ``0-1`` or ``0,2-3``).
-- Open MPI 5 reports the first rank a signal ended: ``prterun noticed that process rank 3 with PID 26321 on node
-  node2 exited on signal 9 (Killed).`` (over two lines; seen from Open MPI 5.0.11 here).
-- Hydra (MPICH, Intel MPI): ``=   RANK 3 PID 1234 RUNNING AT node2`` then ``=   KILLED BY SIGNAL: 9 (Killed)``
-  (MPICH's ``pm/hydra`` ``HYD_pmcd_pmiserv_...`` report).
-
-A rank killed by a signal, with no verdict from the roll call or the watchdog, points at its host (the kernel's
-out-of-memory killer, a node going away): :func:`died_record` makes the ``died`` record that blames it. Ranks that
-merely exited with an error blame no host: that is the program's doing, and the restart policy's same-fault rule
-stops a program that fails the same way everywhere. Pure: standard library and ``core``.
+srun reports each task that ended badly (:func:`read_death`); Open MPI 5 and Hydra (MPICH's ``pm/hydra``, Intel
+MPI) the ranks a signal ended (:func:`mpirun_deaths`). A rank a signal killed, with no verdict from the roll call or
+the watchdog, blames its host (the out-of-memory killer, a node going away): :func:`died_record`. A rank that
+exited with an error blames none: that is the program's doing, which the restart policy's same-fault rule stops.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""The job step's launcher line, whichever launcher it is: what the loop asks of it.
+"""The job step's launcher line, whichever launcher it is: what the loop asks of it (:class:`StepLine`).
 
-The loop needs four things of the line the user gave after ``lightning-mpi-env run --``: the words of the first
-launch, the hosts of the allocation (for the health probe), the line for a relaunch without some hosts (or why none
-fits), and which ranks the launcher's standard error says a signal ended. :func:`step_line` reads the line once:
-
-- ``srun``: :class:`SrunStep`, over :mod:`.srun_line` and :mod:`.placement`; a step on fewer nodes where the line
-  says ``--nodes=MIN-MAX``;
-- ``mpirun``/``mpiexec`` (Open MPI 5, MPICH, Intel MPI; the family from ``--version``, :mod:`.mpirun_family`):
-  :class:`MpirunStep`, over :mod:`.mpirun_line`: the relaunch names a host file it writes into the next step's
-  state folder; a step on fewer hosts where ``--min-nodes`` allows (the launcher has no range of its own).
+:func:`step_line` reads the line once: ``srun`` as :class:`SrunStep` (:mod:`.srun_line`, :mod:`.placement`), run on
+fewer nodes where the line says ``--nodes=MIN-MAX``; ``mpirun``/``mpiexec`` (Open MPI 5, MPICH, Intel MPI) as
+:class:`MpirunStep` (:mod:`.mpirun_line`), whose relaunch names a host file it writes into the next step's state
+folder, run on fewer hosts where ``--min-nodes`` allows (the launcher has no range of its own).
 """
 
 from __future__ import annotations

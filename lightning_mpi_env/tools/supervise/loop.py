@@ -1,23 +1,13 @@
 """The supervisor's loop: run the step, read its failure records, decide, relaunch without the hosts to blame.
 
 Each step gets a folder of its own, ``<state>/<job>/step-<n>``, which the child alone sees as
-``LIGHTNING_MPI_ENV_STATE_DIR``; the timeline goes to stderr and to ``<state>/<job>/timeline.jsonl``. After a
-failed step:
+``LIGHTNING_MPI_ENV_STATE_DIR``; the timeline goes to stderr and to ``<state>/<job>/timeline.jsonl``. After a failed
+step its records (with none, the launcher's report of ranks a signal ended: :mod:`.deaths`) go to :mod:`.policy`;
+the hosts they blame and those that fail the health probe (:mod:`.probe`) are left out, and the relaunch goes where
+the allocation still has room (:meth:`.lines.StepLine.relaunch`), else the loop stops and says to add a spare.
 
-1. its records say what failed (:mod:`~lightning_mpi_env.core.failures`); with none, srun's lines about tasks a
-   signal ended make a ``died`` record (:mod:`~lightning_mpi_env.tools.supervise.deaths`);
-2. the policy decides: relaunch, or stop (:mod:`~lightning_mpi_env.tools.supervise.policy`);
-3. the hosts it blames are left out, and so are hosts of the allocation that fail the health probe
-   (:mod:`~lightning_mpi_env.tools.supervise.probe`);
-4. the relaunch goes where the allocation still has room (:mod:`~lightning_mpi_env.tools.supervise.placement`):
-   the same node count with a spare, fewer nodes where the line's ``--nodes=MIN-MAX`` allows, else a stop that
-   says to add a spare;
-5. the first training step of the relaunched step is an event of its own, with the checkpoint it resumed and the
-   steps lost since it (from the step's ``first-step.json``).
-
-Before the loop waits (the backoff, the health probe), one line on stderr says what for and how long; these lines
-are no events of the timeline, which records what happened. The exit status is the last step's. ``SIGINT`` and
-``SIGTERM`` to the supervisor go to the step (srun ends its tasks on them) and end the loop.
+The lines said before a wait (the backoff, the probe) are no events: the timeline records what happened. The exit
+status is the last step's. ``SIGINT`` and ``SIGTERM`` go to the step (srun ends its tasks on them) and end the loop.
 """
 
 from __future__ import annotations
@@ -186,8 +176,7 @@ def _failure(step: int, outcome: StepOutcome, end: StepEnd) -> Event:
 def _node_name(name: str, template: str, hosts: Sequence[str] | None) -> str:
     """The node a record's host name stands for; a name that is itself a host of the allocation stays.
 
-    A record names rank 0's host on the fabric where ``LIGHTNING_MPI_ENV_MAIN_HOST`` says so (``node1-ib`` for
-    ``node1``).
+    ``node1`` for ``node1-ib`` where ``LIGHTNING_MPI_ENV_MAIN_HOST`` names rank 0's host on the fabric.
     """
     node = host_of_fabric_name(template, name)
     if node != name and any(same_host(name, host) for host in hosts or ()):
@@ -211,9 +200,8 @@ def _relaunch_env(
 ) -> tuple[dict[str, str], str | None]:
     """The relaunched step's environment, and the ``MASTER_ADDR`` taken out of it (``None``: none was).
 
-    The relaunch's own variables (an ``mpirun`` line's rank 0 host) go over the supervisor's. A ``MASTER_ADDR`` that
-    the batch script exported and that names a host left out is taken out: rank 0 does not run there any more, and
-    without it the ranks take rank 0's host from the launch (srun's step node list, whose first node runs rank 0).
+    A ``MASTER_ADDR`` that the batch script exported and that names a host left out is taken out: rank 0 no longer
+    runs there, and without it the ranks take rank 0's host from the launch (srun's step node list starts with it).
     """
     stepped = {**env, **placed.env}
     given = env.get(TORCH.master_addr)

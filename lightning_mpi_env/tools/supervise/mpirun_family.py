@@ -1,9 +1,7 @@
-"""Which family an ``mpirun``/``mpiexec`` is: asked once, from ``<launcher> --version``.
+"""Which family an ``mpirun``/``mpiexec`` is, asked once from ``<launcher> --version``: the adapter that runs it.
 
-The program name cannot tell: ``mpirun`` is Open MPI's, MPICH's and Intel MPI's. Each prints a line only it prints
-(:attr:`~.mpirun_options.Family.version_mark`): ``mpirun (Open MPI) 5.0.11``, MPICH's ``HYDRA build details:``,
-``Intel(R) MPI Library for Linux* OS, Version 2021.18``. This is the adapter that runs the launcher; the rest of the
-supervisor's reading is pure.
+The program name cannot tell (``mpirun`` is Open MPI's, MPICH's and Intel MPI's); each family prints a line only it
+prints (:attr:`~.mpirun_options.Family.version_mark`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The user's ``mpirun``/``mpiexec`` line, read as its launcher reads it, and the same line on other hosts.
 
-The relaunch writes a host file (its text is :attr:`Relaunch.host_file_text`, the path the caller's, in the step's
-state folder) and names it with one option of the line's family (:mod:`.mpirun_options`): Open MPI's
-``--hostfile F`` of ``host slots=N`` lines, Hydra's ``-machinefile F`` of ``host:N`` lines (MPICH and Intel MPI; Intel
-MPI's ``-f``/``-hostfile`` would ignore the counts). Every host option of the line (``-H``, ``--hostfile``,
-``-hosts``, ``-f``, ...) and every count of processes (``-np``) is taken out, and ``<host file option> F <world
-option> N`` goes right after the launcher: one source of hosts, one world size, whatever the line said before. Per-node
-options (``-N``, ``--map-by ppr:2:node``, ``-ppn``) stay, and the host file gives each host that many slots. Then
-``MASTER_ADDR`` is set for every rank to the host file's first host, where rank 0 runs (``-x MASTER_ADDR=H``,
-``-genv MASTER_ADDR H``): a rank reads the job's first host otherwise, the one the relaunch may have left out.
-
-Where the hosts come from, in one place (:meth:`MpirunLine.allocation`): the line's own host options, else the
-scheduler's allocation (:mod:`.allocation`). The program after the launcher's options keeps its own arguments; a line
-of several programs (``:``) is refused. Standard library and ``core`` only; which family a line is comes from
-:mod:`.mpirun_family`, which runs the launcher.
+The relaunch takes every host option (``-H``, ``--hostfile``, ``-hosts``, ``-f``, ...) and count of processes
+(``-np``) out of the line and puts right after the launcher one host file it writes (Open MPI's ``--hostfile F`` of
+``host slots=N`` lines; Hydra's ``-machinefile F`` of ``host:N`` lines, as Intel MPI's ``-f``/``-hostfile`` ignore
+the counts), one world size, and ``MASTER_ADDR`` for every rank (``-x``, ``-genv``). Per-node options (``-N``,
+``--map-by ppr:2:node``, ``-ppn``) stay. A line of several programs (``:``) is refused.
 """
 
 from __future__ import annotations
@@ -44,12 +35,8 @@ _PLACEMENT_ROLES = frozenset({Role.PER_NODE, Role.ONE_PER_NODE, Role.MAP_BY, Rol
 PROBE_PROGRAM = ("sleep", "1")
 """What the health probe runs on a host: a process that lives a second, not ``true``.
 
-Open MPI 5's daemons (PRRTE 3.0) can lose a process that ends before the daemon has recorded its pid: the job never
-completes and ``mpirun`` waits with every line printed (openpmix/prrte#2713, merged into PRRTE's main branch in
-August 2026; PRRTE 3.0.14, in Open MPI 5.0.11, still hangs here). ``mpirun`` of four ``sh -c echo`` ranks on
-simulated nodes hung once in 120 launches with two busy loops, and a probe that hangs would leave a healthy host
-out. A rank that lives a second leaves the daemon that long to record it; the probe, on every host at once, takes
-a second longer.
+Open MPI 5's daemons (PRRTE 3.0) can lose a process that ends before the daemon has recorded its pid, and ``mpirun``
+then never returns (openpmix/prrte#2713): a probe that hangs would leave a healthy host out.
 """
 
 
@@ -79,8 +66,7 @@ class Relaunch:
     world: int
     per_node: int | None
     unmatched: tuple[str, ...]
-    """Excluded names that match no host of the allocation (a record naming a host the scheduler spells
-    otherwise): nothing was excluded for them."""
+    """Excluded names that match no host of the allocation: nothing was excluded for them."""
     main_address: str
     """Rank 0's host, as the line gives every rank ``MASTER_ADDR``: the host file's first (on the fabric's name where
     ``LIGHTNING_MPI_ENV_MAIN_HOST`` gives a template)."""
@@ -168,10 +154,7 @@ class MpirunLine:
     def allocation(
         self, env: Mapping[str, str], *, read_text: Callable[[str], str] = read_allocation_file
     ) -> Allocation:
-        """The hosts the step may run on: the line's own, else the scheduler's.
-
-        The line's own are those of ``-H``, ``--hostfile``, ``-hosts``, ``-f`` ...; the scheduler's, those of
-        :func:`~.allocation.allocation_from_env`.
+        """The hosts the step may run on: the line's own (``-H``, ``-hosts``, ``-f``, ...), else the scheduler's.
 
         Args:
             env: The supervisor's environment (the batch script's).

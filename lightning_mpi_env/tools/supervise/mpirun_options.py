@@ -13,11 +13,7 @@ Three families, each read the way its own parser reads a line:
   matched by ``match_arg`` in ``src/pm/hydra/lib/utils/args.c``: every leading dash is dropped, ``name=value`` is
   the option and its value, names are compared exactly but case aside (``strcasecmp``), no prefixes, no ``--``.
 - **Intel MPI** (its own Hydra, ``i_hydra``; closed source): the "Global/Local Hydra Options" of the Intel MPI
-  Library Developer Reference (2021), names as the installed ``mpiexec`` (2021.18) recognises them; the same
-  syntax as MPICH's, but case-sensitive (``-NP`` is refused).
-
-A test checks every name against the installed launcher of each family (and Open MPI's arities too, from its
-errors). Standard library only.
+  Library Developer Reference (2021); the same syntax as MPICH's, but case-sensitive (``-NP`` is refused).
 """
 
 from __future__ import annotations
@@ -116,8 +112,7 @@ OPEN_MPI = Family(
                 "report-bindings display-map display-allocation nolocal oversubscribe nooversubscribe "
                 "use-hwthread-cpus bind-to-core bynode bycore byslot pernode debug"
             ),
-            # parse_cli: any option ending in "mca" takes the next two words; so do --prepend-env and --append-env
-            # (pmix_cmd_line_parse: "there can be three entries").
+            # --prepend-env and --append-env take two words too (pmix_cmd_line_parse: "there can be three entries").
             TWO="mca gmca omca gomca prtemca pmixmca amca prepend-env append-env",
         )
     ),
@@ -166,7 +161,7 @@ _HYDRA_COMMON = _table(
     ),
     PAIR="genv env",
 )
-"""What MPICH's and Intel MPI's Hydra share (MPICH's options.c, and the installed Intel MPI ``mpiexec``)."""
+"""What MPICH's and Intel MPI's Hydra share (MPICH's options.c, and Intel MPI's Developer Reference)."""
 
 _HYDRA_ROLES = (
     {name: Role.HOSTS for name in ("host", "hosts", "hostlist")}

@@ -1,7 +1,6 @@
 """Where an ``mpirun``/``mpiexec`` line's options end and its program starts, read by its family's own rules.
 
-The rules of each family are in :mod:`.mpirun_options`; this module walks a line by them and returns each option with
-the words it took. Standard library and ``core`` only.
+The rules are :mod:`.mpirun_options`'s; each option comes back with the words it took.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Where a relaunched ``srun`` step runs: the allocation's hosts less those left out, at the node count it allows.
 
-The batch script's allocation (``SLURM_JOB_NODELIST``, read by
-:func:`~lightning_mpi_env.tools.supervise.allocation.allocation_from_env`) holds the hosts a step can use. After a
-failure, the hosts the records blame and those that failed the health probe are left out; what is left decides the
-relaunch (:func:`place`):
-
-- enough hosts for the step's node count (``srun --nodes=N``, or the top of ``--nodes=MIN-MAX``): the same line, with
-  the hosts excluded, on the same number of nodes (a spare node takes the failed one's place);
-- fewer, but at least ``MIN`` of a ``--nodes=MIN-MAX`` line: the line on the nodes left, ``--ntasks`` scaled to
-  give the ranks per node. srun's own range is how the user says that the program takes its size from the launch
-  (``Trainer(strategy="ddp_mpi")`` without ``devices`` and ``num_nodes``), so nothing else is guessed;
-- fewer than that: no relaunch, and a :class:`Shortfall` saying to add a spare node.
-
-Outside an allocation (no node list) or with no node count on the line, the line is relaunched with the hosts
-excluded, and ``srun`` itself says whether it fits. Pure: standard library and ``core`` only.
+:func:`place` keeps the line's node count where enough hosts are left (a spare takes the failed one's place), else
+runs on the nodes left, down to ``MIN`` of a ``--nodes=MIN-MAX`` line, with ``--ntasks`` scaled to the ranks per
+node: srun's own range is how the user says that the program takes its size from the launch, so nothing else is
+guessed. Fewer hosts than that: a :class:`Shortfall` saying to add a spare node.
 """
 
 from __future__ import annotations
@@ -69,6 +59,7 @@ def place(
 ) -> Placement | Shortfall:
     """The relaunch of ``line`` in an allocation of ``hosts`` without ``excluded``, or why none fits.
 
+    ``hosts`` ``None`` (outside an allocation): the line with ``excluded``, and srun says whether it fits.
     ``overlap``: the last step was abandoned (see :meth:`SrunLine.relaunched`).
 
     Raises:
@@ -80,9 +71,6 @@ def place(
     ['srun', '--exclude=n2', '--nodes=1-2', '--ntasks-per-node=2', 'a']
     >>> place(line, ("n1", "n2"), ["n2"]).argv
     ['srun', '--exclude=n2', '--nodes=1', '--ntasks=2', '--ntasks-per-node=2', 'a']
-    >>> place(line, ("n1.c", "n2.c", "n3.c"), ["n2", "n9"])  # the records' spelling, and a name of no host
-    Placement(argv=['srun', '--exclude=n2.c', '--nodes=1-2', '--ntasks-per-node=2', 'a'], hosts=('n1.c', 'n3.c'), \
-nodes=None, unmatched=('n9',), env={})
     >>> place(line, ("n1", "n2"), ["n1", "n2"]).message.split(":")[0]
     'The step needs 1 to 2 nodes (srun --nodes=1-2), and the allocation n1,n2 has none left'
     """

@@ -1,18 +1,8 @@
-"""When the supervisor relaunches a step, how long it waits first, and when it stops: pure, standard library only.
+"""When the supervisor relaunches a step, how long it waits first, and when it stops (:class:`StopReason`).
 
-A step ends; its :class:`StepOutcome` (the launcher's exit status and the failure records of the step) goes to
-:meth:`RestartPolicy.decide`, which returns a :class:`Decision`: done (status 0), relaunch after a backoff, or stop,
-with the reason. Three things stop the loop:
-
-- the cap on restarts (``--restarts N``: N relaunches at most, N + 1 steps in all);
-- a fault that follows the job (:func:`signature`): the same kind on the same ranks at the same step, or a step
-  that died the same way with no record, :attr:`RestartPolicy.same_fault_limit` steps in a row (2), although the
-  hosts blamed the first time were left out. It is the program's, not a node's, and another relaunch would repeat it;
-- a fault of the launch itself (a duplicate or disagreeing rank: :data:`~lightning_mpi_env.core.failures.KINDS` says
-  its hosts are not to blame): any relaunch would fail the same way.
-
-The backoff doubles from :attr:`RestartPolicy.backoff` up to :attr:`RestartPolicy.max_backoff`: a fault that comes
-back at once (a shared file system that hangs) does not relaunch in a tight loop.
+A fault that follows the job (:func:`signature`) although the hosts it blamed were left out is the program's, and
+another relaunch would repeat it. The backoff doubles, so a fault that comes back at once (a shared file system that
+hangs) does not relaunch in a tight loop.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""The health probe: before a relaunch, each host it may use runs a one-task step, within a time limit.
+"""The health probe: before a relaunch, each host it may use runs a one-task step, all at once, within a time limit.
 
-Under Slurm (an ``srun`` line) the probe is a step of its own; an ``mpirun`` line's probe is its own launcher on that
-host alone (:meth:`~.mpirun_line.MpirunLine.probe_line`), through the same agent the step uses.
-
-A host whose ``slurmd`` hangs or is gone cannot start a step: srun waits on it for ``MessageTimeout`` and more,
-and Slurm declares the node down only after ``SlurmdTimeout`` (300 s by default). The probe, ``srun --nodes=1
---ntasks=1 --nodelist=<host> --overlap true`` per host, all at once, finds it within :data:`PROBE_TIMEOUT`; a host
-that does not answer in time, or whose step fails, is left out of the relaunch like a host a verdict blames.
-``--overlap`` lets the probe share CPUs with a step Slurm still counts on that host (an abandoned one), so a busy
-but healthy host passes. On time out, srun is killed (``SIGKILL``: on ``SIGTERM`` it waits for the hung node).
+A host whose ``slurmd`` hangs or is gone cannot start a step, and Slurm declares it down only after
+``SlurmdTimeout`` (300 s by default); a host that does not answer within :data:`PROBE_TIMEOUT`, or whose probe fails,
+is left out like a host a verdict blames. ``--overlap`` lets the srun probe share CPUs with a step Slurm still counts
+there (an abandoned one), so a busy but healthy host passes. An ``mpirun`` line's probe is its own launcher on the
+host alone (:meth:`~.mpirun_line.MpirunLine.probe_line`). On time out the probe is killed (``SIGKILL``: on
+``SIGTERM`` srun waits for the hung node).
 """
 
 from __future__ import annotations

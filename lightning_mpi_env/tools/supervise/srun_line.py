@@ -1,17 +1,10 @@
 """The user's ``srun`` line, read the way ``srun`` reads it, and the same line with failed hosts excluded.
 
-``srun [OPTIONS...] executable [args...]`` (srun(1); https://slurm.schedmd.com/srun.html): its options end at the
-first word that is not an option (or at ``--``); what follows is the program's, however it looks (``python train.py
--x 3`` keeps its ``-x``). To find that word, each option's arity comes from one table, :data:`SRUN_OPTIONS`, taken
-from srun(1) of Slurm 22.05 (the simulated cluster's; each option's synopsis, ``--name=<value>``, ``--name[=value]``
-or ``--name``). Long options are matched as ``getopt_long(3)`` matches them: the whole name or an unambiguous prefix
-(``--exclud``); a long option the table does not know is taken only with its value attached (``--name=value``),
-since its arity is unknown; an unknown short option is refused.
-
-The relaunch adds ``--exclude=<hosts>`` right after ``srun``, with the hosts the user's line excluded already and
-the new ones: every ``-x``/``--exclude`` of the line is removed, so no later one overrides it (srun(1): "-x,
---exclude={<host1[,<host2>...]|<filename>}"; host lists in Slurm's syntax, ``node[1-3]``, expanded by
-:func:`~lightning_mpi_env.core.hostlist.expand_nodelist`). Standard library and ``core`` only.
+``srun [OPTIONS...] executable [args...]`` (srun(1); https://slurm.schedmd.com/srun.html): the options end at the
+first word that is not an option (or at ``--``); the rest is the program's (``python train.py -x 3`` keeps its
+``-x``). Each option's arity comes from :data:`SRUN_OPTIONS` (srun(1)'s synopsis of it); long options match as
+``getopt_long(3)`` matches them (the whole name or an unambiguous prefix); an unknown long option is taken only with
+its value attached, as its arity is unknown, and an unknown short option is refused.
 """
 
 from __future__ import annotations

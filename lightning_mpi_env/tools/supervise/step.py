@@ -1,14 +1,9 @@
 """One job step under the supervisor: run it, pass its output on, watch its state folder, end it if it hangs.
 
-:func:`run_step` starts the launcher line with the step's own ``LIGHTNING_MPI_ENV_STATE_DIR`` and, while it runs:
-
-- passes its standard error on line by line, and keeps its last :data:`MAX_ERRORS` characters (where the launcher
-  says which ranks died: :mod:`~lightning_mpi_env.tools.supervise.deaths`);
-- forwards ``SIGINT`` and ``SIGTERM`` to it (srun ends its tasks on them);
-- calls ``tick`` twice a second (the loop looks for the first training step there);
-- once a failure record appears, gives the step :data:`GRACE` seconds to end, then kills the launcher
-  (``SIGKILL``): the verdict is in, and a step whose node hangs does not end until Slurm declares the node down
-  (``SlurmdTimeout``, 300 s by default), since the signal that ends it never reaches that node.
+:func:`run_step` passes the launcher's standard error on line by line (keeping its end, where it says which ranks
+died), forwards ``SIGINT`` and ``SIGTERM`` to it, and calls ``tick`` every :data:`TICK` seconds. Once a failure
+record appears, the step has :data:`GRACE` seconds to end before its launcher is killed (``SIGKILL``): a step whose
+node hangs does not end until Slurm declares the node down (``SlurmdTimeout``), as the signal never reaches it.
 """
 
 from __future__ import annotations

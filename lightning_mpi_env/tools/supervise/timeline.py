@@ -3,8 +3,7 @@
 Events: a step's start (``launch``), its failure (``failure``, with the records' verdict), the hosts left out
 (``excluded``), hosts the health probe left out (``probe``), the wait and the relaunch (``relaunch``), the first
 training step of a step (``first_step``), and the end (``done`` or ``stop``, with the exit status). The human line
-goes to stderr; the JSON lines go to a file beside the failure records, one object per line, for a program to read.
-Writing is injected (:class:`Timeline`), so the events themselves are pure.
+goes to stderr (``say``); the JSON lines to a file beside the failure records (``record``), one object per line.
 """
 
 from __future__ import annotations
