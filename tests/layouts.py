@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from lightning_mpi_env.core.launchers import Launcher
 
+OPEN_MPI_RANK_5 = {
+    "OMPI_COMM_WORLD_RANK": "5",
+    "OMPI_COMM_WORLD_SIZE": "8",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+    "MASTER_ADDR": "nodea",
+    "MASTER_PORT": "29611",
+}
+"""Rank 5 of 8 under Open MPI, 4 ranks a node (rank 1 of node 1), rank 0 at ``nodea:29611``: the CLI tests' launch."""
+
 
 def launcher_env(
     launcher: Launcher, *, rank: int, world_size: int, local_rank: int, local_size: int, node: int, num_nodes: int

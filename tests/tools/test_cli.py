@@ -17,20 +17,12 @@ from lightning_mpi_env.tools.cli import main
 from lightning_mpi_env.tools.interop import TORCH_VARIABLES
 from lightning_mpi_env.tools.simcluster import MpirunNotFoundError, SimulatedCluster, processes_with
 from tests.clusters.children import run_child, wait_until_none
+from tests.layouts import OPEN_MPI_RANK_5
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "lightning-mpi-env"
 DDP_SCRIPT = ROOT / "examples" / "ddp_plain.py"
 MPI_TIMEOUT = 180
-
-OPEN_MPI_RANK_5 = {
-    "OMPI_COMM_WORLD_RANK": "5",
-    "OMPI_COMM_WORLD_SIZE": "8",
-    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-    "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
-    "MASTER_ADDR": "nodea",
-    "MASTER_PORT": "29611",
-}
 
 
 @pytest.fixture

@@ -11,15 +11,9 @@ import pytest
 
 from lightning_mpi_env.tools.cli import main
 from lightning_mpi_env.tools.cli_parser import JSON_COMMANDS, build_parser
+from tests.layouts import OPEN_MPI_RANK_5 as OPEN_MPI_RANK_ON_NODEA
 
-OPEN_MPI_RANK_5 = {
-    "OMPI_COMM_WORLD_RANK": "5",
-    "OMPI_COMM_WORLD_SIZE": "8",
-    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-    "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
-    "MASTER_ADDR": "127.0.0.1",
-    "MASTER_PORT": "29611",
-}
+OPEN_MPI_RANK_5 = {**OPEN_MPI_RANK_ON_NODEA, "MASTER_ADDR": "127.0.0.1"}
 ONE_PER_NODE = {**OPEN_MPI_RANK_5, "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
 
 RESULTS = {

@@ -13,15 +13,7 @@ from lightning_mpi_env.core.settings import VARIABLE, Settings
 from lightning_mpi_env.tools.cli import main
 from lightning_mpi_env.tools.cli_output import APPROXIMATE
 from lightning_mpi_env.tools.doctor import Level, diagnose
-
-OPEN_MPI_RANK_5 = {
-    "OMPI_COMM_WORLD_RANK": "5",
-    "OMPI_COMM_WORLD_SIZE": "8",
-    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-    "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
-    "MASTER_ADDR": "nodea",
-    "MASTER_PORT": "29611",
-}
+from tests.layouts import OPEN_MPI_RANK_5
 
 
 def _diagnose(env):

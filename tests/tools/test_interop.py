@@ -27,19 +27,12 @@ from lightning_mpi_env.tools.interop import (
 )
 from lightning_mpi_env.tools.simulate import simulate
 from lightning_mpi_env.tools.simulated_launch import HOST_FILE, LAUNCHER_KEYS, launch_environments
+from tests.layouts import OPEN_MPI_RANK_5
 
 # Most launchers here export no node index, so torch_env() says its NODE_RANK is assumed; the tests of that warning
 # are test_torch_env_says_an_assumed_node_rank_*, the others check the values.
 pytestmark = pytest.mark.filterwarnings("ignore::lightning_mpi_env.core.errors.ApproximateNodeRankWarning")
 
-OPEN_MPI_RANK_5 = {
-    "OMPI_COMM_WORLD_RANK": "5",
-    "OMPI_COMM_WORLD_SIZE": "8",
-    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-    "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
-    "MASTER_ADDR": "nodea",
-    "MASTER_PORT": "29611",
-}
 ONE_PER_NODE = {
     "OMPI_COMM_WORLD_RANK": "1",
     "OMPI_COMM_WORLD_SIZE": "2",
