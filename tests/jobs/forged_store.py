@@ -9,7 +9,8 @@ network could open) writes a forged or malformed value before the rank's own rol
 - ``report``: after the roll call, while the ranks run steps of 0.5 s, malformed watchdog reports under rank 2's
   key. The ranks go on (up to 120 steps) until rank 0 has named the forged report, which it leaves as a file at
   ``FORGED_STORE_NAMED`` for every rank and the forger to see: on a loaded machine rank 0's watchdog may not read
-  within one window of forging.
+  within one window of forging. The forger then stops writing and says so in a file beside it; rank 0, whose
+  process serves the store, ends only after that, so no forged write meets a closed store.
 
 A forged device index, a malformed stall verdict and a malformed stop record take the same parsers and readers,
 which the unit tests over a real store cover (``tests/rollcall/test_wire.py``, ``test_watchdog.py``,
@@ -48,6 +49,10 @@ def forge_before_roll_call(kind, address, port):
     return client
 
 
+def forger_stopped(named):
+    return named.with_name(named.name + ".forger-stopped")
+
+
 def forge_while_training(kind, client, stop, named):
     if kind == "report":
         # In windows of 1.5 s, faster than rank 2's own reports, so rank 0 reads a forged one; 2 s apart, for rank
@@ -55,10 +60,11 @@ def forge_while_training(kind, client, stop, named):
         # Until rank 0 has named it.
         while not stop.is_set() and not named.is_file():
             until = time.monotonic() + 1.5
-            while not stop.is_set() and time.monotonic() < until:
+            while not stop.is_set() and not named.is_file() and time.monotonic() < until:
                 client.set(P + "watchdog/2", '{"rank": 2, "beat": "x"}')
                 time.sleep(0.02)
             stop.wait(2.0)
+        forger_stopped(named).touch()
 
 
 def main():
@@ -89,8 +95,10 @@ def main():
     dog = watch(result, settings.stall_timeout, signalled=lambda: False, launch=layout)
     stop = threading.Event()
     named = Path(os.environ["FORGED_STORE_NAMED"]) if kind == "report" else None
+    forger = None
     if client is not None:
-        threading.Thread(target=forge_while_training, args=(kind, client, stop, named), daemon=True).start()
+        forger = threading.Thread(target=forge_while_training, args=(kind, client, stop, named), daemon=True)
+        forger.start()
     for step in range(120):
         if step >= 12 and (named is None or named.is_file()):
             break
@@ -103,6 +111,11 @@ def main():
             print(f"STOP rank={layout.rank}\n", end="", flush=True)
             break
     stop.set()
+    if forger is not None:
+        forger.join()
+    if named is not None and layout.rank == 0:
+        while not forger_stopped(named).is_file():  # the test's limit ends a hang
+            time.sleep(0.1)
     dog.stop()
     print(f"DONE rank={layout.rank} named={sorted(dog.named)}\n", end="", flush=True)
 
