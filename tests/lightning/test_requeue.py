@@ -20,11 +20,9 @@ import pytest
 
 from lightning_mpi_env import MPIClusterEnvironment
 from lightning_mpi_env.core.errors import CheckpointError, CheckpointWarning, JobIdError, SettingError
-from lightning_mpi_env.core.schedulers import LSF, PBS, SGE, SLURM, scheduler_job
+from lightning_mpi_env.core.schedulers import LSF, PBS, SGE, SLURM
 from lightning_mpi_env.core.settings import Settings
-from lightning_mpi_env.lightning import checkpoints
 from lightning_mpi_env.lightning import requeue as requeue_module
-from lightning_mpi_env.lightning.checkpoints import Saved
 from lightning_mpi_env.lightning.requeue import Requeue, checkpoint_and_requeue, hpc_checkpoint, newest_checkpoint
 from lightning_mpi_env.tools.simcluster import SimulatedCluster, find_mpirun, processes_with, session_dir_arguments
 from tests.conftest import TRAINER_JOB
@@ -555,7 +553,7 @@ GATED_SAMPLES = 256  # 96 steps of 0.3 s: a job still trains while the other one
 GATED_STEPS = 96
 
 
-def submit_gated(cluster, root, gate, *extra: str, together: str | None = None) -> str:
+def submit_gated(cluster, root, gate, *extra: str) -> str:
     """The srun example job script (2 nodes, 1 rank each), whose restart waits for the file ``gate``.
 
     Each rank writes its result to ``root/results`` as well: its RESULT line, longer than 1024 bytes after 96 steps,
@@ -569,8 +567,6 @@ def submit_gated(cluster, root, gate, *extra: str, together: str | None = None) 
     train = [sys.executable, str(TRAINER_JOB), "--samples", str(GATED_SAMPLES), "--epochs", "3"]
     train += ["--step-seconds", "0.3", "--root-dir", str(root), "--result-dir", str(root / "results"), *extra]
     env = {"TRAIN": " ".join(train), "GATE": str(gate), "OMP_NUM_THREADS": "1"}
-    if together is not None:  # DIR:COUNT: no rank starts fit() before COUNT ranks reached it (tamper.start_gate)
-        env["INSTRUMENTED_START_GATE"] = together
     return cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)
 
 
@@ -591,40 +587,6 @@ def finished_after_one_restart(cluster, job, root) -> tuple[str, list[dict]]:
     assert {result["global_step"] for result in results} == {GATED_STEPS}
     assert len({tuple(result["weights"]) for result in results}) == 1
     return output, results
-
-
-def saved_step(root, job: str, name: str) -> int:
-    record = json.loads((root / ".lightning-mpi-env" / f"slurm-{job}.json").read_text())
-    [step] = [item["step"] for item in record["saved"] if item["file"] == name and item["size"]]
-    return step
-
-
-@pytest.mark.mpi
-@pytest.mark.slurm
-def test_slurm_two_jobs_in_one_folder_each_resume_their_own_checkpoint(slurm_cluster, tmp_path):
-    root, gate = tmp_path / "root", tmp_path / "gate"
-    root.mkdir()
-    # Both jobs start training together, before either saves: a job still starting when the other's checkpoint
-    # appears has none of its own, and hpc_checkpoint() rightly refuses to let Lightning resume the other's (seen
-    # under load, with the first job late).
-    together = f"{tmp_path / 'started'}:4"
-    first = submit_gated(slurm_cluster, root, gate, together=together)
-    second = submit_gated(slurm_cluster, root, gate, together=together)
-    for job in (first, second):
-        slurm_cluster.wait_output(job, "FIRST_STEP rank=0", timeout=SLURM_TIMEOUT)
-    # The second job saves hpc_ckpt_1 and is requeued; then the first saves hpc_ckpt_2, the highest number, which
-    # Lightning's own Slurm resume would take for the second job too.
-    signal_once_training(slurm_cluster, second)
-    slurm_cluster.wait_output(second, "lightning-mpi-env: requeue: saved", timeout=SLURM_TIMEOUT)
-    signal_once_training(slurm_cluster, first)
-    for job in (first, second):
-        slurm_cluster.wait_output(job, f"GATED job={job}", timeout=SLURM_TIMEOUT)
-    assert sorted(path.name for path in root.glob("hpc_ckpt_*")) == ["hpc_ckpt_1.ckpt", "hpc_ckpt_2.ckpt"]
-    gate.touch()
-    for job, own in ((second, "hpc_ckpt_1.ckpt"), (first, "hpc_ckpt_2.ckpt")):
-        output, results = finished_after_one_restart(slurm_cluster, job, root)
-        assert f"lightning-mpi-env: requeue: resuming from {root / own}\n" in output, output[-4000:]
-        assert {result["first_global_step"] for result in results} == {saved_step(root, job, own)}
 
 
 @pytest.mark.mpi
@@ -658,29 +620,6 @@ def test_slurm_a_new_job_in_a_folder_with_another_job_s_checkpoint_is_refused(sl
     ), output[-4000:]
     assert "ckpt_path=lightning_mpi_env.hpc_checkpoint(trainer)" in output
     assert "FIRST_STEP" not in output
-
-
-@pytest.mark.mpi
-@pytest.mark.slurm
-def test_slurm_an_empty_newest_checkpoint_is_skipped_with_a_warning(slurm_cluster, tmp_path):
-    root, gate = tmp_path / "root", tmp_path / "gate"
-    root.mkdir()
-    job = submit_gated(slurm_cluster, root, gate)
-    signal_once_training(slurm_cluster, job)
-    slurm_cluster.wait_output(job, f"GATED job={job}", timeout=SLURM_TIMEOUT)
-    # What a save that the scheduler's kill cut off leaves: the next name reserved (an empty file) and recorded as
-    # pending in the job's record. Lightning's own Slurm resume would take it (the highest number) and fail on it.
-    this = scheduler_job({"SLURM_JOB_ID": job})
-    record = checkpoints.read_record(str(root), this)
-    cut = checkpoints.reserve_next(str(root))
-    checkpoints.write_record(str(root), this, record._replace(saved=(*record.saved, Saved(cut, None, 99))))
-    assert (cut, (root / cut).stat().st_size) == ("hpc_ckpt_2.ckpt", 0)
-    gate.touch()
-    output, results = finished_after_one_restart(slurm_cluster, job, root)
-    # Lightning's warning format leaves out the class (CheckpointWarning, checked in test_checkpoints.py).
-    assert f"Slurm job {job}: the checkpoint {root / cut} is skipped: it is empty" in output, output[-4000:]
-    assert f"lightning-mpi-env: requeue: resuming from {root / 'hpc_ckpt_1.ckpt'}\n" in output, output[-4000:]
-    assert {result["first_global_step"] for result in results} == {saved_step(root, job, "hpc_ckpt_1.ckpt")}
 
 
 # --- Fabric: the signal and the requeue, the checkpoint left to the loop ------------------------------------------
