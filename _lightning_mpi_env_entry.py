@@ -1,8 +1,7 @@
 """Lightning's ``callbacks_factory`` entry points for lightning-mpi-env: nothing unless the program uses the package.
 
-Lightning calls every installed entry point of these groups in every ``Trainer(...)`` of every program in the
-environment, so they name this top-level module, outside the package: its factories import nothing and return ``[]``
-unless the program already imported ``lightning_mpi_env`` (:mod:`lightning_mpi_env.lightning.callbacks`).
+Lightning calls them in every ``Trainer(...)`` of every program in the environment, so they live outside the package
+and import nothing unless the program already imported ``lightning_mpi_env``.
 """
 
 from __future__ import annotations

@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from lightning_mpi_env.core.nccl import version_numbers
+    from lightning_mpi_env.gpu.nccl import version_numbers
 
     if not installed():
         print(

@@ -14,8 +14,9 @@ import time
 sys.path.insert(0, "benchmarks")
 from roll_call_scale import claims
 
-from lightning_mpi_env.rollcall.verdicts import assign_all, collisions, devices_of, disagreement_message
-from lightning_mpi_env.rollcall.wire import claim_of, read
+from lightning_mpi_env.rollcall.claims import assign_all, devices_of
+from lightning_mpi_env.rollcall.errors import collisions, disagreement_message
+from lightning_mpi_env.rollcall.store_values import claim_of, read
 
 for n in (1024, 4096, 16384):
     raws = [c.to_json().encode() for c in claims(n, 29500, 4, range(n))]

@@ -148,8 +148,8 @@ def raise_fd_limit(needed: int) -> int:
 
 def claims(world_size: int, port: int, per_node: int, ranks: Sequence[int]) -> list[Any]:
     """The claims of ``ranks``: hosts of ``per_node`` ranks each, this process's software versions."""
-    from lightning_mpi_env.rollcall.facts import local_facts
-    from lightning_mpi_env.rollcall.verdicts import Claim
+    from lightning_mpi_env.rollcall.claims import Claim
+    from lightning_mpi_env.rollcall.process_info import process_info as local_facts
 
     facts = local_facts("gloo")
     return [
@@ -209,8 +209,8 @@ def clients(args: argparse.Namespace) -> None:
     for owner, name, step in (
         (rendezvous_module, "_wait_for_port", "port"),  # until rank 0's port accepts connections
         (rendezvous_module, "_connect", "connect"),  # that, and torch's TCPStore() client
-        (rendezvous_module._Meeting, "_finalize", "finalize"),  # the last rank to arrive checks the whole table
-        (rendezvous_module._Meeting, "_await_verdict", "verdict"),  # every rank, until the verdict is written
+        (rendezvous_module._RollCall, "_finalize", "finalize"),  # the last rank to arrive checks the whole table
+        (rendezvous_module._RollCall, "_await_verdict", "verdict"),  # every rank, until the verdict is written
     ):
         setattr(owner, name, timed(getattr(owner, name), steps[step]))
     ends: list[float] = []

@@ -82,8 +82,9 @@ def judged_table(store: Any, prefix: str, world_size: int) -> tuple[str | None, 
     """
     import json
 
-    from lightning_mpi_env.rollcall.verdicts import assign_all, collisions, devices_of, disagreement_message
-    from lightning_mpi_env.rollcall.wire import claim_of, read
+    from lightning_mpi_env.rollcall.claims import assign_all, devices_of
+    from lightning_mpi_env.rollcall.errors import collisions, disagreement_message
+    from lightning_mpi_env.rollcall.store_values import claim_of, read
 
     keys = [f"{prefix}claim/{rank}" for rank in range(world_size)]
     raws = store.multi_get(keys)
@@ -113,7 +114,7 @@ def lean2_roll_call(store: Any, claim: Any, timeout: float) -> Any:
     """
     import json
 
-    from lightning_mpi_env.rollcall.wire import node_of, read
+    from lightning_mpi_env.rollcall.store_values import node_of, read
 
     prefix = "lean2/"
     mine = claim.to_json()
@@ -154,7 +155,7 @@ def lean_roll_call(store: Any, claim: Any, timeout: float) -> Any:
     """
     import json
 
-    from lightning_mpi_env.rollcall.wire import node_of, read
+    from lightning_mpi_env.rollcall.store_values import node_of, read
 
     prefix = "lean/"
     mine = claim.to_json()

@@ -31,15 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lightning_mpi_env.rollcall.watchdog import (  # noqa: E402
-    EVENTS,
-    KEY,
-    READ_CHUNK,
-    Report,
-    find_stall,
-    interval_for,
-    observe,
-)
+from lightning_mpi_env.rollcall.stall import find_stall, interval_for, observe  # noqa: E402
+from lightning_mpi_env.rollcall.stall_verdict import EVENTS, KEY  # noqa: E402
+from lightning_mpi_env.rollcall.store_values import Report  # noqa: E402
+from lightning_mpi_env.rollcall.watchdog import READ_CHUNK  # noqa: E402
 
 CONNECTIONS = 8
 TIMEOUT = 300.0

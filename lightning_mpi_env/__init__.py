@@ -1,10 +1,7 @@
 """Start PyTorch Lightning, plain PyTorch DDP, torchrun and JAX correctly under MPI, or fail fast saying why.
 
-Importing this package needs the standard library only and changes no process-wide state but one import finder:
-the Lightning parts (``MPIClusterEnvironment``, ``"ddp_mpi"``) load on first use, and register with a Lightning
-namespace when it is imported, before or after this package; the same finder notices a second namespace. The
-typed classes for each Lightning package are in ``lightning_mpi_env.pytorch``, ``.fabric``, ``.pytorch_lightning`` and
-``.lightning_fabric`` (``from lightning_mpi_env.pytorch import MPIDDPStrategy``, which imports that package).
+Importing it needs the standard library only; its one process-wide change is an import finder, which registers the
+Lightning parts with each Lightning namespace when that is imported, and notices a second namespace.
 """
 
 from __future__ import annotations
@@ -17,9 +14,9 @@ from lightning_mpi_env.core.errors import MixedImportError as MixedImportError
 from lightning_mpi_env.core.errors import MixedImportWarning as MixedImportWarning
 from lightning_mpi_env.core.errors import MpiEnvError as MpiEnvError
 from lightning_mpi_env.core.errors import RendezvousError as RendezvousError
-from lightning_mpi_env.core.layout import Placement as Placement
-from lightning_mpi_env.core.layout import RankLayout as RankLayout
 from lightning_mpi_env.core.layout import from_env as from_env
+from lightning_mpi_env.core.placement import Placement as Placement
+from lightning_mpi_env.core.rank_layout import RankLayout as RankLayout
 from lightning_mpi_env.imports import sites as import_sites
 from lightning_mpi_env.lightning import registration as _registration
 
@@ -66,10 +63,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """The lazily loaded public names, and ``MPIDDPStrategy``, kept for existing programs.
-
-    ``MPIDDPStrategy`` here is untyped; see :mod:`lightning_mpi_env.lightning.strategy` for the typed imports.
-    """
+    """The lazily loaded public names, and the untyped ``MPIDDPStrategy`` kept for existing programs."""
     if name == "MPIDDPStrategy":
         return importlib.import_module("lightning_mpi_env.lightning.strategy").loaded_strategy_class()
     module = _LAZY.get(name)
@@ -84,6 +78,5 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY, "MPIDDPStrategy"})
 
 
-# The one process-wide effect of this import (the module's docstring): the import finder.
 import_sites.watch_imports()
 _registration.watch_lightning()

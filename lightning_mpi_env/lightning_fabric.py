@@ -1,11 +1,4 @@
-"""Fabric of ``lightning_fabric``: ``from lightning_mpi_env.lightning_fabric import MPIDDPStrategy``.
-
-``Fabric(strategy=MPIDDPStrategy())`` takes ``devices`` and ``num_nodes`` from the launch, on any layout. The
-classes are the ones ``strategy="ddp_mpi"`` and ``plugins=[...]`` use with ``lightning_fabric``, typed for it (its
-own ``DDPStrategy``, not the Trainer's, which Fabric refuses). ``MPIDDPStrategy`` is made when first asked for,
-which imports ``lightning_fabric``: a tool that imports every module of this package (a doctest or documentation
-collector) loads no Lightning namespace through this one.
-"""
+"""``Fabric(strategy=MPIDDPStrategy())`` of ``lightning_fabric``: ``devices`` and ``num_nodes`` come from the launch."""
 
 from __future__ import annotations
 
@@ -31,10 +24,7 @@ if TYPE_CHECKING:
         """:class:`lightning_mpi_env.MPIClusterEnvironment`, typed as a ``ClusterEnvironment`` of this namespace."""
 
     class MPIDDPStrategy(DDPStrategy):
-        """``DDPStrategy`` with ``MPIClusterEnvironment`` and its roll call: ``strategy="ddp_mpi"`` as a class.
-
-        For type checkers: the signature the class built at run time accepts.
-        """
+        """``DDPStrategy`` with ``MPIClusterEnvironment`` and its roll call: ``strategy="ddp_mpi"`` as a class."""
 
         def __init__(
             self,
@@ -62,7 +52,6 @@ else:
     from lightning_mpi_env.lightning.environment import MPIClusterEnvironment as MPIClusterEnvironment
 
     def __getattr__(name: str) -> type:
-        # Made on first use, which imports the package: see the module's docstring.
         if name == "MPIDDPStrategy":
             cls = globals()[name] = strategy_class("lightning_fabric")
             return cls

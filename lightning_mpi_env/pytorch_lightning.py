@@ -1,10 +1,4 @@
-"""The Trainer of ``pytorch_lightning``: ``from lightning_mpi_env.pytorch_lightning import MPIDDPStrategy``.
-
-``Trainer(strategy=MPIDDPStrategy())`` takes ``devices`` and ``num_nodes`` from the launch, on any layout. The
-classes are the ones ``strategy="ddp_mpi"`` and ``plugins=[...]`` use with ``pytorch_lightning``, typed for it.
-``MPIDDPStrategy`` is made when first asked for, which imports ``pytorch_lightning``: a tool that imports every
-module of this package (a doctest or documentation collector) loads no Lightning namespace through this one.
-"""
+"""``Trainer(strategy=MPIDDPStrategy())`` of ``pytorch_lightning``: ``devices``, ``num_nodes`` come from the launch."""
 
 from __future__ import annotations
 
@@ -32,10 +26,7 @@ if TYPE_CHECKING:
         """:class:`lightning_mpi_env.MPIClusterEnvironment`, typed as a ``ClusterEnvironment`` of this namespace."""
 
     class MPIDDPStrategy(DDPStrategy):
-        """``DDPStrategy`` with ``MPIClusterEnvironment`` and its roll call: ``strategy="ddp_mpi"`` as a class.
-
-        For type checkers: the signature the class built at run time accepts.
-        """
+        """``DDPStrategy`` with ``MPIClusterEnvironment`` and its roll call: ``strategy="ddp_mpi"`` as a class."""
 
         def __init__(
             self,
@@ -67,7 +58,6 @@ else:
     from lightning_mpi_env.lightning.environment import MPIClusterEnvironment as MPIClusterEnvironment
 
     def __getattr__(name: str) -> type:
-        # Made on first use, which imports the package: see the module's docstring.
         if name == "MPIDDPStrategy":
             cls = globals()[name] = strategy_class("pytorch_lightning")
             return cls

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lightning_mpi_env import from_env
-from lightning_mpi_env.core.layout import Placement
+from lightning_mpi_env.core.placement import Placement
 from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY
 from lightning_mpi_env.tools.simcluster import RSH_AGENT, SimulatedCluster
 from lightning_mpi_env.tools.simulate import simulate

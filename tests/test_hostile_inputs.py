@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 
 from lightning_mpi_env.core.errors import MpiEnvError
 from lightning_mpi_env.core.layout import from_env
-from lightning_mpi_env.tools.cli import PROG, main
+from lightning_mpi_env.tools.cli import main
+from lightning_mpi_env.tools.cli_parser import PROG
 
 CAP_BYTES = 1 << 30
 """The child's address space: a blow-up ends in a MemoryError here instead of taking the machine."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_mpi_env.core.layout import DEFAULT_MAIN_PORT, derive_port
+from lightning_mpi_env.core.ports import DEFAULT_MAIN_PORT, derive_port
 from tests.clusters.hydra import (
     HydraCluster,
     free_port,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -55,18 +56,22 @@ def test_lint_format_and_strict_types_are_clean(command):
 
 LAYERS = {
     "core": set(),
-    "rollcall": {"core"},
+    "gpu": {"core"},
+    "rollcall": {"core", "gpu"},
     "imports": {"core"},
-    "lightning": {"core", "rollcall", "imports"},
-    "tools": {"core", "rollcall", ""},  # "": the package itself, for its __version__
+    "lightning": {"core", "gpu", "rollcall", "imports"},
+    "supervise": {"core"},
+    "tools": {"core", "gpu", "rollcall", "supervise", ""},  # "": the package itself, for its __version__
 }
 """What each layer may import of this package (docs/architecture.md)."""
 
 THIRD_PARTY = {
     "core": set(),
     "rollcall": {"torch"},
+    "gpu": set(),
     "imports": set(),
     "lightning": {"typing_extensions", "lightning_utilities", "torch"},
+    "supervise": set(),
     "tools": {"torch"},
 }
 """What each layer may import besides the standard library (third-party imports may be lazy, inside functions)."""
@@ -97,6 +102,103 @@ def test_layers_import_only_what_they_may(layer):
             elif top not in sys.stdlib_module_names and top != "__future__" and top not in THIRD_PARTY[layer]:
                 problems.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not problems, problems
+
+
+PACKAGE = ROOT / "lightning_mpi_env"
+MAX_MODULES_PER_FOLDER = 16
+MAX_MODULE_LINES = 400
+
+
+def test_every_folder_of_the_package_is_a_layer_in_the_table():
+    folders = {path.parent.relative_to(PACKAGE).parts[0] for path in PACKAGE.glob("*/*.py")}
+    assert folders == set(LAYERS), folders ^ set(LAYERS)
+
+
+def test_no_folder_of_the_package_holds_more_than_16_modules():
+    counts = Counter(path.parent for path in PACKAGE.rglob("*.py") if path.name != "__init__.py")
+    assert counts, "no module found"
+    over = {str(folder.relative_to(ROOT)): count for folder, count in counts.items() if count > MAX_MODULES_PER_FOLDER}
+    assert not over, over
+
+
+def test_no_module_is_over_400_lines():
+    lines = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+    assert max(lines.values()) > MAX_MODULE_LINES / 4  # the count reads real modules
+    over = {path: count for path, count in lines.items() if count > MAX_MODULE_LINES}
+    assert not over, over
+
+
+def _module_name(path: Path, base: Path) -> str:
+    parts = path.relative_to(base).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The package's modules one module imports anywhere in it: at the top, in functions, and for type checking."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+                break
+    return found
+
+
+def import_circles(base: Path, package: Path) -> list[list[str]]:
+    """Every import circle among the modules of ``package`` (named from ``base``): the import graph's strongly
+    connected parts."""
+    modules = {_module_name(path, base): path for path in package.rglob("*.py")}
+    graph = {name: _imported_modules(path, set(modules)) - {name} for name, path in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(name: str) -> None:  # Tarjan's strongly connected components
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for used in graph[name]:
+            if used not in index:
+                visit(used)
+                low[name] = min(low[name], low[used])
+            elif used in stack:
+                low[name] = min(low[name], index[used])
+        if low[name] == index[name]:
+            part = []
+            while not part or part[-1] != name:
+                part.append(stack.pop())
+            if len(part) > 1:
+                circles.append(sorted(part))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return circles
+
+
+def test_no_import_circle_in_the_package():
+    assert not import_circles(ROOT, PACKAGE)
+
+
+def test_the_circle_check_finds_a_circle(tmp_path):
+    package = tmp_path / "lightning_mpi_env"
+    (package / "core").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "core" / "__init__.py").write_text("")
+    (package / "core" / "a.py").write_text("def f():\n    from lightning_mpi_env.core import b\n")
+    (package / "core" / "b.py").write_text("from lightning_mpi_env.core.a import f\n")
+    (package / "core" / "c.py").write_text("import lightning_mpi_env.core.a\n")
+    assert import_circles(tmp_path, package) == [["lightning_mpi_env.core.a", "lightning_mpi_env.core.b"]]
 
 
 FRAME_READERS = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import lightning_mpi_env
-from lightning_mpi_env.rollcall import wire
+from lightning_mpi_env.rollcall import store_values
 from tests.test_project import readme_commands
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,15 +112,21 @@ def test_contributing_says_how_to_set_up_test_and_check_a_change():
 
 def test_security_states_the_trust_model_the_parser_enforces():
     text = " ".join((ROOT / "SECURITY.md").read_text().split())
-    for words in ("TCPStore", "no authentication", "trusted network", "MASTER_ADDR:MASTER_PORT", "rollcall/wire.py"):
+    for words in (
+        "TCPStore",
+        "no authentication",
+        "trusted network",
+        "MASTER_ADDR:MASTER_PORT",
+        "rollcall/store_values.py",
+    ):
         assert words in text
     # The bounds it states are the parser's.
-    assert wire.MAX_VALUE_BYTES == 1 << 20
+    assert store_values.MAX_VALUE_BYTES == 1 << 20
     assert "1 MiB at most" in text
-    assert wire.MAX_RANKS == 2**24
+    assert store_values.MAX_RANKS == 2**24
     assert "at most 2^24 ranks" in text
-    assert f"at most {wire.MAX_TEXT:,} characters" in text
-    assert f"at most {wire.MAX_ITEMS:,} items" in text
+    assert f"at most {store_values.MAX_TEXT:,} characters" in text
+    assert f"at most {store_values.MAX_ITEMS:,} items" in text
     assert f"{HOME}/security/advisories/new" in text
     # The supported line is the package's own.
     line = ".".join(lightning_mpi_env.__version__.split(".")[:2])

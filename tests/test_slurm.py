@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_mpi_env.core.layout import derive_port
+from lightning_mpi_env.core.ports import derive_port
 from lightning_mpi_env.tools.simcluster import find_mpirun, session_dir_arguments
 from tests.clusters.fixtures import real_launch_lock
 from tests.clusters.hydra import launcher_truth, printed_results, probe_command, read_probes, shown

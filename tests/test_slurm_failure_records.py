@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_mpi_env.core.failures import FailureKind, read_records
+from lightning_mpi_env.core.records import FailureKind
+from lightning_mpi_env.supervise.records import read_records
 from tests.clusters.slurm import SlurmCluster
 from tests.test_slurm import FABRIC_FREEZE, LIGHTNING_TIMEOUT, PLACEMENTS, STALL_TIMEOUT
 

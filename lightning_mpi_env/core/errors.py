@@ -1,9 +1,4 @@
-"""Errors and warnings as data: what is wrong, how to fix it, and the variable, value and launcher involved.
-
-Every error of this package is a :class:`MpiEnvError` holding :attr:`~Explained.problem`, :attr:`~Explained.hint`
-and the fields it is about; its text is rendered from them once, here, and nothing parses it back. Warnings carry
-the same data (:class:`LayoutWarning`).
-"""
+"""Errors and warnings as data (problem, hint, variable, value, launcher): rendered once, here, never parsed back."""
 
 from __future__ import annotations
 
@@ -11,15 +6,7 @@ from typing import Any
 
 
 class Explained(Exception):
-    """The data behind an error or a warning, and its one rendering.
-
-    Args:
-        problem: What is wrong, naming the variable, its value and the launcher.
-        hint: The fix, one or two sentences.
-        variable: The variable (or argument) at fault, where there is one.
-        value: Its value, where there is one.
-        launcher: The launcher (or scheduler) whose variables are involved, where there is one.
-    """
+    """The data behind an error or a warning (``problem``: what is wrong; ``hint``: the fix), and its rendering."""
 
     separator = "\n"
     """What stands between the problem and ``HINT:`` in ``str()``: errors take a line of their own for the hint."""
@@ -66,12 +53,7 @@ class MpiEnvError(Explained):
 
 
 class LayoutError(MpiEnvError, ValueError):
-    """The job cannot start as launched: a malformed, missing, contradictory or stale variable or setting.
-
-    >>> print(LayoutError("OMPI_COMM_WORLD_RANK='x' is not an integer.", "Launch with mpirun."))
-    OMPI_COMM_WORLD_RANK='x' is not an integer.
-    HINT: Launch with mpirun.
-    """
+    """The job cannot start as launched: a malformed, missing, contradictory or stale variable or setting."""
 
 
 class SettingError(LayoutError):
@@ -103,10 +85,7 @@ class ProgressRecordError(MpiEnvError, ValueError):
 
 
 class MpirunLineError(MpiEnvError, ValueError):
-    """The command after ``lightning-mpi-env run --`` is not an ``mpirun``/``mpiexec`` line the supervisor can relaunch.
-
-    An option it cannot read, a host list or host file it cannot rewrite, or too few hosts left for the step.
-    """
+    """``lightning-mpi-env run --``'s command: an option, host list or host file it cannot read, or too few hosts."""
 
 
 class LayoutWarning(Explained, UserWarning):
@@ -136,10 +115,7 @@ class MixedImportWarning(Explained, UserWarning):
 
 
 class AddressError(LayoutError):
-    """A main address (``MASTER_ADDR``, or a host list's first host) that is not a host name or an IP address.
-
-    Blank, with a space or a newline, a leading ``-``, an empty or over-long label, or not ASCII.
-    """
+    """A main address (``MASTER_ADDR``, or a host list's first host) that is not a host name or an IP address."""
 
 
 class JobIdError(LayoutError):
@@ -154,28 +130,3 @@ class CheckpointWarning(Explained, UserWarning):
     """A requeue checkpoint was skipped (empty, unreadable, or not matching its record); an older one is used."""
 
     separator = " "
-
-
-__all__ = [
-    "AddressError",
-    "ApproximateNodeRankWarning",
-    "CheckpointError",
-    "CheckpointWarning",
-    "DeviceIdWarning",
-    "DeviceIndexWarning",
-    "Explained",
-    "FabricWarning",
-    "FailureRecordError",
-    "JobIdError",
-    "LayoutError",
-    "LayoutWarning",
-    "MixedImportError",
-    "MixedImportWarning",
-    "MpiEnvError",
-    "MpirunLineError",
-    "ProgressRecordError",
-    "RendezvousError",
-    "SettingError",
-    "StallError",
-    "StrategyImportError",
-]

@@ -1,22 +1,24 @@
-"""Parsers for the formats schedulers list hosts in: Slurm node lists and task counts, host files, LSF pairs.
-
-Which scheduler uses which format, and under which variable, is in :mod:`lightning_mpi_env.core.schedulers`.
-"""
+"""The formats schedulers list hosts in (node lists, task counts, host files, LSF pairs), and their one reader."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import Enum
-from functools import cache
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from lightning_mpi_env.core.errors import LayoutError
-from lightning_mpi_env.core.values import MAX_DIGITS, SHOWN_CHARACTERS, as_count, is_count, parse_count, shown
-
-if TYPE_CHECKING:
-    import re
-
+from lightning_mpi_env.core.state_files import names_a_host
+from lightning_mpi_env.core.values import (
+    MAX_DIGITS,
+    MAX_LOCAL_SIZE,
+    SHOWN_CHARACTERS,
+    as_count,
+    is_count,
+    parse_count,
+    shown,
+)
 
 MAX_HOSTS = 1_000_000
 """The most hosts a node list or task-count list may expand to: more is a hostile value, not a job."""
@@ -42,80 +44,55 @@ class HostList(NamedTuple):
     """Leading lines that name no host running ranks (``jsrun``'s launch node heads ``LSB_DJOB_RANKFILE``)."""
 
 
-@cache
-def _pattern(name: str) -> re.Pattern[str]:
-    import re  # Here, not at the top: only parsing a Slurm list needs it.
+RANK_ZERO_FALLBACK = "set MASTER_ADDR to the host of rank 0"
 
-    patterns = {
-        "range": r"^([0-9]+)(?:-([0-9]+))?$",
-        "task_count": r"^([0-9]+)(?:\(x([0-9]+)\))?$",
-        "bracket_group": r"([^\[]*)(?:\[([^\]]*)\])?",
-    }
-    return re.compile(patterns[name])
+
+def host_list_hint(owner: str, variable: str, fallback: str = RANK_ZERO_FALLBACK) -> str:
+    """The one hint of every host-list error: run where the scheduler set the list, or ``fallback``."""
+    return f"Run inside the {owner} job that set {variable}, or {fallback}."
+
+
+_RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
+_TASK_COUNT = re.compile(r"^([0-9]+)(?:\(x([0-9]+)\))?$")
+_BRACKET_GROUP = re.compile(r"([^\[]*)(?:\[([^\]]*)\])?")
 
 
 def expand_nodelist(nodelist: str, *, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
-    """Expand a Slurm node list such as ``gpu[07-08,10],login1`` into host names, in order.
-
-    Ranges keep their zero padding, and several bracket groups in one name expand as a product. The whole list is
-    checked, and counted without expanding it, before any name is made: more than :data:`MAX_HOSTS` hosts in all
-    is refused, however they are split into items.
-
-    Args:
-        nodelist: The compressed list.
-        variable: The variable it came from, for messages.
-
-    Returns:
-        The host names.
-
-    Raises:
-        LayoutError: If the list is malformed, or names more than :data:`MAX_HOSTS` hosts.
-
-    >>> expand_nodelist("gpu[07-08,10],cpu1")
-    ['gpu07', 'gpu08', 'gpu10', 'cpu1']
-    >>> expand_nodelist("r[1-2]n[01-02]")
-    ['r1n01', 'r1n02', 'r2n01', 'r2n02']
-    """
+    """Expand a Slurm node list such as ``gpu[07-08,10],r[1-2]n[01-02]``; malformed or huge: a :class:`LayoutError`."""
     return [host for item in _parse_nodelist(nodelist, variable) for host in _expand_item(item)]
 
 
 def first_nodelist_host(nodelist: str, *, variable: str = "SLURM_JOB_NODELIST") -> str:
-    """The first host of a Slurm node list (where rank 0 runs), without expanding the rest.
-
-    The whole list is checked as :func:`expand_nodelist` checks it, in time linear in its length.
-
-    Raises:
-        LayoutError: If the list is malformed, or names more than :data:`MAX_HOSTS` hosts.
-
-    >>> first_nodelist_host("gpu[007-999999],cpu1")
-    'gpu007'
-    """
-    first = _parse_nodelist(nodelist, variable)[0]
-    return "".join(part if isinstance(part, str) else _number(*part[0]) for part in first)
+    """The first host of a Slurm node list, the whole list checked as :func:`expand_nodelist` checks it."""
+    return next(_expand_item(_parse_nodelist(nodelist, variable)[0]))
 
 
 _Range = tuple[int, int, int]
 """``(low, high, width)``: the host numbers ``low`` to ``high``, zero padded to ``width`` digits."""
 _Part = str | tuple[_Range, ...]
-"""A piece of one item: literal text, or a bracket group's ranges."""
 
 
-def _parse_nodelist(nodelist: str, variable: str) -> list[list[_Part]]:
+def _parse_nodelist(nodelist: str, variable: str, fallback: str = RANK_ZERO_FALLBACK) -> list[list[_Part]]:
     """Every item's parts, after checking the syntax and that all items together name at most MAX_HOSTS hosts."""
-    items = [_parse_item(item, nodelist, variable) for item in _split_top_level(nodelist, variable)]
-    if not items:
-        raise _nodelist_error(nodelist, variable, "it names no host")
+    try:
+        items = [_parse_item(item, nodelist, variable) for item in _split_top_level(nodelist, variable)]
+        if not items:
+            raise _nodelist_error(nodelist, variable, "it names no host")
+        _check_total(items, nodelist, variable)
+    except LayoutError as error:
+        if fallback == RANK_ZERO_FALLBACK:
+            raise
+        hint = host_list_hint("Slurm", variable, fallback)
+        raise LayoutError(error.problem, hint, variable=variable, value=error.value, launcher="Slurm") from None
+    return items
+
+
+def _check_total(items: list[list[_Part]], nodelist: str, variable: str) -> None:
     total = 0
     for parts in items:
-        count = 1
-        for part in parts:
-            count *= 1 if isinstance(part, str) else sum(high - low + 1 for low, high, _ in part)
-            if count > MAX_HOSTS:  # before the product grows: it stays below MAX_HOSTS**2
-                break
-        total += count
+        total += _count(parts)
         if total > MAX_HOSTS:
             raise _nodelist_error(nodelist, variable, f"it lists more than {MAX_HOSTS} hosts")
-    return items
 
 
 def _split_top_level(nodelist: str, variable: str) -> list[str]:
@@ -141,7 +118,7 @@ def _split_top_level(nodelist: str, variable: str) -> list[str]:
 def _parse_item(item: str, nodelist: str, variable: str) -> list[_Part]:
     # "r[1-2]n[01-02]" -> ["r", ((1, 2, 1),), "n", ((1, 2, 2),)]
     parts: list[_Part] = []
-    for text, brackets in _pattern("bracket_group").findall(item):
+    for text, brackets in _BRACKET_GROUP.findall(item):
         if text:
             parts.append(text)
         if brackets:
@@ -152,7 +129,7 @@ def _parse_item(item: str, nodelist: str, variable: str) -> list[_Part]:
 def _parse_brackets(brackets: str, nodelist: str, variable: str) -> tuple[_Range, ...]:
     ranges: list[_Range] = []
     for piece in brackets.split(","):
-        match = _pattern("range").match(piece.strip())
+        match = _RANGE.match(piece.strip())
         if match is None:
             raise _nodelist_error(nodelist, variable, f"'{piece}' is not a number or a range like 07-10")
         first, last = match.group(1), match.group(2) or match.group(1)
@@ -165,33 +142,20 @@ def _parse_brackets(brackets: str, nodelist: str, variable: str) -> tuple[_Range
     return tuple(ranges)
 
 
-def _number(low: int, _high: int, width: int) -> str:
-    return str(low).zfill(width)
-
-
 def _expand_item(parts: list[_Part]) -> Iterator[str]:
+    """The names of one item, in order: the first made alone, before the pools of the rest."""
+    yield "".join(part if isinstance(part, str) else str(part[0][0]).zfill(part[0][2]) for part in parts)
     pools = [
-        [part]
-        if isinstance(part, str)
-        else [str(n).zfill(width) for low, high, width in part for n in range(low, high + 1)]
+        [part] if isinstance(part, str) else [str(n).zfill(w) for low, high, w in part for n in range(low, high + 1)]
         for part in parts
     ]
-    return ("".join(combination) for combination in itertools.product(*pools))
+    names = itertools.product(*pools)
+    next(names)
+    yield from ("".join(name) for name in names)
 
 
 def nodelist_position(nodelist: str, host: str, *, variable: str = "SLURM_STEP_NODELIST") -> tuple[int | None, int]:
-    """Where ``host`` is first in a Slurm node list, and how many hosts the list names, without expanding it.
-
-    The list is checked as :func:`expand_nodelist` checks it; each item is matched by arithmetic on its ranges, in
-    time linear in the list's text (an item whose number groups touch other digits is expanded, up to
-    :data:`MAX_HOSTS` names).
-
-    Raises:
-        LayoutError: If the list is malformed, or names more than :data:`MAX_HOSTS` hosts.
-
-    >>> nodelist_position("gpu[07-08,10],cpu1", "gpu10"), nodelist_position("a[1-3]", "b")
-    ((2, 4), (None, 3))
-    """
+    """Where ``host`` is first in a Slurm node list (or ``None``) and how many hosts it names, checked, not expanded."""
     items = _parse_nodelist(nodelist, variable)
     total = sum(_count(parts) for parts in items)
     offset = 0
@@ -205,8 +169,6 @@ def nodelist_position(nodelist: str, host: str, *, variable: str = "SLURM_STEP_N
 
 def _item_index(parts: list[_Part], host: str) -> int | None:
     """``host``'s first index among the names of one item, or ``None`` when the item does not name it."""
-    import re  # as in _pattern: only parsing a Slurm list needs it
-
     groups = [part for part in parts if not isinstance(part, str)]
     texts = [*parts[1:], ""]
     if any(
@@ -239,16 +201,19 @@ def _range_position(digits: str, ranges: tuple[_Range, ...]) -> int | None:
 
 
 def _count(parts: list[_Part]) -> int:
+    """How many names one item makes; past :data:`MAX_HOSTS` the product stops growing (a hostile list)."""
     count = 1
     for part in parts:
         count *= 1 if isinstance(part, str) else sum(high - low + 1 for low, high, _ in part)
+        if count > MAX_HOSTS:
+            break
     return count
 
 
 def _nodelist_error(nodelist: str, variable: str, reason: str) -> LayoutError:
     return LayoutError(
         f"{variable}={shown(nodelist)} is not a valid Slurm node list: {reason}.",
-        "Use the value Slurm set, or set MASTER_ADDR to the host of rank 0.",
+        host_list_hint("Slurm", variable),
         variable=variable,
         value=nodelist[:SHOWN_CHARACTERS],
         launcher="Slurm",
@@ -256,17 +221,10 @@ def _nodelist_error(nodelist: str, variable: str, reason: str) -> LayoutError:
 
 
 def expand_tasks_per_node(counts: str, *, variable: str = "SLURM_STEP_TASKS_PER_NODE") -> list[int]:
-    """Expand Slurm's compressed per-node task counts such as ``4(x2),3`` into one count per node.
-
-    Raises:
-        LayoutError: If the value is malformed.
-
-    >>> expand_tasks_per_node("4(x2),3")
-    [4, 4, 3]
-    """
+    """Expand Slurm's compressed per-node task counts such as ``4(x2),3``; a :class:`LayoutError` if malformed."""
     expanded: list[int] = []
     for piece in counts.split(","):
-        match = _pattern("task_count").match(piece.strip())
+        match = _TASK_COUNT.match(piece.strip())
         count = as_count(match.group(1)) if match is not None else None
         repeat = as_count(match.group(2) or "1") if match is not None else None
         if not count or not repeat or len(expanded) + repeat > MAX_HOSTS:
@@ -283,101 +241,72 @@ def expand_tasks_per_node(counts: str, *, variable: str = "SLURM_STEP_TASKS_PER_
 
 
 def compress_tasks_per_node(counts: Sequence[int]) -> str:
-    """Slurm's compressed per-node task counts, the inverse of :func:`expand_tasks_per_node`.
+    """Slurm's compressed per-node task counts, the inverse of :func:`expand_tasks_per_node`."""
+    runs = ((count, sum(1 for _ in run)) for count, run in itertools.groupby(counts))
+    return ",".join(f"{count}(x{length})" if length > 1 else str(count) for count, length in runs)
 
-    >>> compress_tasks_per_node([4, 4, 3])
-    '4(x2),3'
+
+def read_hosts(
+    value: str,
+    source: HostList,
+    owner: str,
+    read_text: Callable[[str], str],
+    *,
+    slots: tuple[str, str] | None = None,
+    fallback: str = RANK_ZERO_FALLBACK,
+) -> Iterator[tuple[str, int | None]]:
+    """Each ``(host, slots)`` of the host list ``value`` of ``source``, in order; the first host runs rank 0.
+
+    A node list's slots come from ``slots`` (the task counts' ``(variable, value)``); a file of a line per slot gives
+    1 a line. A :class:`LayoutError` where the list, its file or a line is malformed, unreadable or empty.
     """
-    pieces: list[str] = []
-    index = 0
-    while index < len(counts):
-        run = 1
-        while index + run < len(counts) and counts[index + run] == counts[index]:
-            run += 1
-        pieces.append(f"{counts[index]}(x{run})" if run > 1 else str(counts[index]))
-        index += run
-    return ",".join(pieces)
+    variable = source.variable
 
+    def refused(problem: str, shown_value: str, at: str = variable) -> LayoutError:
+        hint = host_list_hint(owner, variable, fallback)
+        return LayoutError(problem, hint, variable=at, value=shown_value[:SHOWN_CHARACTERS], launcher=owner)
 
-def first_word_host(text: str) -> str | None:
-    r"""The first host of a host file with one host (or one slot) per line: ``PBS_NODEFILE``, ``SGE_JOB_HOSTLIST``.
+    def slot_count(text: str, where: str) -> int:
+        hint = host_list_hint(owner, variable, fallback)
+        return parse_count(text, variable=where, launcher=owner, minimum=1, maximum=MAX_LOCAL_SIZE, hint=hint)
 
-    Blank lines and ``#`` comments are skipped; anything after the host name (``slots=4``) is ignored.
-
-    >>> first_word_host("# allocated\n\n  g0002 slots=4\n")
-    'g0002'
-    """
-    for line in text.splitlines():
-        words = line.split()
-        if words and not words[0].startswith("#"):
-            return words[0]
-    return None
-
-
-def pe_hostfile_host(text: str, *, variable: str = "PE_HOSTFILE", scheduler: str = "SGE") -> str | None:
-    r"""The first host of a Grid Engine ``$PE_HOSTFILE``: one line per host, ``host slots queue processors``.
-
-    Raises:
-        LayoutError: If a line is not ``host slots ...`` with a whole number of slots.
-
-    >>> pe_hostfile_host("node07.cluster 4 all.q@node07.cluster UNDEFINED\nnode08.cluster 4 all.q@node08 <NULL>\n")
-    'node07.cluster'
-    """
-    first = None
-    for number, line in enumerate(text.splitlines(), start=1):
-        words = line.split()
-        if not words or words[0].startswith("#"):
-            continue
-        if len(words) < 2:
-            raise LayoutError(
-                f"{variable} line {number} ({shown(line.strip())}, {scheduler}) is not 'host slots queue processors'.",
-                "Run inside the Grid Engine job that wrote the file, or set MASTER_ADDR to the host of rank 0.",
-                variable=variable,
-                value=line[:SHOWN_CHARACTERS],
-                launcher=scheduler,
-            )
-        parse_count(
-            words[1],
-            variable=f"{variable} line {number} (slots)",
-            launcher=scheduler,
-            minimum=1,
-            hint="Run inside the Grid Engine job that wrote the file, or set MASTER_ADDR to the host of rank 0.",
+    if source.form is HostListForm.NODELIST:
+        items = _parse_nodelist(value, variable, fallback)
+        names = (host for parts in items for host in _expand_item(parts))
+        counts: Iterable[int | None] = itertools.repeat(None)
+        if slots is not None:
+            counts = expand_tasks_per_node(slots[1], variable=slots[0])
+            total = sum(_count(parts) for parts in items)
+            if len(counts) != total:
+                problem = (
+                    f"{slots[0]}={shown(slots[1])} gives {len(counts)} counts for the {total} hosts of {variable}."
+                )
+                raise refused(problem, slots[1], at=slots[0])
+        yield from zip(names, counts, strict=False)
+    elif source.form is HostListForm.LSF_PAIRS:
+        words = value.split()
+        if not words or len(words) % 2 or not all(is_count(word) for word in words[1::2]):
+            raise refused(f"{variable}={shown(value)} ({owner}) is not a list of 'host slots' pairs.", value)
+        yield from (
+            (host, slot_count(count, f"{variable} (slots)"))
+            for host, count in zip(words[::2], words[1::2], strict=True)
         )
-        first = first or words[0]
-    return first
-
-
-def lsf_pairs_host(value: str, *, variable: str = "LSB_MCPU_HOSTS", scheduler: str = "LSF") -> str:
-    """The first host of LSF's ``"hostA 4 hostB 4"`` (host names alternating with slot counts).
-
-    Raises:
-        LayoutError: If the value is not such pairs.
-
-    >>> lsf_pairs_host("batch1 1 hostA 4 hostB 4")
-    'batch1'
-    """
-    words = value.split()
-    if len(words) < 2 or len(words) % 2 or not all(is_count(word) for word in words[1::2]):
-        raise LayoutError(
-            f"{variable}={shown(value)} ({scheduler}) is not a list of 'host slots' pairs.",
-            "Use the value LSF set, or set MASTER_ADDR to the host of rank 0.",
-            variable=variable,
-            value=value[:SHOWN_CHARACTERS],
-            launcher=scheduler,
-        )
-    return words[0]
-
-
-__all__ = [
-    "MAX_HOSTS",
-    "HostList",
-    "HostListForm",
-    "compress_tasks_per_node",
-    "expand_nodelist",
-    "expand_tasks_per_node",
-    "first_nodelist_host",
-    "nodelist_position",
-    "first_word_host",
-    "lsf_pairs_host",
-    "pe_hostfile_host",
-]
+    else:
+        try:
+            text = read_text(value)
+        except (OSError, UnicodeDecodeError) as error:
+            raise refused(
+                f"{variable}={value!r} ({owner}) names a host file that cannot be read: {error}.", value
+            ) from error
+        named = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if names_a_host(line)]
+        if len(named) <= source.skip_lines:
+            raise refused(f"{variable}={value!r} ({owner}) names an empty host file.", value)
+        for number, line in named[source.skip_lines :]:
+            words = line.split()
+            if source.form is not HostListForm.PE_HOSTFILE:
+                yield words[0], 1
+            elif len(words) < 2:
+                where = f"{variable} line {number} ({shown(line.strip())}, {owner})"
+                raise refused(f"{where} is not 'host slots queue processors'.", line)
+            else:
+                yield words[0], slot_count(words[1], f"{variable} line {number} (slots)")

@@ -1,7 +1,4 @@
-"""The launchers we understand: one table row per launcher, holding everything this package knows about it.
-
-:mod:`lightning_mpi_env.core.layout` reads every row generically: adding a launcher means adding a row and its tests.
-"""
+"""The launchers we understand: one table row per launcher, read generically by :mod:`~.core.layout`."""
 
 from __future__ import annotations
 
@@ -13,81 +10,54 @@ from typing import NamedTuple
 from lightning_mpi_env.core.hostlist import HostList, HostListForm
 from lightning_mpi_env.core.torch_names import TORCH
 
-_NONE: Mapping[str, Mapping[str, str]] = MappingProxyType({})
-_NO_MODES: Mapping[str, str] = MappingProxyType({})
-
 
 class Launcher(NamedTuple):
-    """Everything about one launcher."""
+    """Everything about one launcher: ``key`` for the command line, ``name`` for messages, then its variables."""
 
     key: str
-    """Short name used on the command line (``openmpi``, ``slurm``, ...)."""
     name: str
-    """Human name used in messages (``Open MPI``)."""
     marker: str
     """The variable whose presence means this launcher started the process."""
     rank: str
-    """Global rank of the process."""
     world_size: str
-    """Number of processes in the job."""
     local_rank: str
-    """Rank of the process on its node."""
     local_size: str | None
     """Number of processes on this node; ``None`` where it comes from :attr:`tasks_per_node` or :attr:`num_nodes`."""
     node_rank: str | None = None
-    """Index of this node in the job, where the launcher exports one (then the node rank is exact)."""
+    """Index of this node in the job, where the launcher exports one (then exact)."""
     tasks_per_node: str | None = None
-    """Slurm-style compressed count of processes per node (``4(x2),3``), indexed by :attr:`node_rank`."""
+    """Slurm's compressed count of processes per node (``4(x2),3``), indexed by :attr:`node_rank`."""
     num_nodes: str | None = None
     """Number of nodes, where the launcher exports it but no local size (then the ranks per node are derived)."""
     job_identity: tuple[str, ...] = ()
-    """Variables that together identify one launch, identically on all its ranks (the main port comes from them)."""
+    """Variables that together identify one launch, identically on all its ranks (for the main port)."""
     host_lists: tuple[HostList, ...] = ()
     """The launch's own lists of hosts (the step's, not the job's), consulted before any scheduler's."""
     inherited: tuple[str, ...] = ()
     """Variables of this launcher that a process outside a launch may inherit (a batch script's ``SLURM_PROCID``)."""
-    flavours: Mapping[str, Mapping[str, str]] = _NONE
-    """``simulate`` keys playing this row, each with the further variables that flavour exports, as templates.
-
-    Template fields: ``rank``, ``local_rank``, ``world_size``, ``node``, ``host``, ``job``, ``first_host``,
-    ``step_nodelist``, ``step_num_nodes``, ``distribution``, ``uuid`` (one per launch); ``{file:launch_slots}`` is a
-    host file with a launch node first, then one line per slot.
-    """
+    flavours: Mapping[str, Mapping[str, str]] = MappingProxyType({})
+    """``simulate`` keys playing this row, each with the further variables it exports, as templates."""
     scheduler: str | None = None
-    """The scheduler this launcher comes with, if any (``srun``: Slurm); ``simulate`` runs it under that one."""
     launch_hint: str = ""
-    """How a user starts processes with this launcher, for messages."""
-    partial_modes: Mapping[str, str] = _NO_MODES
+    partial_modes: Mapping[str, str] = MappingProxyType({})
     """Variables of a launch mode that omits some of the rank variables, each with the fix (for that error)."""
     pass_main_address: str = ""
     """How a job script passes ``MASTER_ADDR`` to every rank of this launcher, where documented."""
     how_to_check: str = ""
-    """How a user finds out that this is the launcher in use, for the docs."""
     run_for_real: str = ""
     """How the test suite runs this launcher for real; empty: documented variables, not run here."""
     ends_on_failure: bool = False
-    """Whether the launcher ends every rank once one exits non-zero, so a job whose watchdog named a frozen rank
-    ends when the ranks that wait exit with status 1, frozen one included."""
+    """Whether the launcher ends every rank once one exits non-zero (a frozen rank included)."""
     end_step: tuple[str, ...] = ()
-    """The scheduler's own command that ends this launch (its job step) at once, frozen ranks included, filled by
-    :func:`end_step_command`: one surviving rank runs it after a stall verdict where the launcher would wait."""
+    """The command that ends this launch's step at once, frozen ranks included, where the launcher would wait."""
     end_hint: str = ""
-    """What to add to the launch so that it ends with a frozen rank, said when the watchdog starts where neither
-    the launcher nor :attr:`end_step` ends it."""
+    """What to add to the launch so that it ends with a frozen rank, where nothing above ends it."""
 
     @property
     def variables(self) -> tuple[str, ...]:
         """Every variable this row requires, in the order it reads them."""
-        names = (
-            self.rank,
-            self.world_size,
-            self.local_rank,
-            self.local_size,
-            self.node_rank,
-            self.tasks_per_node,
-            self.num_nodes,
-        )
-        return tuple(name for name in names if name is not None)
+        names = (self.rank, self.world_size, self.local_rank, self.local_size, self.node_rank)
+        return tuple(name for name in (*names, self.tasks_per_node, self.num_nodes) if name is not None)
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
         # A row is an entry of the table: pickled by its key (Lightning's spawn strategies pickle the environment).
@@ -95,9 +65,7 @@ class Launcher(NamedTuple):
 
 
 TORCHRUN = Launcher(
-    # https://docs.pytorch.org/docs/stable/elastic/run.html#environment-variables: torchrun exports these to every
-    # worker it spawns, with MASTER_ADDR and MASTER_PORT. TORCHELASTIC_RUN_ID is torchrun's own (RANK alone is not:
-    # job scripts, DeepSpeed's and Lightning's own launchers set it too).
+    # TORCHELASTIC_RUN_ID is torchrun's own; RANK is not (job scripts, DeepSpeed and Lightning set it too).
     key="torchrun",
     name="torchrun (TorchElastic)",
     marker="TORCHELASTIC_RUN_ID",
@@ -107,7 +75,6 @@ TORCHRUN = Launcher(
     local_size=TORCH.local_world_size,
     node_rank=TORCH.group_rank,  # "the rank of the worker group": the node's index with one group per node
     job_identity=("TORCHELASTIC_RUN_ID",),
-    # A job script may export RANK or WORLD_SIZE by hand: they are not a torchrun launch.
     inherited=(TORCH.rank, TORCH.world_size, TORCH.local_rank, TORCH.local_world_size, TORCH.group_rank),
     launch_hint=(
         "Start the workers with `torchrun` (which sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, "
@@ -125,7 +92,7 @@ OPEN_MPI = Launcher(
     local_rank="OMPI_COMM_WORLD_LOCAL_RANK",
     local_size="OMPI_COMM_WORLD_LOCAL_SIZE",
     # OMPI_COMM_WORLD_NODE_RANK is the rank on the node across *all* jobs, not the node index: never read it.
-    job_identity=("PMIX_NAMESPACE",),  # Open MPI 5 (PRRTE): unique per mpirun, even for several in one job
+    job_identity=("PMIX_NAMESPACE",),  # Open MPI 5 (PRRTE): one per mpirun
     flavours=MappingProxyType(
         {"openmpi": MappingProxyType({"PMIX_RANK": "{rank}", "PMIX_NAMESPACE": "prterun-{first_host}-{job}@1"})}
     ),
@@ -182,7 +149,6 @@ HYDRA = Launcher(
         }
     ),
     launch_hint="Start every rank with MPICH's or Intel MPI's `mpiexec` (Hydra), which sets PMI_* and MPI_LOCAL*.",
-    # MPICH's `mpiexec -pmi-port` sets PMI_ID and PMI_PORT (one per node) instead of PMI_RANK, PMI_SIZE and PMI_FD.
     partial_modes=MappingProxyType(
         {
             "PMI_PORT": "MPICH's `mpiexec -pmi-port` gives the ranks no PMI_RANK or PMI_SIZE: drop `-pmi-port` "
@@ -196,7 +162,7 @@ HYDRA = Launcher(
         '`mpiexec --version` says "HYDRA" (MPICH) or "Intel(R) MPI"; `mpiexec -n 1 env | grep -E \'PMI_|MPI_LOCAL\'`'
     ),
 )
-SLURM = Launcher(
+SRUN = Launcher(
     key="slurm",
     name="Slurm srun",
     # A batch script inherits SLURM_PROCID=0 too; only a job step started by srun has SLURM_STEP_ID.
@@ -229,9 +195,7 @@ SLURM = Launcher(
     run_for_real="Slurm 22.05 from Debian (`slurm-wlm`): slurmctld and two slurmd on one machine",
     launch_hint="Start every rank with `srun` inside the allocation (srun sets SLURM_PROCID and SLURM_STEP_*).",
     how_to_check="`srun -n1 env | grep SLURM_STEP_ID` (a batch script alone has `SLURM_PROCID` but no step)",
-    # srun waits for every task by default (--kill-on-bad-exit=0): a frozen one would hold the allocation. scancel(1):
-    # "scancel [OPTIONS...] [job_id[_array_id][.step_id]]"; `--signal=KILL` ends a stopped task at once, where a
-    # plain cancel sends SIGCONT and SIGTERM first and SIGKILL only KillWait (30 s by default) later.
+    # srun waits for every task by default; scancel(1) `job_id.step_id --signal=KILL` ends a stopped one at once.
     end_step=("scancel", "--signal=KILL", "{SLURM_JOB_ID}.{SLURM_STEP_ID}"),
     end_hint="`srun --kill-on-bad-exit=1` (or `scancel` on the compute nodes' PATH)",
 )
@@ -285,8 +249,7 @@ PMIX = Launcher(
     name="PMIx",
     marker="PMIX_RANK",
     rank="PMIX_RANK",
-    # A bare PMIx server exports only the rank; the sizes live behind the PMIx API, which we do not link.
-    # They can be given with the torchrun names, exported alike to every rank except LOCAL_RANK.
+    # A bare PMIx server exports only the rank (the sizes are behind its API): they come under torchrun's names.
     world_size=TORCH.world_size,
     local_rank=TORCH.local_rank,
     local_size=TORCH.local_world_size,
@@ -299,16 +262,11 @@ PMIX = Launcher(
     how_to_check="`env | grep PMIX_RANK` and no `OMPI_COMM_WORLD_*`",
 )
 
-LAUNCHERS: tuple[Launcher, ...] = (TORCHRUN, OPEN_MPI, MVAPICH2, HYDRA, JSRUN, FLUX, SLURM, CRAY_PALS, PMIX)
+LAUNCHERS: tuple[Launcher, ...] = (TORCHRUN, OPEN_MPI, MVAPICH2, HYDRA, JSRUN, FLUX, SRUN, CRAY_PALS, PMIX)
 """Every supported launcher, in order of precedence.
 
-torchrun comes first: a process with ``TORCHELASTIC_RUN_ID`` was spawned by torchrun, and any MPI or Slurm variables
-it has were inherited from the launch that started torchrun itself (``mpirun -npernode 1 torchrun ...``), so they
-describe the agent, not this worker. An MPI launcher's own variables come before the scheduler's, because ranks
-started by ``mpirun`` inside a batch job inherit the batch script's ``SLURM_PROCID=0``. Cray PALS comes after Slurm
-and Flux, because their Cray plugins export ``PALS_*`` beside their own variables (``srun --mpi=cray_shasta``,
-``flux run -o pmi=cray-pals``), partly (no host list, under Flux no sizes); PALS's own ``mpiexec`` runs under PBS,
-where there is no ``SLURM_STEP_ID`` or ``FLUX_TASK_RANK``. PMIx alone comes last because richer launchers set it too.
+torchrun first: a worker's MPI variables describe its agent's launch. MPI before Slurm: ``mpirun``'s ranks inherit
+a batch script's ``SLURM_PROCID``. PALS after Slurm and Flux (their Cray plugins export ``PALS_*``). PMIx last.
 """
 
 LAUNCHERS_BY_KEY: Mapping[str, Launcher] = MappingProxyType({launcher.key: launcher for launcher in LAUNCHERS})
@@ -316,7 +274,6 @@ LAUNCHERS_BY_KEY: Mapping[str, Launcher] = MappingProxyType({launcher.key: launc
 FLAVOURS: Mapping[str, Launcher] = MappingProxyType(
     {flavour: launcher for launcher in LAUNCHERS for flavour in launcher.flavours}
 )
-"""Every ``simulate`` key, with the row it plays (``intelmpi`` plays the Hydra row)."""
 
 
 def launcher_by_key(key: str) -> Launcher:
@@ -325,42 +282,17 @@ def launcher_by_key(key: str) -> Launcher:
 
 
 def detect_launcher(env: Mapping[str, str]) -> Launcher | None:
-    """The launcher that started this process, by precedence, or ``None`` outside any launcher.
-
-    >>> detect_launcher({"OMPI_COMM_WORLD_RANK": "3", "SLURM_STEP_ID": "0"}).name
-    'Open MPI'
-    >>> detect_launcher({"SLURM_PROCID": "0"}) is None  # a batch script, not a job step
-    True
-    """
-    for launcher in LAUNCHERS:
-        if launcher.marker in env:
-            return launcher
-    return None
+    """The launcher that started this process, by precedence, or ``None`` outside any launcher."""
+    return next((launcher for launcher in LAUNCHERS if launcher.marker in env), None)
 
 
 def started_by_launcher(env: Mapping[str, str]) -> bool:
-    """Whether a launcher started this process: the one answer to "is this an MPI (or srun, torchrun) job".
-
-    A launcher's marker (:attr:`Launcher.marker`) decides, by :func:`detect_launcher`, and nothing else does: not
-    ``RANK`` alone (a job script's or Lightning's own workers'), not a batch script's ``SLURM_PROCID`` or
-    ``SLURM_JOB_ID``.
-
-    >>> started_by_launcher({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}), started_by_launcher({"PMIX_RANK": "0"})
-    (False, True)
-    """
+    """Whether a launcher's marker is set: the one answer to "is this an MPI (or srun, torchrun) job"."""
     return detect_launcher(env) is not None
 
 
 def end_step_command(launcher: Launcher | None, env: Mapping[str, str]) -> tuple[str, ...] | None:
-    """The command that ends this launch's step (:attr:`Launcher.end_step`), filled from ``env``; else ``None``.
-
-    ``None`` too where a variable it needs is missing or not ASCII digits: nothing else reaches the command line.
-
-    >>> end_step_command(SLURM, {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"})
-    ('scancel', '--signal=KILL', '42.0')
-    >>> end_step_command(SLURM, {"SLURM_JOB_ID": "--partition=evil", "SLURM_STEP_ID": "0"}) is None
-    True
-    """
+    """The command that ends this launch's step, filled from ``env``; ``None``: none, or a value not ASCII digits."""
     if launcher is None or not launcher.end_step:
         return None
     values = {}
@@ -377,11 +309,7 @@ _FIELD = re.compile(r"{([A-Z_][A-Z0-9_]*)}")
 
 
 def stray_rank_variables(env: Mapping[str, str]) -> list[tuple[str, Launcher]]:
-    """Rank variables of known launchers present although no launcher's marker is: half a launch.
-
-    A process that sees ``PMI_RANK`` but no launcher it belongs to was started by a launcher whose other variables
-    are missing (a PMI-1 launcher, or variables copied by hand); as a single process it would train alone. Variables
-    a process may inherit outside a launch (:attr:`Launcher.inherited`) are not stray.
+    """Rank variables of known launchers, not :attr:`Launcher.inherited`, present without a marker: half a launch.
 
     >>> [(name, row.key) for name, row in stray_rank_variables({"PMI_RANK": "3", "SLURM_PROCID": "0"})]
     [('PMI_RANK', 'mpich')]
@@ -400,25 +328,3 @@ def inherited_variables(env: Mapping[str, str]) -> list[tuple[str, Launcher]]:
     [('SLURM_PROCID', 'slurm')]
     """
     return [(name, launcher) for launcher in LAUNCHERS for name in launcher.inherited if name in env]
-
-
-__all__ = [
-    "CRAY_PALS",
-    "FLAVOURS",
-    "FLUX",
-    "HYDRA",
-    "JSRUN",
-    "LAUNCHERS",
-    "LAUNCHERS_BY_KEY",
-    "MVAPICH2",
-    "OPEN_MPI",
-    "PMIX",
-    "SLURM",
-    "TORCHRUN",
-    "Launcher",
-    "detect_launcher",
-    "end_step_command",
-    "inherited_variables",
-    "started_by_launcher",
-    "stray_rank_variables",
-]

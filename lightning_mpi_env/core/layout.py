@@ -1,8 +1,4 @@
-"""The pure core: read a process's environment once and resolve where it sits in the job.
-
-Nothing here imports torch or Lightning, writes to ``os.environ`` or talks to the network: :func:`from_env` turns a
-``Mapping[str, str]`` into a frozen :class:`RankLayout` in one pass, or raises :class:`LayoutError`.
-"""
+"""The pure core: an environment read once into a frozen :class:`RankLayout`; no torch, no network, no writes."""
 
 from __future__ import annotations
 
@@ -18,25 +14,26 @@ from lightning_mpi_env.core.launchers import (
     stray_rank_variables,
 )
 from lightning_mpi_env.core.network import apply_host_template
-from lightning_mpi_env.core.node_counts import (
-    EVEN_SHARE,
+from lightning_mpi_env.core.placement import (
+    ASSUMED_EVEN,
+    Placement,
+    every_rank_here,
     flux_local_size,
+    guess_node,
     het_step_needs_main_address,
     launch_conflict,
+    num_nodes_source,
     slurm_node_counts,
 )
-from lightning_mpi_env.core.placement import DEALING, Placement, every_rank_here, guess_node, num_nodes_source
 from lightning_mpi_env.core.ports import (
-    DEFAULT_MAIN_PORT,
-    DERIVED_PORT_RANGE,
     check_host,
-    derive_port,
     given_main_address,
     main_port,
 )
 from lightning_mpi_env.core.rank_layout import RankLayout
-from lightning_mpi_env.core.schedulers import SCHEDULERS, first_host, read_host_file
+from lightning_mpi_env.core.schedulers import SCHEDULERS, first_host
 from lightning_mpi_env.core.settings import VARIABLE, host_template
+from lightning_mpi_env.core.state_files import read_host_file
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import (
     MAX_LOCAL_SIZE,
@@ -63,22 +60,10 @@ def from_env(
     *,
     read_text: Callable[[str], str] | None = None,
 ) -> RankLayout:
-    """Resolve this process's layout from its environment, in one pass.
-
-    Args:
-        env: The process environment (``os.environ`` or a plain dict).
-        read_text: Reads a scheduler's host file (``PBS_NODEFILE`` ...); the file system by default.
-
-    Returns:
-        The layout.
+    """Resolve this process's layout from its environment, in one pass (``read_text`` reads host files).
 
     Raises:
-        LayoutError: If a variable is malformed, missing, contradictory or stale, or if a launcher's rank variable
-            is present without the rest of its launcher's variables.
-
-    >>> from_env({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-    ...           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MASTER_ADDR": "nodea", "MASTER_PORT": "29611"})
-    RankLayout(rank=5/8, local=1/4, node=1~/2~, main=nodea:29611, from=Open MPI)
+        LayoutError: If a variable is malformed, missing, contradictory or stale, or only part of a launch's is set.
     """
     launcher = detect_launcher(env)
     if launcher is None:
@@ -95,9 +80,7 @@ SINGLE_PROCESS_TORCH_VALUES: Mapping[str, str] = MappingProxyType(
 
 
 def _refuse_torch_variables_without_torchrun(env: Mapping[str, str]) -> None:
-    # RANK set, but by no torchrun (no TORCHELASTIC_RUN_ID) and no launcher we know: rank 0 of 1 would be silently
-    # wrong, and torch_env()/exec would overwrite the right values. Lightning's own workers set LOCAL_RANK and
-    # WORLD_SIZE but never RANK, so RANK is the sign.
+    # RANK is the sign of a torchrun-style launch: Lightning's own workers set LOCAL_RANK and WORLD_SIZE, never RANK.
     if TORCH.rank not in env:
         return
     disagreeing = [name for name, single in SINGLE_PROCESS_TORCH_VALUES.items() if env.get(name, single) != single]
@@ -180,7 +163,8 @@ class _LayoutParser:
         self._check_bounds(row.rank, rank, row.world_size, world_size)
         self._check_bounds(row.local_rank, local_rank, self.sources["local_size"], local_size)
         if local_size > world_size:
-            raise self._conflict(
+            raise launch_conflict(
+                self.launcher,
                 f"{self.sources['local_size']}={local_size} ranks on this node is more than "
                 f"{row.world_size}={world_size} ranks in the whole job.",
                 self.sources["local_size"],
@@ -208,8 +192,6 @@ class _LayoutParser:
             ranks_per_node=self.ranks_per_node,
             end_step=end_step_command(row, self.env) or (),  # the step's identity, read with the rest of the launch
         )
-
-    # --- reading variables -------------------------------------------------------------------------------------
 
     def _require_complete_row(self) -> None:
         row = self.launcher
@@ -250,7 +232,6 @@ class _LayoutParser:
         if row.local_size is not None:
             return self._integer(row.local_size, "local_size", minimum=1, maximum=MAX_LOCAL_SIZE)
         if row.tasks_per_node is not None and row.node_rank is not None:
-            # Slurm: every node's count, compressed (`2(x3),1`), and this node's place among them.
             node_counts = slurm_node_counts(self.env, row, world_size, self._integer(row.node_rank, "node_rank"))
             self.sources["local_size"] = node_counts.source
             self.ranks_per_node = node_counts.counts
@@ -260,10 +241,8 @@ class _LayoutParser:
         nodes = self._integer(row.num_nodes, "num_nodes", minimum=1)
         local_rank = self._integer(row.local_rank, "local_rank")
         local_size = flux_local_size(row, world_size, nodes, local_rank)
-        every_rank_on_one_node = nodes == 1
-        self.sources["local_size"] = f"{row.world_size} / {row.num_nodes}" + (
-            "" if every_rank_on_one_node else f" ({EVEN_SHARE})"
-        )
+        share = f"{row.world_size} / {row.num_nodes}"
+        self.sources["local_size"] = share if nodes == 1 else f"{share} ({ASSUMED_EVEN})"
         return local_size
 
     def _check_bounds(self, variable: str, value: int, size_variable: str, size: int) -> None:
@@ -276,11 +255,6 @@ class _LayoutParser:
                 value=str(value),
                 launcher=self.launcher.name,
             )
-
-    def _conflict(self, problem: str, variable: str, value: str) -> LayoutError:
-        return launch_conflict(self.launcher, problem, variable, value)
-
-    # --- node rank --------------------------------------------------------------------------------------------
 
     def _node(self, rank: int, world_size: int, local_rank: int, local_size: int) -> tuple[int, int | None, Placement]:
         row = self.launcher
@@ -302,21 +276,19 @@ class _LayoutParser:
             return node, len(self.ranks_per_node), Placement.LAUNCHER
         # Nodes 0 to node-1 run a rank each at least, and this one local_size: more than that cannot be one launch.
         if node + local_size > world_size:
-            raise self._conflict(
+            raise launch_conflict(
+                self.launcher,
                 f"{row.node_rank}={node} with {self.sources['local_size']}={local_size} ranks on this node needs "
                 f"at least {node + local_size} ranks, but {row.world_size}={world_size}.",
                 row.node_rank,
                 str(node),
             )
-        # The node index is the launcher's, but the count of nodes is divided out: assumed even. A node index at or
-        # past that count proves the nodes uneven (mpiexec -n 6 --ppn 4: the second node runs 2, not 4).
+        # Divided out, assumed even; a node index at or past it proves the nodes uneven (mpiexec -n 6 --ppn 4).
         num_nodes = world_size // local_size if world_size % local_size == 0 else None
         if num_nodes is not None and node >= num_nodes:
             num_nodes = None
         self.sources["num_nodes"] = num_nodes_source(row, self.sources["local_size"], world_size, local_size)
         return node, num_nodes, Placement.LAUNCHER
-
-    # --- agreement with torchrun-style variables ---------------------------------------------------------------
 
     def _check_stale_torch_variables(self, resolved: Mapping[str, int]) -> None:
         for variable, field_name in STALE_TORCH_VARIABLES:
@@ -335,16 +307,13 @@ class _LayoutParser:
                     launcher=self.launcher.name,
                 )
 
-    # --- main address -----------------------------------------------------------------------------------------
-
     def _main_address(self, num_nodes: int | None, world_size: int, local_size: int) -> str:
         given = given_main_address(self.env, self.launcher)
         if given is not None:
             self.sources["main_address"] = TORCH.master_addr
             return given
         if every_rank_here(world_size, local_size):
-            # Before the job's host list: one PBS job may run several one-node launches (an ensemble), each on its
-            # own node, and the first line of $PBS_NODEFILE is another launch's node.
+            # Before the job's host list: in an ensemble of one-node launches, its first host is another launch's.
             self.sources["main_address"] = "single node: loopback"
             return LOOPBACK_ADDRESS
         het = het_step_needs_main_address(self.env, self.launcher)
@@ -379,17 +348,3 @@ class _LayoutParser:
             variable=TORCH.master_addr,
             launcher=self.launcher.name,
         )
-
-
-__all__ = [
-    "DEALING",
-    "DEFAULT_MAIN_PORT",
-    "DERIVED_PORT_RANGE",
-    "LOOPBACK_ADDRESS",
-    "LayoutError",
-    "Placement",
-    "RankLayout",
-    "derive_port",
-    "from_env",
-    "parse_count",
-]

@@ -1,9 +1,4 @@
-"""The two Lightning namespaces, as one table: every module name this package derives from them is in a row.
-
-Lightning ships the same code twice: the unified ``lightning`` package (``lightning.pytorch``, ``lightning.fabric``)
-and the standalone ``pytorch-lightning`` / ``lightning-fabric`` packages (``pytorch_lightning``,
-``lightning_fabric``). A class from one is not an instance of the other's. Nothing here imports either.
-"""
+"""The two Lightning namespaces (``lightning.*``, ``pytorch_lightning``) as one table; nothing here imports either."""
 
 from __future__ import annotations
 
@@ -22,9 +17,7 @@ class Namespace(NamedTuple):
     fabric: str
     """The package with ``Fabric``, its strategies and the ``ClusterEnvironment`` ABC."""
     distribution: str
-    """The distribution to ``pip install`` for :attr:`trainer`."""
     fabric_distribution: str
-    """The distribution to ``pip install`` for :attr:`fabric`."""
     import_line: str
     """A regular expression matching a source line that imports this namespace (to find the importer later)."""
 
@@ -86,14 +79,7 @@ COUNTERPART: Mapping[str, str] = MappingProxyType(
 
 
 def package_of(module_name: str) -> str | None:
-    """The Lightning package a module belongs to, or ``None`` for anything else.
-
-    Args:
-        module_name: A full dotted module name.
-
-    Returns:
-        ``"pytorch_lightning"``, ``"lightning_fabric"``, ``"lightning.pytorch"``, ``"lightning.fabric"``,
-        ``"lightning"`` (the unified root itself) or ``None``.
+    """The Lightning package (a trainer or fabric package, or the unified root) a module belongs to, or ``None``.
 
     >>> [package_of(n) for n in ("pytorch_lightning.core", "lightning.fabric", "lightning_mpi_env", "lightning")]
     ['pytorch_lightning', 'lightning.fabric', None, 'lightning']
@@ -106,23 +92,11 @@ def package_of(module_name: str) -> str | None:
 
 
 def namespace_of(module_name: str) -> str | None:
-    """The key (``"lightning"`` or ``"pytorch_lightning"``) of the namespace a module belongs to, or ``None``.
-
-    >>> namespace_of("lightning_fabric.plugins"), namespace_of("lightning.pytorch"), namespace_of("torch")
-    ('pytorch_lightning', 'lightning', None)
-    """
+    """The key (``"lightning"`` or ``"pytorch_lightning"``) of the namespace a module belongs to, or ``None``."""
     package = package_of(module_name)
     if package is None:
         return None
     return STANDALONE.key if package in STANDALONE.roots else UNIFIED.key
-
-
-def is_trainer(obj: object) -> bool:
-    """Whether ``obj`` is a ``Trainer`` of either namespace (by its class, without importing Lightning)."""
-    return any(
-        base.__name__ == "Trainer" and package_of(base.__module__) in (UNIFIED.trainer, STANDALONE.trainer)
-        for base in type(obj).__mro__
-    )
 
 
 def other(key: str) -> Namespace:
@@ -131,27 +105,8 @@ def other(key: str) -> Namespace:
 
 
 def of_trainer_package(package: str) -> Namespace:
-    """The namespace whose trainer or fabric package is ``package``.
-
-    Raises:
-        KeyError: For any other name (a programming error, not a user's).
-    """
+    """The namespace whose trainer or fabric package is ``package``; a ``KeyError`` (a bug of ours) for any other."""
     for namespace in NAMESPACES:
         if package in namespace.roots:
             return namespace
     raise KeyError(package)
-
-
-__all__ = [
-    "COUNTERPART",
-    "NAMESPACES",
-    "NAMESPACES_BY_KEY",
-    "STANDALONE",
-    "UNIFIED",
-    "Namespace",
-    "is_trainer",
-    "namespace_of",
-    "of_trainer_package",
-    "other",
-    "package_of",
-]

@@ -1,13 +1,4 @@
-"""Multi-homed nodes: this host's interfaces, what the main host resolves to, and the fabric the user chose.
-
-Nodes often have a management network and a fast fabric (InfiniBand, Slingshot), and a host name may resolve to
-the management network. ``LIGHTNING_MPI_ENV_MAIN_HOST`` (:func:`apply_host_template`) and
-``LIGHTNING_MPI_ENV_IFNAME`` (:func:`socket_ifname_exports`) choose the fabric.
-
-Interfaces come from ``socket.if_nameindex()``, their IPv4 address and netmask from the
-``SIOCGIFADDR``/``SIOCGIFNETMASK`` ioctls (one address per interface, as ``ifconfig`` shows), their IPv6 addresses
-from ``/proc/net/if_inet6``; link-local IPv6 addresses are left out.
-"""
+"""Multi-homed nodes: this host's interfaces, what the main host resolves to, and the fabric the user chose."""
 
 from __future__ import annotations
 
@@ -31,7 +22,6 @@ class Interface(NamedTuple):
     """One network interface of this host."""
 
     name: str
-    """Its name (``lo``, ``eth0``, ``ib0``, ``hsn0``)."""
     addresses: tuple[str, ...]
     """Its addresses with prefix length (``10.0.0.5/16``); empty when it has none."""
 
@@ -41,12 +31,7 @@ class Interface(NamedTuple):
 
 
 def parse_if_inet6(text: str) -> dict[str, list[str]]:
-    r"""The IPv6 addresses per interface in ``/proc/net/if_inet6``, link-local ones left out.
-
-    >>> parse_if_inet6("00000000000000000000000000000001 01 80 10 80       lo\n"
-    ...                "fe800000000000000000000000000001 02 40 20 80     eth0\n")
-    {'lo': ['::1/128']}
-    """
+    """The IPv6 addresses per interface in ``/proc/net/if_inet6``, link-local ones left out."""
     found: dict[str, list[str]] = {}
     for line in text.splitlines():
         fields = line.split()
@@ -98,11 +83,7 @@ def local_interfaces(
 
 
 def describe_interfaces(interfaces: Sequence[Interface]) -> str:
-    """``"lo 127.0.0.1/8 ::1/128, ib0 10.10.0.5/16"``, for messages.
-
-    >>> describe_interfaces([Interface("lo", ("127.0.0.1/8",)), Interface("ib0", ())])
-    'lo 127.0.0.1/8, ib0 (no address)'
-    """
+    """``"lo 127.0.0.1/8 ::1/128, ib0 10.10.0.5/16"``, for messages."""
     return ", ".join(interface.describe() for interface in interfaces) or "none found"
 
 
@@ -110,20 +91,12 @@ class Resolution(NamedTuple):
     """What a host name resolved to on this host."""
 
     host: str
-    """The name (or address) looked up."""
     addresses: tuple[str, ...]
     """The addresses, in the resolver's order; empty when it did not resolve."""
     error: str = ""
-    """Why it did not resolve, when it did not."""
 
     def describe(self) -> str:
-        """``"lme-main resolves to 127.0.0.2"``, or why it does not, for messages.
-
-        >>> Resolution("nodea", ("10.0.0.5", "10.10.0.5")).describe()
-        'nodea resolves to 10.0.0.5, 10.10.0.5'
-        >>> Resolution("nodez", (), "Name or service not known").describe()
-        'nodez does not resolve (Name or service not known)'
-        """
+        """``"lme-main resolves to 127.0.0.2"``, or why it does not, for messages."""
         if self.addresses:
             return f"{self.host} resolves to {', '.join(self.addresses)}"
         return f"{self.host} does not resolve ({self.error or 'no address'})"
@@ -139,12 +112,7 @@ def resolve(host: str, port: int | None = None) -> Resolution:
 
 
 def owner(address: str, interfaces: Sequence[Interface]) -> str | None:
-    """The interface that holds ``address``, else the one on whose network it lies; ``None`` when neither.
-
-    >>> ifaces = [Interface("eth0", ("10.0.0.5/16",)), Interface("ib0", ("10.10.0.5/16",))]
-    >>> owner("10.10.0.5", ifaces), owner("10.10.3.7", ifaces), owner("192.168.1.1", ifaces)
-    ('ib0', 'ib0', None)
-    """
+    """The interface that holds ``address``, else the one on whose network it lies; ``None`` when neither."""
     try:
         target = ipaddress.ip_address(address.split("%")[0])
     except ValueError:
@@ -162,18 +130,12 @@ def owner(address: str, interfaces: Sequence[Interface]) -> str | None:
 
 
 def apply_host_template(template: str, host: str) -> str:
-    """The main host's name on the fabric: ``template`` with ``{host}`` replaced; ``host`` when no template.
-
-    >>> apply_host_template("{host}i", "jwb0001"), apply_host_template("{host}-ib", "n1"), apply_host_template("", "n1")
-    ('jwb0001i', 'n1-ib', 'n1')
-    """
+    """The main host's name on the fabric: ``template`` with ``{host}`` replaced; ``host`` when no template."""
     return template.replace("{host}", host) if template else host
 
 
 def host_of_fabric_name(template: str, name: str) -> str:
-    """The host whose fabric name under ``template`` is ``name`` (:func:`apply_host_template` undone); else ``name``.
-
-    A failure record names rank 0's host as the ranks reached it, on the fabric's name; the scheduler lists the host.
+    """The host whose fabric name (as failure records name it) under ``template`` is ``name``; else ``name``.
 
     >>> host_of_fabric_name("{host}-ib", "n1-ib"), host_of_fabric_name("{host}-ib", "n1"), host_of_fabric_name("", "a")
     ('n1', 'n1', 'a')
@@ -189,20 +151,7 @@ def socket_ifname_exports(
     env: Mapping[str, str],
     interfaces: Callable[[], Sequence[Interface]] = local_interfaces,
 ) -> dict[str, str]:
-    """``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` for the chosen interface, where the user set neither.
-
-    Args:
-        ifname: ``LIGHTNING_MPI_ENV_IFNAME`` (empty: nothing to export).
-        env: The environment, to respect what the user set.
-        interfaces: This host's interfaces (probed by default).
-
-    Returns:
-        The variables to export; those already set to ``ifname`` are left out.
-
-    Raises:
-        SettingError: When this host has no such interface, or when the user set one of the variables to another
-            interface (naming both).
-    """
+    """The ``*_SOCKET_IFNAME`` to export for ``ifname``; a SettingError if this host lacks it or one names another."""
     if not ifname:
         return {}
     variable = "LIGHTNING_MPI_ENV_IFNAME"
@@ -229,18 +178,3 @@ def socket_ifname_exports(
             value=ifname,
         )
     return {name: ifname for name in SOCKET_IFNAME_VARIABLES if not env.get(name)}
-
-
-__all__ = [
-    "SOCKET_IFNAME_VARIABLES",
-    "Interface",
-    "Resolution",
-    "apply_host_template",
-    "host_of_fabric_name",
-    "describe_interfaces",
-    "local_interfaces",
-    "owner",
-    "parse_if_inet6",
-    "resolve",
-    "socket_ifname_exports",
-]

@@ -1,7 +1,4 @@
-"""Where the ranks meet: ``MASTER_ADDR`` checked, and the main port, the same on every rank.
-
-The port is ``MASTER_PORT``, or one derived from the launch's or the job's identity.
-"""
+"""Where the ranks meet: ``MASTER_ADDR`` checked, and the main port, the same on every rank."""
 
 from __future__ import annotations
 
@@ -24,18 +21,7 @@ DERIVED_PORT_RANGE = range(20000, 30000)
 
 
 def given_main_address(env: Mapping[str, str], launcher: Launcher | None) -> str | None:
-    """``MASTER_ADDR`` when set and not empty: a host name or an IPv4 or IPv6 address, without a port.
-
-    Its syntax is checked here (:func:`check_host`), not found wrong later by the resolver or a command line. An
-    IPv6 literal may come in brackets (``[fe80::1]``), which are dropped, as other tools (JAX's ``[host]:port``) add
-    their own. A host with a port (``g0001:29500``) or a URL is refused: it would become ``g0001:29500:29500``.
-
-    Raises:
-        AddressError: Naming the value, the launcher and the fix (where the port goes, when it holds one).
-
-    >>> given_main_address({"MASTER_ADDR": "fe80::1"}, None), given_main_address({"MASTER_ADDR": "[::1]"}, None)
-    ('fe80::1', '::1')
-    """
+    """``MASTER_ADDR`` if set (:func:`check_host`): brackets around IPv6 dropped; a port or URL is an AddressError."""
     value = env.get(TORCH.master_addr)
     if not value:
         return None
@@ -70,17 +56,8 @@ _HOST_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWX
 
 
 def host_syntax_problem(host: str) -> str | None:
-    """Why ``host`` is neither a host name nor an IP address, or ``None`` when it is one.
+    """Why ``host`` is neither a host name (RFC 1035/1123, underscores too) nor an IP address, or ``None``; no lookup.
 
-    A host name is at most :data:`MAX_HOST_NAME` ASCII characters: labels of 1 to :data:`MAX_LABEL` letters, digits,
-    hyphens or underscores, none starting or ending with a hyphen, joined by dots (one trailing dot allowed). An
-    address with a ``:`` is an IPv6 address, optionally with a ``%zone``. IPv4 addresses are host names by this
-    syntax. No name is looked up.
-
-    >>> [host_syntax_problem(host) for host in ("node-01.cluster", "10.0.0.5", "fe80::1%eth0")]
-    [None, None, None]
-    >>> host_syntax_problem("a..b")
-    'it has an empty label (two dots in a row, or a dot first)'
     >>> host_syntax_problem("-oX=y")
     "a label starts or ends with '-'"
     """
@@ -116,17 +93,7 @@ def host_syntax_problem(host: str) -> str | None:
 
 
 def check_host(host: str, *, variable: str, launcher: str | None, source: str = "") -> str:
-    """``host`` when it is a host name or an IP address (:func:`host_syntax_problem`).
-
-    Args:
-        host: The main address.
-        variable: Where it came from (``MASTER_ADDR``, ``SLURM_JOB_NODELIST``).
-        launcher: The launcher or scheduler whose variable it is, for the message.
-        source: How it came from the variable, when not as it is (``first host``).
-
-    Raises:
-        AddressError: Naming the variable, the value, what is wrong with it and the fix.
-    """
+    """``host`` when it is a host name or an IP address (:func:`host_syntax_problem`); else an :class:`AddressError`."""
     problem = host_syntax_problem(host)
     if problem is None:
         return host
@@ -163,30 +130,8 @@ def main_port(env: Mapping[str, str], launcher: Launcher | None) -> tuple[int, s
 
 
 def derive_port(identity: str) -> int:
-    """A port in :data:`DERIVED_PORT_RANGE`, the same for the same job identity on every host.
-
-    A cryptographic hash spreads neighbouring job ids apart, unlike taking the id's last digits. Any text works,
-    non-ASCII included (Flux job ids start with ``ƒ``).
-
-    >>> derive_port("prterun-nodea-1234@1") == derive_port("prterun-nodea-1234@1")
-    True
-    >>> derive_port("ƒ2n7Sd1Ky") in DERIVED_PORT_RANGE
-    True
-    """
+    """A port in :data:`DERIVED_PORT_RANGE`, the same for one job identity everywhere (a hash spreads ids apart)."""
     import hashlib  # Here, not at the top: most jobs set MASTER_PORT or have none to derive it from.
 
     digest = int.from_bytes(hashlib.sha256(identity.encode("utf-8", "surrogateescape")).digest()[:8], "big")
     return DERIVED_PORT_RANGE.start + digest % len(DERIVED_PORT_RANGE)
-
-
-__all__ = [
-    "DEFAULT_MAIN_PORT",
-    "DERIVED_PORT_RANGE",
-    "MAX_HOST_NAME",
-    "MAX_LABEL",
-    "check_host",
-    "derive_port",
-    "given_main_address",
-    "host_syntax_problem",
-    "main_port",
-]

@@ -1,14 +1,7 @@
 """How an error of this package that nobody caught is shown: the cause on the first screen, not N tracebacks.
 
-Under ``mpirun -np 64`` every rank that stops prints its own traceback, and the one line that matters is buried
-under hundreds. An uncaught :class:`~lightning_mpi_env.core.errors.MpiEnvError` is shown under a launcher as one
-line per rank (``ClassName: rank 3 on nodeb: problem HINT: fix``); in a single process, with the user's frames
-only. Every other exception goes to the hook that was there before, untouched; ``LIGHTNING_MPI_ENV_DEBUG=1`` shows
-every traceback in full. The exception itself is unchanged: catch it as usual.
-
-The hook is there only while it is needed, never installed by an import: :func:`shows_errors_briefly` installs it,
-chained, for an error of ours leaving the Lightning adapter's public methods, :func:`restore_excepthook` takes it
-back at the end of a run, and :func:`install_excepthook` keeps it for every error of ours.
+Under a launcher one line per rank, alone the user's frames only; other exceptions go to the previous hook, and
+``LIGHTNING_MPI_ENV_DEBUG=1`` shows every traceback. The hook is installed only while needed, never by an import.
 """
 
 from __future__ import annotations
@@ -23,8 +16,8 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from lightning_mpi_env.core.errors import MpiEnvError, SettingError
 from lightning_mpi_env.core.launchers import detect_launcher
-from lightning_mpi_env.core.settings import VARIABLE, switch
-from lightning_mpi_env.core.values import as_count, shown
+from lightning_mpi_env.core.settings import VARIABLE
+from lightning_mpi_env.core.values import as_count, shown, switch
 
 if TYPE_CHECKING:
     import traceback
@@ -56,14 +49,7 @@ def rank_prefix(environ: Mapping[str, str] | None = None) -> str:
 
 
 def render(error: MpiEnvError, environ: Mapping[str, str] | None = None) -> str | None:
-    """The one line an uncaught error is shown with under a launcher, newline included; ``None`` outside one.
-
-    >>> from lightning_mpi_env.core.errors import LayoutError
-    >>> render(LayoutError("PMI_RANK='x' is wrong.", "Use mpiexec."), {}) is None
-    True
-    >>> print(render(LayoutError("PMI_RANK='x' is wrong.", "Use mpiexec."), {"OMPI_COMM_WORLD_RANK": "3"})[:22])
-    LayoutError: rank 3 on
-    """
+    """The one line an uncaught error is shown with under a launcher, newline included; ``None`` outside one."""
     prefix = rank_prefix(environ)
     if not prefix:
         return None
@@ -118,7 +104,7 @@ def _hook() -> _BriefHook:
 
 
 def install_excepthook() -> None:
-    """Show every uncaught error of this package briefly, from now on (see the module docstring); idempotent."""
+    """Show every uncaught error of this package briefly, from now on; idempotent."""
     _hook().every = True
 
 
@@ -141,8 +127,8 @@ def _in_flight() -> set[int]:
 def restore_excepthook() -> None:
     """At the end of a run: put the previous ``sys.excepthook`` back, unless an error of ours is on its way out.
 
-    Lightning tears a Trainer down while the error that ended ``fit()`` propagates: that one error keeps the hook
-    (the process is ending with it, or the program catches it). After :func:`install_excepthook` the hook stays.
+    Lightning tears a Trainer down while the error that ended ``fit()`` propagates: that error keeps the hook (as
+    does every error after :func:`install_excepthook`).
     """
     hook = sys.excepthook
     if not isinstance(hook, _BriefHook):
@@ -171,14 +157,3 @@ def shows_errors_briefly(function: Callable[P, R]) -> Callable[P, R]:
             raise
 
     return wrapper
-
-
-__all__ = [
-    "debugging",
-    "install_excepthook",
-    "rank_prefix",
-    "render",
-    "restore_excepthook",
-    "show_briefly",
-    "shows_errors_briefly",
-]

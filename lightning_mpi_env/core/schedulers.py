@@ -1,9 +1,4 @@
-"""The schedulers we understand: one table row per scheduler, with its job id, its host lists and what it exports.
-
-A scheduler (Slurm, Grid Engine, PBS, LSF, Flux) is not the launcher: ``mpirun`` inside a batch job inherits the
-batch script's variables. From the scheduler this package takes the job's identity (to derive a main port that no
-other job shares) and the first host of the job's host list (where rank 0 runs), when the launcher gives neither.
-"""
+"""The schedulers we understand, one row each: the job's identity (for the main port) and its first host."""
 
 from __future__ import annotations
 
@@ -13,16 +8,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
-from lightning_mpi_env.core import hostfile
-from lightning_mpi_env.core.errors import JobIdError, LayoutError
-from lightning_mpi_env.core.hostlist import (
-    HostList,
-    HostListForm,
-    first_nodelist_host,
-    first_word_host,
-    lsf_pairs_host,
-    pe_hostfile_host,
-)
+from lightning_mpi_env.core.errors import JobIdError
+from lightning_mpi_env.core.hostlist import HostList, HostListForm, read_hosts
+from lightning_mpi_env.core.state_files import read_host_file
 from lightning_mpi_env.core.torch_names import TORCH
 
 
@@ -30,45 +18,34 @@ class Scheduler(NamedTuple):
     """Everything about one scheduler."""
 
     key: str
-    """Short name used on the command line (``slurm``, ``sge``, ...)."""
     name: str
-    """Human name used in messages (``SGE``)."""
     job_id: tuple[str, ...]
     """Variables that together identify the job, identically on all of its ranks."""
     host_lists: tuple[HostList, ...]
     """Where it lists the job's hosts, in the order consulted."""
     simulated: Mapping[str, str]
-    """What ``simulate`` exports for it, as templates: ``{job}``, ``{nodelist}``, ``{num_nodes}``,
-    ``{lsf_pairs}``; a host file is ``{file:hosts}`` (one line per host), ``{file:slots}`` (one per slot) or
-    ``{file:pe}`` (Grid Engine's ``PE_HOSTFILE``)."""
+    """What ``simulate`` exports, as templates (host files: ``{file:hosts}``, ``{file:slots}``, ``{file:pe}``)."""
     array_task: tuple[str, ...] = ()
-    """Variables that tell apart the tasks of one array job, which share :attr:`job_id`: appended to the job's
-    identity (for the main port) where set (:func:`job_identity`)."""
+    """Variables that tell apart an array job's tasks (which share :attr:`job_id`), appended to its identity if set."""
     requeue_command: tuple[str, ...] = ()
-    """The command that puts this job back in the queue (``{job}``: the job as :attr:`requeue_job` names it);
-    empty where the job does it by its exit status (:attr:`requeue_exit_code`) or cannot."""
+    """The command that requeues this job (``{job}``: :attr:`requeue_job`); empty: by exit status, or not at all."""
     requeue_job: tuple[str, ...] = ()
-    """How the requeue command names this job: the first template whose variables are all set (and, for those in
-    :attr:`nonzero`, not ``0``) wins; an array task before the whole array."""
+    """How that command names the job: the first template whose variables are all set (:attr:`nonzero`: not 0)."""
     nonzero: tuple[str, ...] = ()
     """Variables that count as unset when ``0`` (LSF's ``LSB_JOBINDEX`` outside job arrays)."""
     requeue_exit_code: int = 0
-    """The exit status of every rank after a checkpoint-and-requeue (Grid Engine reschedules a job that exits 99)."""
+    """The exit status of every rank after a checkpoint-and-requeue."""
     warning_signal: signal.Signals = signal.SIGUSR1
-    """The signal this scheduler sends before it kills a job at its limit (as :attr:`job_script` sets it up): the
-    default ``requeue_signal``. ``SIGUSR1`` where the job script chooses it, as Lightning's ``SLURMEnvironment``."""
+    """The signal sent before the limit (as :attr:`job_script` sets it up): the default ``requeue_signal``."""
     job_script: str = ""
     """The job-script lines that make the scheduler send the requeue signal before the wall-clock limit."""
     warning: str = ""
     """When the signal comes, and what to do where the job script alone cannot make it come."""
     run_for_real: str = ""
-    """How the test suite runs this scheduler for real; empty: documented variables, not run here."""
     job_syntax: Mapping[str, str] = MappingProxyType({})
-    """A regular expression (ASCII) that the whole value of each job variable read must match before it reaches a
-    command line or a file name (:func:`scheduler_job`)."""
+    """The ASCII regular expression each job variable must match whole before a command or file name uses it."""
     restart_count: str = ""
-    """The variable that counts this job's restarts (Slurm's ``SLURM_RESTART_COUNT``); empty where the scheduler
-    exports no count, and the job's requeue record keeps one."""
+    """The variable counting this job's restarts (``SLURM_RESTART_COUNT``); empty: the requeue record counts."""
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
         # A row is an entry of the table: pickled by its key.
@@ -104,8 +81,7 @@ PBS = Scheduler(
     job_id=("PBS_JOBID",),
     host_lists=(HostList("PBS_NODEFILE", HostListForm.HOST_PER_LINE),),
     simulated=MappingProxyType({"PBS_JOBID": "{job}.pbs", "PBS_NODEFILE": "{file:slots}"}),
-    # A subjob's PBS_JOBID is `123[4].server` already; its index too, should a site give the array's id:
-    # PBS_ARRAY_INDEX (PBS Professional), PBS_ARRAYID (Torque).
+    # PBS_ARRAY_INDEX (PBS Professional), PBS_ARRAYID (Torque): should a site give the array's id as PBS_JOBID.
     array_task=("PBS_ARRAY_INDEX", "PBS_ARRAYID"),
     # qrerun needs manager or operator rights on most sites: requeue_command=("qsub", "job.sh") resubmits instead.
     requeue_command=("qrerun", "{job}"),
@@ -138,8 +114,7 @@ LSF = Scheduler(
     # bsub -W: "the job is sent a SIGUSR2 signal, and is killed if it does not terminate within ten minutes".
     warning_signal=signal.SIGUSR2,
     job_script="#BSUB -W 0:30",
-    # LSF's LSB_RESTART is "Y" on a restarted job, not a count (Platform LSF Configuration Reference, "Environment
-    # variables"): the requeue record counts restarts.
+    # LSB_RESTART is "Y", not a count (LSF Configuration Reference): the requeue record counts restarts.
     job_syntax=MappingProxyType({"LSB_JOBID": _NUMBER, "LSB_JOBINDEX": _NUMBER}),
     warning="SIGUSR2 at the run limit, SIGKILL ten minutes later; `#BSUB -wa USR2 -wt 5` sends it five minutes "
     "before the limit instead",
@@ -155,8 +130,7 @@ SLURM = Scheduler(
         {"SLURM_JOB_ID": "{job}", "SLURM_JOB_NODELIST": "{nodelist}", "SLURM_JOB_NUM_NODES": "{num_nodes}"}
     ),
     requeue_command=("scontrol", "requeue", "{job}"),  # the job's owner may requeue it (a batch job, requeueable)
-    # An array task by its array id: `scontrol requeue <SLURM_JOB_ID>` of the task running as the array's master
-    # id would requeue the whole array.
+    # An array task by its array id: the task holding the array's master id would requeue the whole array.
     requeue_job=("{SLURM_ARRAY_JOB_ID}_{SLURM_ARRAY_TASK_ID}", "{SLURM_JOB_ID}"),
     # Under mpirun in sbatch the steps are Open MPI's daemons, which SIGUSR1 kills: the batch script gets it (B:).
     job_script="#SBATCH --signal=USR1@90\n#SBATCH --requeue",
@@ -178,11 +152,9 @@ SLURM = Scheduler(
 FLUX = Scheduler(
     key="flux",
     name="Flux",
-    # A batch script's tasks started by `flux run` get their own FLUX_JOB_ID (the launcher's row); processes that
-    # another launcher starts inside `flux batch`/`flux alloc` see the batch job's id here.
+    # `flux run`'s tasks have their own FLUX_JOB_ID (the launcher's row); the batch job's id is this one.
     job_id=("FLUX_ENCLOSING_ID",),
     host_lists=(),  # Flux exports none: `flux hostlist local` prints the job's hosts.
-    # What a batch script passes besides the id: Flux lists no hosts, so the script gives the first one.
     simulated=MappingProxyType({"FLUX_ENCLOSING_ID": "ƒ{job}", TORCH.master_addr: "{first_host}"}),
     # flux-jobs(1) ID forms: F58 (``ƒ`` or ``f`` and base58), decimal, hexadecimal, dotted hex.
     job_syntax=MappingProxyType(
@@ -204,100 +176,30 @@ def scheduler_by_key(key: str) -> Scheduler:
     return SCHEDULERS_BY_KEY[key]
 
 
-def read_host_file(path: str) -> str:
-    """The head of a host file: its lines up to the hosts any host list needs, read bounded (UTF-8).
-
-    Raises:
-        OSError: The file cannot be read, is not a regular file (a FIFO, ``/dev/zero``), or is not text
-            (:class:`~lightning_mpi_env.core.hostfile.HostFileError`).
-    """
-    return hostfile.read_host_file(path)
-
-
 def first_host(
     env: Mapping[str, str],
     read_text: Callable[[str], str] = read_host_file,
     *,
     launch: tuple[tuple[HostList, ...], str] | None = None,
 ) -> tuple[str, str] | None:
-    """The first host of the first host list present, with the variable it came from.
-
-    Args:
-        env: The process environment.
-        read_text: Reads a host file; replaced in tests.
-        launch: The launcher's own host lists and its name, consulted before any scheduler's (``srun``'s step).
-
-    Returns:
-        ``(host, variable)``, or ``None`` when nothing lists the job's hosts.
-
-    Raises:
-        LayoutError: If a host list is present but unreadable, empty or malformed.
-    """
+    """``(host, variable)`` of the first host list present (``launch``'s first), or ``None``; bad lists: LayoutError."""
     sources = [(source, launch[1]) for source in launch[0]] if launch is not None else []
     sources += [(source, scheduler.name) for scheduler in SCHEDULERS for source in scheduler.host_lists]
     for source, owner in sources:
         value = env.get(source.variable)
         if value is not None:
-            return _first_host(value, source, owner, read_text), source.variable
+            host, _ = next(read_hosts(value, source, owner, read_text))
+            return host, source.variable
     return None
 
 
-def _first_host(value: str, source: HostList, owner: str, read_text: Callable[[str], str]) -> str:
-    if source.form is HostListForm.NODELIST:
-        return first_nodelist_host(value, variable=source.variable)
-    if source.form is HostListForm.LSF_PAIRS:
-        return lsf_pairs_host(value, variable=source.variable, scheduler=owner)
-    host = _host_from_file(value, source, owner, read_text)
-    if host is None:
-        raise LayoutError(
-            f"{source.variable}='{value}' ({owner}) names an empty host file.",
-            "Set MASTER_ADDR to the host of rank 0.",
-            variable=source.variable,
-            value=value,
-            launcher=owner,
-        )
-    return host
-
-
-def _host_from_file(path: str, source: HostList, owner: str, read_text: Callable[[str], str]) -> str | None:
-    try:
-        text = read_text(path)
-    except (OSError, UnicodeDecodeError) as error:
-        raise LayoutError(
-            f"{source.variable}='{path}' ({owner}) names a host file that cannot be read: {error}.",
-            f"Run inside the {owner} job that created the file, or set MASTER_ADDR to the host of rank 0.",
-            variable=source.variable,
-            value=path,
-            launcher=owner,
-        ) from error
-    if source.skip_lines:
-        text = "\n".join(_host_lines(text)[source.skip_lines :])
-    if source.form is HostListForm.PE_HOSTFILE:
-        return pe_hostfile_host(text, variable=source.variable, scheduler=owner)
-    return first_word_host(text)
-
-
-def _host_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if hostfile.names_a_host(line)]
-
-
 def detect_scheduler(env: Mapping[str, str]) -> Scheduler | None:
-    """The scheduler whose job this process runs in: the first row whose job id variables are all set and non-empty.
-
-    >>> detect_scheduler({"LSB_JOBID": "7"}).name, detect_scheduler({"JOB_ID": ""})
-    ('LSF', None)
-    """
+    """The scheduler whose job this process runs in: the first row whose job id variables are all set and non-empty."""
     return next((row for row in SCHEDULERS if all(env.get(variable) for variable in row.job_id)), None)
 
 
 def job_identity(env: Mapping[str, str]) -> tuple[str, tuple[str, ...]] | None:
-    """The first scheduler job id present (all of its variables set and non-empty), and the variables it came from.
-
-    >>> job_identity({"PBS_JOBID": "4242.pbs01"})
-    ('4242.pbs01', ('PBS_JOBID',))
-    >>> job_identity({"JOB_ID": "77", "SGE_TASK_ID": "3"})  # one task of a Grid Engine array job
-    ('77/3', ('JOB_ID', 'SGE_TASK_ID'))
-    """
+    """The first scheduler job id present (all of its variables set and non-empty), and the variables it came from."""
     scheduler = detect_scheduler(env)
     if scheduler is None:
         return None
@@ -306,18 +208,13 @@ def job_identity(env: Mapping[str, str]) -> tuple[str, tuple[str, ...]] | None:
 
 
 def _is_set(env: Mapping[str, str], name: str, scheduler: Scheduler) -> bool:
-    # The one rule for array variables: unset, empty, "undefined" (Grid Engine outside arrays) and, for the
-    # scheduler's nonzero variables, "0" (LSF outside arrays) all mean "not an array task".
+    # Not an array task: unset, empty, "undefined" (Grid Engine) and, for the nonzero variables, "0" (LSF).
     value = env.get(name, "")
     return value not in ("", "undefined") and not (name in scheduler.nonzero and value == "0")
 
 
 def requeue_name(scheduler: Scheduler, env: Mapping[str, str]) -> str | None:
-    """The job as the scheduler's requeue command names it (an array task by its array id), unchecked.
-
-    >>> requeue_name(SLURM, {"SLURM_JOB_ID": "37", "SLURM_ARRAY_JOB_ID": "36", "SLURM_ARRAY_TASK_ID": "1"})
-    '36_1'
-    """
+    """The job as the scheduler's requeue command names it (an array task by its array id), unchecked."""
     for template in scheduler.requeue_job:
         names = re.findall(r"\{(\w+)\}", template)
         if all(_is_set(env, name, scheduler) for name in names):
@@ -329,11 +226,9 @@ class SchedulerJob(NamedTuple):
     """The scheduler job this process runs in, every value in the scheduler's own syntax (:func:`scheduler_job`)."""
 
     scheduler: Scheduler
-    """Its scheduler's row."""
     identity: str
     """The job id and, for a task of an array job, its index (``77/3``): what tells this job from every other."""
     variables: tuple[str, ...]
-    """The variables :attr:`identity` came from."""
     requeue_name: str | None
     """The job as the scheduler's requeue command names it (``36_1``, ``7[3]``); ``None`` where it has none."""
     restarts: int | None
@@ -349,27 +244,12 @@ class SchedulerJob(NamedTuple):
 
 
 def describe_job(scheduler_name: str, identity: str) -> str:
-    """A job in words, as messages name it.
-
-    >>> describe_job("SGE", "77/3")
-    'SGE job 77 task 3'
-    """
+    """A job in words, as messages name it (``SGE job 77 task 3``)."""
     return f"{scheduler_name} job {identity.replace('/', ' task ')}"
 
 
 def scheduler_job(env: Mapping[str, str]) -> SchedulerJob | None:
-    """The scheduler job of ``env``, each of its variables checked against the scheduler's syntax; ``None``: none.
-
-    >>> scheduler_job({"LSB_JOBID": "7", "LSB_JOBINDEX": "3"}).requeue_name
-    '7[3]'
-    >>> scheduler_job({"SLURM_JOB_ID": "--partition=evil"})
-    Traceback (most recent call last):
-    ...
-    lightning_mpi_env.core.errors.JobIdError: SLURM_JOB_ID='--partition=evil' is not in Slurm's syntax for it ...
-
-    Raises:
-        JobIdError: A job variable this package would use is not in the scheduler's syntax.
-    """
+    """The scheduler job of ``env`` (``None``: none); a variable not in its scheduler's syntax is a JobIdError."""
     scheduler = detect_scheduler(env)
     if scheduler is None:
         return None
@@ -385,11 +265,7 @@ def scheduler_job(env: Mapping[str, str]) -> SchedulerJob | None:
 
 
 def check_job_variable(scheduler: Scheduler, name: str, value: str) -> str:
-    """``value`` of the job variable ``name``, when it is in ``scheduler``'s syntax.
-
-    Raises:
-        JobIdError: When it is not (an option such as ``--partition=evil``, a path, non-ASCII digits, too long).
-    """
+    """``value`` of the job variable ``name`` when in ``scheduler``'s syntax; else a :class:`JobIdError`."""
     if re.fullmatch(scheduler.job_syntax[name], value, flags=re.ASCII) is None:
         shown = value if len(value) <= 80 else f"{value[:80]}..."
         raise JobIdError(
@@ -402,24 +278,3 @@ def check_job_variable(scheduler: Scheduler, name: str, value: str) -> str:
             launcher=scheduler.name,
         )
     return value
-
-
-__all__ = [
-    "LSF",
-    "PBS",
-    "SCHEDULERS",
-    "SCHEDULERS_BY_KEY",
-    "SGE",
-    "SLURM",
-    "FLUX",
-    "Scheduler",
-    "SchedulerJob",
-    "check_job_variable",
-    "describe_job",
-    "detect_scheduler",
-    "first_host",
-    "job_identity",
-    "requeue_name",
-    "scheduler_job",
-    "read_host_file",
-]

@@ -1,9 +1,4 @@
-"""This package's own settings, the ``LIGHTNING_MPI_ENV_*`` variables, parsed once into one typed record.
-
-Each variable has one row in :data:`SETTINGS` and one parser per kind of value (an on/off switch, seconds, a
-choice), so a variable is never read twice or two ways. Constructor arguments override the environment through
-:meth:`Settings.with_arguments`.
-"""
+"""This package's own settings, the ``LIGHTNING_MPI_ENV_*`` variables: one row and one reader each, read once."""
 
 from __future__ import annotations
 
@@ -16,17 +11,16 @@ from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 from lightning_mpi_env.core.errors import Explained, SettingError
-from lightning_mpi_env.core.setting_kinds import (
+from lightning_mpi_env.core.values import (
     MAX_CHECKPOINT_EVERY,
-    MAX_PATH,
-    MAX_REQUEUES,
+    SHOWN_CHARACTERS,
     count_or_off,
     folder,
     seconds,
     seconds_or_off,
+    shown,
     switch,
 )
-from lightning_mpi_env.core.values import SHOWN_CHARACTERS, shown
 
 
 class MixedImportMode(enum.Enum):
@@ -41,9 +35,7 @@ class Setting(NamedTuple):
     """One ``LIGHTNING_MPI_ENV_*`` variable."""
 
     field: str
-    """The :class:`Settings` field it fills."""
     variable: str
-    """The environment variable."""
     meaning: str
     """What it does, for the docs and for the error's hint."""
 
@@ -98,7 +90,6 @@ SETTINGS: tuple[Setting, ...] = (
 """Every variable this package reads about itself; a test keeps the docs' table equal to these rows."""
 
 VARIABLE = {row.field: row.variable for row in SETTINGS}
-"""The variable of each :class:`Settings` field."""
 
 PREFIX = "LIGHTNING_MPI_ENV_"
 """The prefix of every setting: another variable under it is a typo, warned about (:func:`unknown_settings`)."""
@@ -107,20 +98,16 @@ DEFAULT_RENDEZVOUS_TIMEOUT = 120.0
 """Seconds the roll call waits for every rank unless told otherwise; separate from the collective timeout."""
 
 DEFAULT_MAX_REQUEUES = 20
-"""Requeues of one job before it stops requeueing: weeks of 24-hour slots, yet a job warned again right after each
-restart stops after a bounded number of tries. Slurm's ``MaxBatchRequeue`` (default 5) applies first where lower."""
+"""Weeks of 24-hour slots, yet bounded for a job warned again right after each restart."""
 
 DEFAULT_CHECKPOINT_EVERY = 0
-"""No periodic checkpoints unless asked: each one stops every rank for a save of the whole training state, and only
-a relaunch inside the allocation (``lightning-mpi-env run``) reads them; a requeue saves its own on the warning."""
+"""None unless asked: each stops every rank for a whole save, and only ``lightning-mpi-env run`` reads them."""
 
 DEFAULT_STALL_TIMEOUT = 300.0
-"""Seconds without progress on any rank, ranks not level, before the stall watchdog stops the job: longer than a
-slow batch, well inside torch's collective timeouts (Lightning's 30 minutes for gloo, NCCL's 10), which name no rank."""
+"""Longer than a slow batch, well inside torch's collective timeouts (which name no rank)."""
 
 DEFAULT_STALL_SOFT_TIMEOUT = 60.0
-"""Seconds without progress, ranks not level, before rank 0 reports a stall and the job goes on: a report ends
-nothing, so it comes early, at a fifth of the hard timeout."""
+"""A report ends nothing, so it comes early: a fifth of the hard timeout."""
 
 
 @dataclass(frozen=True)
@@ -142,23 +129,12 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """Parse every ``LIGHTNING_MPI_ENV_*`` variable of ``env``; unset ones keep their defaults.
-
-        Raises:
-            SettingError: Naming the variable, its value and the values it takes.
-
-        >>> Settings.from_env({"LIGHTNING_MPI_ENV_ROLL_CALL": "off", "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": "20"})
-        Settings(roll_call=False, rendezvous_timeout=20.0, requeue=True, stall_timeout=300.0, stall_soft_timeout=60.0, max_requeues=20, debug=False, mixed_imports=<MixedImportMode.WARN: 'warn'>, main_host='', ifname='', state_dir='', checkpoint_every=0)
-        """  # noqa: E501
+        """Parse every ``LIGHTNING_MPI_ENV_*`` variable of ``env`` (unset: default), or a :class:`SettingError`."""
         warn_unknown_settings(env)
         return cls(**{field: read(env) for field, read in _READERS.items()})  # type: ignore[arg-type]
 
     def with_arguments(self, **arguments: object) -> Settings:
-        """These settings with the constructor arguments that were given (not ``None``) taking precedence.
-
-        Raises:
-            SettingError: For a timeout that is not a positive, finite number of seconds.
-        """
+        """These settings with the constructor arguments that were given (not ``None``) taking precedence."""
         given = {name: value for name, value in arguments.items() if value is not None}
         for name in ("stall_timeout", "stall_soft_timeout"):
             if name in given:
@@ -189,11 +165,7 @@ class UnknownSettingWarning(Explained, UserWarning):
 
 
 def unknown_settings(env: Mapping[str, str]) -> list[UnknownSettingWarning]:
-    """A warning for each ``LIGHTNING_MPI_ENV_*`` name of ``env`` not in :data:`SETTINGS`, with the nearest known.
-
-    >>> print(unknown_settings({"LIGHTNING_MPI_ENV_STALL_TIMOUT": "10"})[0].problem)  # doctest: +ELLIPSIS
-    LIGHTNING_MPI_ENV_STALL_TIMOUT is not a setting ...: did you mean LIGHTNING_MPI_ENV_STALL_TIMEOUT?
-    """
+    """A warning for each ``LIGHTNING_MPI_ENV_*`` name of ``env`` not in :data:`SETTINGS`, with the nearest known."""
     known, found = list(VARIABLE.values()), []
     suffixes = [variable[len(PREFIX) :] for variable in known]
     for name in sorted(env):
@@ -226,10 +198,7 @@ def warn_unknown_settings(env: Mapping[str, str]) -> None:
 
 
 def mixed_import_mode(env: Mapping[str, str]) -> MixedImportMode:
-    """``LIGHTNING_MPI_ENV_MIXED_IMPORTS``: ``warn`` (also when unset), ``error`` or ``ignore``.
-
-    Raises:
-        SettingError: The variable holds anything else (a ``ValueError``).
+    """``LIGHTNING_MPI_ENV_MIXED_IMPORTS``: ``warn`` (also when unset), ``error`` or ``ignore``; else a SettingError.
 
     >>> mixed_import_mode({"LIGHTNING_MPI_ENV_MIXED_IMPORTS": "Error"})
     <MixedImportMode.ERROR: 'error'>
@@ -254,14 +223,7 @@ _HOST_TEMPLATE = re.compile(r"^[A-Za-z0-9._-]*\{host\}[A-Za-z0-9._-]*$")
 
 
 def host_template(env: Mapping[str, str]) -> str:
-    """``LIGHTNING_MPI_ENV_MAIN_HOST``: a host name around one ``{host}``, or empty when unset.
-
-    Raises:
-        SettingError: Naming the value and the form it takes.
-
-    >>> host_template({"LIGHTNING_MPI_ENV_MAIN_HOST": "{host}i"}), host_template({})
-    ('{host}i', '')
-    """
+    """``LIGHTNING_MPI_ENV_MAIN_HOST``: a host name around one ``{host}``, or empty when unset."""
     return _word(
         env,
         "main_host",
@@ -272,14 +234,7 @@ def host_template(env: Mapping[str, str]) -> str:
 
 
 def interface_name(env: Mapping[str, str]) -> str:
-    """``LIGHTNING_MPI_ENV_IFNAME``: one network interface's name, or empty when unset.
-
-    Raises:
-        SettingError: Naming the value; lists and prefixes (``ib0,ib1``, ``^docker``) go to gloo and NCCL directly.
-
-    >>> interface_name({"LIGHTNING_MPI_ENV_IFNAME": "ib0"})
-    'ib0'
-    """
+    """``LIGHTNING_MPI_ENV_IFNAME``: one interface's name (lists go to gloo and NCCL directly), or empty when unset."""
     return _word(
         env,
         "ifname",
@@ -291,11 +246,7 @@ def interface_name(env: Mapping[str, str]) -> str:
 
 
 def _word(env: Mapping[str, str], field: str, form: re.Pattern[str], what: str, example: str) -> str:
-    """The setting ``field`` of ``env`` when it has the ``form``; empty when unset.
-
-    Raises:
-        SettingError: ``{variable}='...' is not {what}.`` with the hint ``Set {variable} to {example}``.
-    """
+    """The setting ``field`` of ``env`` when it has the ``form``; empty when unset; else a :class:`SettingError`."""
     variable = VARIABLE[field]
     raw = env.get(variable, "").strip()
     if raw and not form.match(raw):
@@ -325,33 +276,3 @@ _READERS: dict[str, Callable[[Mapping[str, str]], object]] = {
     ),
 }
 """The one reader of each :class:`Settings` field, for :meth:`Settings.from_env` and :func:`setting_errors`."""
-
-
-__all__ = [
-    "DEFAULT_CHECKPOINT_EVERY",
-    "DEFAULT_MAX_REQUEUES",
-    "DEFAULT_RENDEZVOUS_TIMEOUT",
-    "DEFAULT_STALL_SOFT_TIMEOUT",
-    "DEFAULT_STALL_TIMEOUT",
-    "MAX_CHECKPOINT_EVERY",
-    "MAX_PATH",
-    "MAX_REQUEUES",
-    "PREFIX",
-    "SETTINGS",
-    "VARIABLE",
-    "MixedImportMode",
-    "Setting",
-    "Settings",
-    "UnknownSettingWarning",
-    "count_or_off",
-    "folder",
-    "host_template",
-    "interface_name",
-    "mixed_import_mode",
-    "seconds",
-    "seconds_or_off",
-    "setting_errors",
-    "switch",
-    "unknown_settings",
-    "warn_unknown_settings",
-]

@@ -1,12 +1,4 @@
-"""Files that the processes of a job leave for each other: written whole, read bounded, their JSON checked.
-
-The failure records (:mod:`~lightning_mpi_env.core.failures`), the progress records
-(:mod:`~lightning_mpi_env.core.progress`), the requeue records (:mod:`~lightning_mpi_env.lightning.checkpoints`)
-and the scheduler's host files (:mod:`~lightning_mpi_env.core.hostfile`) all lie in folders that other processes,
-possibly of another version, and anyone with access to the folder can write into. This module is the one home of
-how such a file is opened, read, parsed and written; a problem with its content is a :class:`FieldError`, which each
-record's module names with the file, in its own error.
-"""
+"""Files a job's processes leave for each other (anyone may write there): read if regular, capped; written whole."""
 
 from __future__ import annotations
 
@@ -14,7 +6,7 @@ import json
 import math
 import os
 import stat
-import tempfile
+from collections.abc import Generator, Iterable
 
 from lightning_mpi_env.core.values import shown
 
@@ -26,7 +18,6 @@ FILE_TYPES = {
     stat.S_IFDIR: "a directory",
     stat.S_IFLNK: "a symbolic link",
 }
-"""What a path that is not a regular file is, in words."""
 
 MAX_STEP = (1 << 63) - 1
 """The largest training step a record is believed to carry."""
@@ -41,18 +32,7 @@ class FieldError(ValueError):
 
 
 def open_regular(path: str, *, follow_links: bool = True) -> int:
-    """A descriptor of the regular file at ``path``, opened for reading without blocking.
-
-    A FIFO put in a record's place would block the open forever, and ``/dev/zero`` never ends.
-
-    Args:
-        path: The file.
-        follow_links: Whether a symbolic link is followed (``False``: the link itself is refused).
-
-    Raises:
-        NotARegularFile: ``path`` is a FIFO, a device, a socket, a folder, or (``follow_links=False``) a link.
-        OSError: It cannot be opened.
-    """
+    """A non-blocking read descriptor of ``path`` (a FIFO would block); :class:`NotARegularFile` unless regular."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
     if not follow_links:
         flags |= getattr(os, "O_NOFOLLOW", 0)
@@ -79,12 +59,7 @@ def _not_regular(path: str, kind: int) -> NotARegularFile:
 
 
 def read_capped(path: str, max_bytes: int, *, follow_links: bool = True) -> bytes:
-    """The bytes of the regular file at ``path``: at most ``max_bytes`` plus one, so a longer file can be refused.
-
-    Raises:
-        NotARegularFile: See :func:`open_regular`.
-        OSError: The file cannot be opened or read.
-    """
+    """The bytes of the regular file at ``path`` (:func:`open_regular`): at most ``max_bytes`` + 1, to refuse more."""
     with os.fdopen(open_regular(path, follow_links=follow_links), "rb") as file:
         return file.read(max_bytes + 1)
 
@@ -101,18 +76,7 @@ def unreadable(error: OSError) -> str:
 
 
 def load_json(raw: bytes | str, max_bytes: int) -> object:
-    """The JSON value in ``raw``, refused where it is longer than ``max_bytes`` or holds ``NaN`` or ``Infinity``.
-
-    Raises:
-        FieldError: Saying what is wrong, as a clause (``it is not JSON (JSONDecodeError)``).
-
-    >>> load_json('{"step": 3}', 64)
-    {'step': 3}
-    >>> load_json('{"when": NaN}', 64)
-    Traceback (most recent call last):
-    ...
-    lightning_mpi_env.core.state_files.FieldError: NaN is not a number
-    """
+    """The JSON value in ``raw``; a :class:`FieldError` where it is longer than ``max_bytes``, not JSON, or NaN."""
     if len(raw) > max_bytes:
         raise FieldError(f"it is more than {max_bytes} bytes long")
     try:
@@ -128,11 +92,7 @@ def _no_constant(name: str) -> object:
 
 
 def versioned_object(data: object, version: int) -> dict[str, object]:
-    """``data``, where it is a JSON object whose ``format`` is ``version``.
-
-    Raises:
-        FieldError: It is another kind of value, or of another format.
-    """
+    """``data``, where it is a JSON object whose ``format`` is ``version``; else a :class:`FieldError`."""
     if not isinstance(data, dict):
         raise FieldError(f"it holds {type(data).__name__}, not an object")
     if data.get("format") != version:
@@ -141,11 +101,7 @@ def versioned_object(data: object, version: int) -> dict[str, object]:
 
 
 def exact_fields(data: dict[str, object], names: tuple[str, ...]) -> None:
-    """Check that ``data`` has every field of ``names`` and no other.
-
-    Raises:
-        FieldError: Listing the unknown fields, or else the missing ones.
-    """
+    """Check that ``data`` has every field of ``names`` and no other; a :class:`FieldError` lists the others."""
     unknown = sorted(set(data) - set(names))
     missing = [name for name in names if name not in data]
     if unknown or missing:
@@ -153,36 +109,23 @@ def exact_fields(data: dict[str, object], names: tuple[str, ...]) -> None:
 
 
 def whole_number(value: object, name: str, high: int) -> int:
-    """``value``, where it is a whole number from 0 to ``high`` (not a bool).
-
-    Raises:
-        FieldError: Naming the field and its value.
-    """
+    """``value``, where it is a whole number from 0 to ``high`` (not a bool); else a :class:`FieldError`."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
         raise FieldError(f"{name} holds {shown(str(value))}, not a whole number from 0 to {high}")
     return value
 
 
 def seconds(value: object, name: str = "when") -> float:
-    """``value`` as Unix time: a finite number, not negative (not a bool).
-
-    Raises:
-        FieldError: Naming the field and its value.
-    """
+    """``value`` as Unix time: a finite number, not negative (not a bool); else a :class:`FieldError`."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise FieldError(f"{name} holds {shown(str(value))}, not a time in seconds")
     return float(value)
 
 
 def write_whole(folder: str, name: str, text: str) -> None:
-    """Write ``text`` as ``folder/name``, creating ``folder``: a reader sees the old file or the new one, whole.
+    """Write ``text`` as ``folder/name``, creating ``folder``: a reader sees the old file or the new one, whole."""
+    import tempfile  # here: only writers need it, and `import lightning_mpi_env` stays light
 
-    A temporary file beside it (``mkstemp``), flushed to disk, then ``os.replace``: a node that crashes mid-write
-    leaves the old file, never half of the new one.
-
-    Raises:
-        OSError: The folder or the file cannot be written (the temporary file is removed).
-    """
     os.makedirs(folder, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
@@ -196,17 +139,85 @@ def write_whole(folder: str, name: str, text: str) -> None:
         raise
 
 
-__all__ = [
-    "FILE_TYPES",
-    "MAX_STEP",
-    "FieldError",
-    "NotARegularFile",
-    "load_json",
-    "open_regular",
-    "read_capped",
-    "seconds",
-    "whole_number",
-    "exact_fields",
-    "versioned_object",
-    "write_whole",
-]
+MAX_HOST_FILE_BYTES = 1 << 20
+"""The most bytes read from a host file before the host lines needed: thousands of lines of comments."""
+
+HOST_LINES_NEEDED = 2
+"""The first host, after the launch node that heads ``jsrun``'s ``LSB_DJOB_RANKFILE`` (the most a list skips)."""
+
+
+class HostFileError(OSError):
+    """A host file that this package will not read: not a regular file, too long before its hosts, or not text."""
+
+
+class _PastTheCap(HostFileError):
+    """The byte cap came before the host lines wanted: an error only when no host was found before it."""
+
+
+def names_a_host(line: str) -> bool:
+    """Whether a host file's line names a host: not blank and not a ``#`` comment.
+
+    >>> names_a_host("  g0002 slots=4"), names_a_host("# allocated"), names_a_host("   ")
+    (True, False, False)
+    """
+    words = line.split(maxsplit=1)
+    return bool(words) and not words[0].startswith("#")
+
+
+def host_file_head(lines: Iterable[str], *, host_lines: int = HOST_LINES_NEEDED) -> str:
+    """The leading lines of a host file's text, up to and including its ``host_lines``-th line naming a host."""
+    head: list[str] = []
+    found = 0
+    try:
+        for line in lines:
+            head.append(line)
+            found += names_a_host(line)
+            if found >= host_lines:
+                break
+    except _PastTheCap:
+        if not found:
+            raise
+    return "".join(head)
+
+
+def read_host_file(path: str, *, host_lines: int = HOST_LINES_NEEDED, max_bytes: int = MAX_HOST_FILE_BYTES) -> str:
+    """The head of the host file at ``path`` (:func:`host_file_head`), as UTF-8; cut at ``max_bytes`` after a host.
+
+    A :class:`HostFileError` where it is not a regular file, names no host in ``max_bytes``, or is not UTF-8.
+    """
+    lines = _lines(path, max_bytes)
+    try:
+        return host_file_head(lines, host_lines=host_lines)
+    finally:
+        lines.close()  # closes the file now, not when the generator is collected
+
+
+def read_whole_host_file(path: str, *, max_bytes: int) -> str:
+    """The whole host file at ``path`` as UTF-8; a :class:`HostFileError` (no cut) past ``max_bytes`` or if not text."""
+    lines = _lines(path, max_bytes)
+    try:
+        return "".join(lines)
+    except _PastTheCap as error:
+        raise HostFileError(f"{path} is longer than {max_bytes} bytes") from error
+    finally:
+        lines.close()
+
+
+def _lines(path: str, max_bytes: int) -> Generator[str, None, None]:
+    try:
+        descriptor = open_regular(path)
+    except NotARegularFile as error:
+        raise HostFileError(str(error)) from None
+    with os.fdopen(descriptor, "rb") as file:
+        left = max_bytes
+        for number in range(1, max_bytes + 2):
+            line = file.readline(left + 1)
+            if not line:
+                return
+            left -= len(line)
+            if left < 0:
+                raise _PastTheCap(f"{path} names no host in its first {max_bytes} bytes")
+            try:
+                yield line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise HostFileError(f"{path} line {number} is not UTF-8 text ({error.reason})") from error

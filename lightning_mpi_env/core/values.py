@@ -1,12 +1,4 @@
-"""The one strict parser for every number this package reads, for its own on/off switches and its seconds.
-
-Numbers are ranks, sizes, counts, ports and node indices; each kind has a sane maximum, so that nothing sized by a
-number someone typed grows past it.
-
-Only plain ASCII digits are numbers: ``str.isdigit()`` also accepts ``'²'`` and ``int()`` accepts ``'٣'``, ``' 3'``
-and ``'+3'``, none of which a launcher ever exports. A bad value is a :class:`LayoutError` or :class:`SettingError`
-naming the variable, never a bare ``ValueError``.
-"""
+"""The strict parsers of every number and setting: ASCII digits only (``int()`` also takes ``'٣'``), sane maxima."""
 
 from __future__ import annotations
 
@@ -16,20 +8,17 @@ from types import MappingProxyType
 from lightning_mpi_env.core.errors import LayoutError, SettingError
 
 PORT_RANGE = range(1, 65536)
-"""Valid TCP ports."""
 
 MAX_DIGITS = 18
-"""The most digits a count may have: no launcher sets a rank, size or count of 10**18 or more. Longer numbers are
-refused before ``int()`` sees them (which refuses more than 4300 digits with a bare ``ValueError``)."""
+"""No launcher sets a count of 10**18 or more; longer text is refused before ``int()`` sees it."""
 
 MAX_WORLD_SIZE = 1 << 24
-"""The most ranks in one job: 16,777,216, twice Fugaku's 7.6 million cores (the largest MPI jobs yet run)."""
+"""The most ranks in one job: twice Fugaku's 7.6 million cores."""
 
 MAX_LOCAL_SIZE = 1 << 14
-"""The most ranks on one node: 16,384, several times the hardware threads of the largest single machines."""
+"""The most ranks on one node: several times the hardware threads of the largest single machines."""
 
 MIN_SECONDS = 0.001
-"""The shortest timeout this package takes, in seconds."""
 
 MAX_SECONDS = 7 * 24 * 3600.0
 """The longest timeout this package takes: a week (``0`` turns the stall watchdog off instead)."""
@@ -40,14 +29,11 @@ SWITCH_WORDS: Mapping[str, bool] = MappingProxyType(
 """The values of an on/off setting (any case, blanks around ignored): the one table both parsers of switches use."""
 
 SHOWN_CHARACTERS = 40
-"""How much of a hostile value a message repeats (:func:`shown`)."""
 
 
 def shown(value: str) -> str:
     """A value as a message repeats it: quoted, and cut after :data:`SHOWN_CHARACTERS` characters.
 
-    >>> shown("12")
-    "'12'"
     >>> shown("9" * 5000)
     "'9999999999999999999999999999999999999999'... (5000 characters)"
     """
@@ -57,11 +43,7 @@ def shown(value: str) -> str:
 
 
 def as_count(text: str) -> int | None:
-    """``text`` as a count when it is one of at most :data:`MAX_DIGITS` plain ASCII digits; else ``None``.
-
-    >>> as_count("12"), as_count("x"), as_count("1" * 19)
-    (12, None, None)
-    """
+    """``text`` as a count when it is one of at most :data:`MAX_DIGITS` plain ASCII digits; else ``None``."""
     return int(text) if is_count(text) and len(text) <= MAX_DIGITS else None
 
 
@@ -83,30 +65,7 @@ def parse_count(
     maximum: int | None = None,
     hint: str | None = None,
 ) -> int:
-    """Parse a rank, size, count, port or index strictly.
-
-    Args:
-        value: The text as read (from a variable, a host file or an argument).
-        variable: Where it came from, for the message (``PMI_RANK``, ``PE_HOSTFILE line 2``).
-        launcher: The launcher or scheduler that set it, for the message; ``None`` outside any.
-        minimum: The smallest value allowed.
-        maximum: The largest value allowed, if any.
-        hint: The fix; by default, to let the launcher set the variable.
-
-    Returns:
-        The number.
-
-    Raises:
-        LayoutError: Naming the variable, the value and the launcher.
-
-    >>> parse_count("12", variable="PMI_RANK", launcher="MPICH/Intel MPI (Hydra)")
-    12
-    >>> parse_count("²", variable="MASTER_PORT")
-    Traceback (most recent call last):
-    ...
-    lightning_mpi_env.core.errors.LayoutError: MASTER_PORT='²' (no launcher) is not a non-negative integer.
-    HINT: Unset MASTER_PORT, or set it to a plain number.
-    """
+    """Parse a rank, size, count, port or index strictly; else a :class:`LayoutError` naming variable and launcher."""
     where = launcher if launcher is not None else "no launcher"
     fix = hint if hint is not None else f"Unset {variable}, or set it to a plain number."
     fields = {"variable": variable, "value": value[:SHOWN_CHARACTERS], "launcher": launcher}
@@ -130,14 +89,7 @@ def parse_count(
 
 
 def parse_port(value: str, *, variable: str, launcher: str | None = None, hint: str) -> int:
-    """Parse a TCP port strictly (1 to 65535).
-
-    Raises:
-        LayoutError: Naming the variable, the value and the launcher.
-
-    >>> parse_port("29500", variable="MASTER_PORT", hint="Set a free port.")
-    29500
-    """
+    """Parse a TCP port strictly (1 to 65535); else a :class:`LayoutError` naming the variable, value and launcher."""
     port = as_count(value)
     if port is None or port not in PORT_RANGE:
         where = launcher if launcher is not None else "no launcher"
@@ -152,23 +104,12 @@ def parse_port(value: str, *, variable: str, launcher: str | None = None, hint: 
 
 
 def switch_word(raw: str) -> bool | None:
-    """What an on/off value means by :data:`SWITCH_WORDS`, or ``None`` when it is not one.
-
-    >>> switch_word(" Off "), switch_word("maybe")
-    (False, None)
-    """
+    """What an on/off value means by :data:`SWITCH_WORDS`, or ``None`` when it is not one."""
     return SWITCH_WORDS.get(raw.strip().lower())
 
 
 def parse_switch(raw: str, *, variable: str, default: bool, hint: str) -> bool:
-    """An on/off setting of this package: ``default`` when empty, else one of :data:`SWITCH_WORDS`.
-
-    Raises:
-        SettingError: Naming the variable and its value.
-
-    >>> parse_switch("off", variable="X", default=True, hint="Unset X.")
-    False
-    """
+    """An on/off setting: ``default`` when empty, else one of :data:`SWITCH_WORDS`; else a :class:`SettingError`."""
     if not raw.strip():
         return default
     value = switch_word(raw)
@@ -183,23 +124,10 @@ def parse_switch(raw: str, *, variable: str, default: bool, hint: str) -> bool:
 
 
 def parse_seconds(raw: str | float, *, variable: str, hint: str) -> float:
-    """A timeout: a number of seconds from :data:`MIN_SECONDS` to :data:`MAX_SECONDS`, in plain decimal digits.
+    """Seconds from :data:`MIN_SECONDS` to :data:`MAX_SECONDS` in plain decimal digits; else a :class:`SettingError`.
 
-    Text takes ASCII digits with at most one decimal point: ``float()`` would also take ``1e18`` (which overflows a
-    ``timedelta`` later), ``1e-300``, ``1_0``, Arabic-Indic ``٣``, ``inf`` and ``nan``. A number (a constructor
-    argument) must be finite and in the range.
-
-    Raises:
-        SettingError: Naming the variable, its value and the range.
-
-    >>> parse_seconds("2.5", variable="T", hint="Set T."), parse_seconds(30, variable="T", hint="Set T.")
-    (2.5, 30.0)
-    >>> parse_seconds("1e18", variable="T", hint="Set T.")
-    Traceback (most recent call last):
-    ...
-    lightning_mpi_env.core.errors.SettingError: T='1e18' is not a positive, finite number of seconds in plain digits, from 0.001 to 604800.
-    HINT: Set T.
-    """  # noqa: E501
+    ``float()`` would also take ``1e18`` (which overflows a ``timedelta`` later), ``1_0``, ``٣``, ``inf`` and ``nan``.
+    """
     if isinstance(raw, str):
         whole, _, fraction = raw.strip().partition(".")
         plain = (
@@ -219,21 +147,68 @@ def parse_seconds(raw: str | float, *, variable: str, hint: str) -> float:
     return seconds
 
 
-__all__ = [
-    "MAX_DIGITS",
-    "MAX_LOCAL_SIZE",
-    "MAX_SECONDS",
-    "MAX_WORLD_SIZE",
-    "MIN_SECONDS",
-    "PORT_RANGE",
-    "SHOWN_CHARACTERS",
-    "SWITCH_WORDS",
-    "as_count",
-    "is_count",
-    "parse_count",
-    "parse_port",
-    "parse_seconds",
-    "parse_switch",
-    "shown",
-    "switch_word",
-]
+def switch(env: Mapping[str, str], variable: str, *, default: bool) -> bool:
+    """An on/off variable (:func:`parse_switch`); ``default`` when unset."""
+    return parse_switch(
+        env.get(variable, ""), variable=variable, default=default, hint=f"Unset {variable}, or set it to 1 or 0."
+    )
+
+
+def seconds(value: float | None, env: Mapping[str, str], variable: str, default: float) -> float:
+    """A timeout: ``value`` if given, else ``variable`` of ``env``, else ``default`` (:func:`parse_seconds`)."""
+    if value is None and variable not in env:
+        return default
+    raw = value if value is not None else env[variable]
+    hint = f"Set {variable} to a number of seconds, e.g. {default or 60:g}."
+    return parse_seconds(raw, variable=variable, hint=hint)
+
+
+def seconds_or_off(value: float | None, env: Mapping[str, str], variable: str, default: float) -> float:
+    """:func:`seconds`, where ``0`` (or ``off``, any switch's off word) turns the feature off and reads as ``0.0``."""
+    raw = value if value is not None else env.get(variable)
+    if isinstance(raw, str) and (switch_word(raw) is False or raw.strip() in ("0.0", "0.")):
+        return 0.0
+    if raw is not None and not isinstance(raw, str) and raw == 0:
+        return 0.0
+    return seconds(value, env, variable, default)
+
+
+MAX_REQUEUES = 1_000_000
+MAX_CHECKPOINT_EVERY = 1_000_000_000
+
+
+def count_or_off(
+    env: Mapping[str, str], variable: str, default: int, *, high: int = MAX_REQUEUES, zero: str = "no limit"
+) -> int:
+    """A count from ``0`` (``zero``: what it means) to ``high``: ``variable`` of ``env``, else ``default``."""
+    raw = env.get(variable, "").strip()
+    if not raw:
+        return default
+    count = as_count(raw)
+    if count is None or count > high:
+        example = default or 100
+        raise SettingError(
+            f"{variable}={shown(raw)} is not a whole number from 0 to {high} in plain digits.",
+            f"Set {variable} to a number, e.g. {example} (0: {zero}), or unset it.",
+            variable=variable,
+            value=raw[:SHOWN_CHARACTERS],
+        )
+    return count
+
+
+MAX_PATH = 4096
+"""The longest folder taken (Linux's ``PATH_MAX``)."""
+
+
+def folder(env: Mapping[str, str], variable: str) -> str:
+    """A folder's path, blanks dropped: at most :data:`MAX_PATH` characters, none a control one; empty when unset."""
+    raw = env.get(variable, "").strip()
+    if len(raw) > MAX_PATH or any(ord(character) < 32 or ord(character) == 127 for character in raw):
+        raise SettingError(
+            f"{variable}={shown(raw)} is not a folder's path (at most {MAX_PATH} characters, none a control "
+            "character).",
+            f"Set {variable} to a folder on a file system every node sees, e.g. $PWD/.lightning-mpi-env, or unset it.",
+            variable=variable,
+            value=raw[:SHOWN_CHARACTERS],
+        )
+    return raw

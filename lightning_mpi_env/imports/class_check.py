@@ -1,8 +1,7 @@
 """Refuse objects built on the other Lightning namespace than the Trainer's, naming each one and its fix.
 
-A callback, logger, plugin, datamodule or model whose class inherits from ``pytorch_lightning`` is not an instance
-of ``lightning.pytorch``'s base classes (and the reverse): a Trainer refuses it, or silently ignores it.
-:func:`check_mixed_imports` walks the classes and names every offender. Standard library only.
+A class that inherits from ``pytorch_lightning`` is no instance of ``lightning.pytorch``'s base classes (and the
+reverse): a Trainer refuses such an object, or silently ignores it.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ class Offender:
     role: str
     """What the object is to the Trainer: ``callback``, ``logger``, ``object``, ..."""
     cls: type
-    """The object's class."""
     base: type
     """The nearest base class from the foreign namespace."""
 
@@ -121,14 +119,7 @@ def _attribute(obj: object, name: str) -> object:
 
 
 def held_by(trainer: object) -> Iterator[tuple[str, object]]:
-    """What a Trainer holds, as ``(role, object)``: callbacks, loggers, strategy and its plugins, profiler, data.
-
-    Args:
-        trainer: A ``lightning.pytorch`` or ``pytorch_lightning`` Trainer.
-
-    Yields:
-        ``(role, object)`` for every non-``None`` object.
-    """
+    """What a Trainer holds, as ``(role, object)``: callbacks, loggers, strategy and its plugins, profiler, data."""
     for role, name in (("callback", "callbacks"), ("logger", "loggers")):
         items = _attribute(trainer, name)
         if isinstance(items, (list, tuple)):
@@ -163,27 +154,18 @@ def _fix(offender: Offender, reference_package: str) -> str:
 def check_mixed_imports(*objects: object, trainer: object | None = None) -> None:
     """Refuse objects built on the other Lightning namespace than the Trainer's (or than the first object's).
 
-    Walks the MRO of every object given (an object or a class) and of everything the Trainer holds (:func:`held_by`).
-    An object counts as the Trainer's when it inherits from, or is registered with, a class of the Trainer's
-    namespace; objects with no Lightning base (and everything from ``lightning_mpi_env``) are neutral.
-
-    Args:
-        *objects: Objects or classes to check as well, e.g. the model and datamodule before ``fit``.
-        trainer: A Trainer; its namespace is the reference. Without it, the first Lightning-based object's is.
+    Checks every object or class given and everything the Trainer holds (:func:`held_by`). An object counts as the
+    Trainer's when it inherits from, or is registered with, a class of its namespace; objects with no Lightning base
+    (and everything from ``lightning_mpi_env``) are neutral.
 
     Raises:
-        MixedImportError: Listing every offender: role and class, the namespace of its Lightning base, the file
-            that defines it, the Trainer's namespace, and the fix.
+        MixedImportError: Naming every offender, the file that defines it, and the fix.
     """
     check_roles(trainer, [("object", obj) for obj in objects])
 
 
 def check_roles(trainer: object | None, given: Iterable[tuple[str, object]]) -> None:
-    """:func:`check_mixed_imports` on ``(role, object)`` pairs, so that the message can say what each object is.
-
-    Raises:
-        MixedImportError: As :func:`check_mixed_imports`.
-    """
+    """:func:`check_mixed_imports` on ``(role, object)`` pairs, so that the message can say what each object is."""
     held: list[tuple[str, object]] = []
     reference: str | None = None
     reference_name = ""
@@ -224,6 +206,3 @@ def check_roles(trainer: object | None, given: Iterable[tuple[str, object]]) -> 
         f"`{STANDALONE.trainer}`/`{STANDALONE.fabric}`, never both. To skip this check at launch, set "
         f"{MODE_VARIABLE}=ignore.",
     )
-
-
-__all__ = ["Offender", "check_mixed_imports", "check_roles", "held_by"]

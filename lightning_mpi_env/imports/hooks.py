@@ -1,8 +1,4 @@
-"""Run a callback right after a named module finishes importing, at the cost of one dict lookup per import.
-
-The same finder also serves module aliases (:func:`alias_modules`), so that ``import old.name`` can give the very
-module object of ``new.name``; the fast path for every other import stays one lookup.
-"""
+"""Run a callback right after a named module is imported, and alias modules, at one dict lookup per import."""
 
 from __future__ import annotations
 
@@ -30,10 +26,8 @@ _watched: dict[str, None] = {}
 def when_imported(module_name: str, callback: ImportCallback) -> None:
     """Call ``callback(module)`` once ``module_name`` is imported: now if it already is, else right after.
 
-    Args:
-        module_name: The module's full dotted name.
-        callback: Receives the module object; runs while the importing statement is still on the stack, so it
-            may walk ``sys._getframe()`` outwards to find the importer.
+    The callback runs while the importing statement is still on the stack, so it may walk ``sys._getframe()``
+    outwards to find the importer.
     """
     module = sys.modules.get(module_name)
     if module is not None:
@@ -45,13 +39,10 @@ def when_imported(module_name: str, callback: ImportCallback) -> None:
 
 
 def alias_modules(aliases: Mapping[str, str]) -> None:
-    """Make ``import alias`` give the module object of ``target``, for each ``alias -> target`` pair.
+    """Make ``import alias`` give the module object of ``target``, for each ``alias -> target`` pair (full names).
 
     Aliases whose target is already imported are put in ``sys.modules`` at once; the others resolve on import,
     which then imports the target (never a second copy of it).
-
-    Args:
-        aliases: Full dotted alias name -> full dotted target name.
     """
     for alias, target in aliases.items():
         module = sys.modules.get(target)

@@ -1,10 +1,4 @@
-"""Where each Lightning namespace entered the process, and the warning when both did.
-
-:func:`watch_imports` (run when ``lightning_mpi_env`` is imported) hooks the namespaces' root packages, so the file
-and line that imported each is known exactly when the import happens afterwards, and guessed from module globals
-when it happened before. The moment both namespaces are loaded, :class:`MixedImportWarning` names both importers
-(or :class:`MixedImportError` is raised, per ``LIGHTNING_MPI_ENV_MIXED_IMPORTS``). Standard library only.
-"""
+"""Where each Lightning namespace entered the process, and the warning when both did."""
 
 from __future__ import annotations
 
@@ -32,19 +26,13 @@ MODE_VARIABLE = VARIABLE["mixed_imports"]
 """Environment variable choosing what a mixed import does: ``warn``, ``error`` or ``ignore``."""
 
 Mode = MixedImportMode
-"""What a mixed import does (:class:`~lightning_mpi_env.core.settings.MixedImportMode`)."""
 
 
 def mode(environ: Mapping[str, str] | None = None) -> MixedImportMode:
-    """``LIGHTNING_MPI_ENV_MIXED_IMPORTS`` of ``environ`` (``os.environ`` by default), read when a mix is seen.
-
-    Raises:
-        SettingError: The variable holds anything else than ``warn``, ``error`` or ``ignore`` (a ``ValueError``).
-    """
+    """``LIGHTNING_MPI_ENV_MIXED_IMPORTS`` of ``environ`` (``os.environ`` by default); ``SettingError`` if bad."""
     return mixed_import_mode(os.environ if environ is None else environ)
 
 
-# Frames from these packages are never "the importer": the import system, Lightning itself, and us.
 _NOT_IMPORTERS = frozenset(
     {"importlib", "lightning", "pytorch_lightning", "lightning_fabric", "lightning_utilities", "lightning_mpi_env"}
 )
@@ -66,14 +54,12 @@ def both_namespaces_loaded() -> bool:
 
 
 class ImportSite(NamedTuple):
-    """Where a namespace entered the process."""
+    """Where a namespace entered the process: ``file`` and ``line`` of the importer, ``None`` when unknown."""
 
     module: str
     """The Lightning module that arrived (``pytorch_lightning``, ``lightning.fabric``, ...)."""
     file: str | None
-    """The importing file, ``None`` when unknown."""
     line: int | None
-    """The importing line, ``None`` when unknown."""
     exact: bool
     """Seen by the import hook (exact), or guessed from module globals after the fact."""
 
@@ -94,11 +80,7 @@ def site_of(key: str) -> ImportSite | None:
 
 
 def _importer_frame(frame: FrameType | None) -> tuple[FrameType | None, str | None]:
-    """The first frame outwards from ``frame`` outside the import system, Lightning and this package.
-
-    Returns:
-        That frame (``None`` if none) and the outermost Lightning module on the way: what the importer imported.
-    """
+    """The importer's frame (``None`` if none) outside the import system, Lightning and us, and what it imported."""
     outermost = None
     while frame is not None:
         if not frame.f_code.co_filename.startswith("<frozen importlib"):
@@ -214,9 +196,8 @@ def _report(frame: FrameType | None) -> None:
     if frame is None:
         warnings.warn(message, stacklevel=2)
         return
-    # Attribute the warning to the importing line, as ``warnings.warn(stacklevel=...)`` would.
-    # No ``module_globals``: for ``python -c`` the loader is BuiltinImporter, whose get_source
-    # raises ImportError instead of letting the warning be shown.
+    # Attributed to the importing line. No ``module_globals``: under ``python -c`` the loader is BuiltinImporter,
+    # whose get_source raises ImportError instead of letting the warning be shown.
     registry = frame.f_globals.setdefault("__warningregistry__", {})
     warnings.warn_explicit(
         message,
@@ -246,8 +227,7 @@ def _on_namespace_imported(module: ModuleType) -> None:
 def watch_imports() -> None:
     """At import of this package: hook the roots not loaded yet, and report a mix that is already there.
 
-    The mode is read only when a mix is seen: a bad ``LIGHTNING_MPI_ENV_MIXED_IMPORTS`` is a ``SettingError`` then,
-    never at the import of this package.
+    A bad ``LIGHTNING_MPI_ENV_MIXED_IMPORTS`` is a ``SettingError`` when a mix is seen, never at this import.
     """
     for namespace in NAMESPACES:
         for root in namespace.roots:
@@ -259,16 +239,3 @@ def watch_imports() -> None:
         except SettingError:
             return  # not at this import: the guard says so where it acts next (a Trainer's setup, a new import)
         _report(_importer_frame(sys._getframe(1))[0])
-
-
-__all__ = [
-    "MIXED_HINT",
-    "MODE_VARIABLE",
-    "ImportSite",
-    "Mode",
-    "both_namespaces_loaded",
-    "loaded_roots",
-    "mode",
-    "site_of",
-    "watch_imports",
-]

@@ -1,7 +1,4 @@
-"""Alias the standalone namespace to the unified one: code written for ``pytorch_lightning`` runs unchanged.
-
-Standard library only.
-"""
+"""Alias the standalone namespace to the unified one: code written for ``pytorch_lightning`` runs unchanged."""
 
 from __future__ import annotations
 
@@ -42,15 +39,13 @@ def _module_names(package_dir: Path, prefix: str) -> Iterator[str]:
 def unify_imports() -> None:
     """Make ``pytorch_lightning`` and ``lightning_fabric`` imports give ``lightning.pytorch``/``lightning.fabric``.
 
-    ``import pytorch_lightning[.X]`` gives the module object of ``lightning.pytorch[.X]``, and
-    ``lightning_fabric[.X]`` that of ``lightning.fabric[.X]``, so old-style code runs on one namespace unchanged.
-    Call it at the top of the entry script, before any Lightning import; it imports nothing itself. Calling it
-    again is harmless.
+    Call it at the top of the entry script, before any Lightning import; it imports nothing itself, and may be
+    called again.
 
     Raises:
         MixedImportError: ``pytorch_lightning`` or ``lightning_fabric`` is already imported (it would stay a second
-            copy), ``lightning`` is not installed, or the installed versions of ``lightning``,
-            ``pytorch-lightning`` and ``lightning-fabric`` differ.
+            copy), ``lightning`` is not installed, or the versions of ``lightning``, ``pytorch-lightning`` and
+            ``lightning-fabric`` differ.
     """
     already = loaded_roots(STANDALONE.key)
     if already:
@@ -95,6 +90,3 @@ def unify_imports() -> None:
             if name.startswith(target_root + "."):
                 aliases.setdefault(alias_root + name[len(target_root) :], name)
     alias_modules(aliases)
-
-
-__all__ = ["unify_imports"]

@@ -1,15 +1,4 @@
-"""The callback Lightning adds to a Trainer through this package's ``callbacks_factory`` entry points.
-
-Lightning loads the factories of the entry point groups ``lightning.pytorch.callbacks_factory`` and
-``pytorch_lightning.callbacks_factory`` in every ``Trainer(...)`` of that namespace (its public way for an installed
-package to add callbacks). They name ``_lightning_mpi_env_entry``, which calls :func:`unified_callbacks` and
-:func:`standalone_callbacks` here only once the program imported ``lightning_mpi_env``; these add the callback only
-where it has something to do (:func:`~lightning_mpi_env.lightning.entry_point.needed`), and never raise. Imported from
-a source tree, not installed, the package has no entry point: ``"ddp_mpi"`` adds the callback itself (:func:`attach`).
-
-Users of another Trainer, or of Fabric (which calls callbacks only where the program says), call
-:func:`~lightning_mpi_env.check_mixed_imports` and ``MPIClusterEnvironment.requeue_requested()`` themselves.
-"""
+"""The callback Lightning adds to each Trainer through the ``callbacks_factory`` entry points, where it has work."""
 
 from __future__ import annotations
 
@@ -70,7 +59,7 @@ def callback_class(package: str) -> type:
             except MixedImportError as error:
                 if current is MixedImportMode.ERROR:
                     raise
-                # Warn mode never raises. (Attributed to Lightning's hook call: the decorator's frame comes between.)
+                # Attributed to Lightning's hook call: the decorator's frame comes between.
                 warnings.warn(MixedImportWarning(error.problem, error.hint), stacklevel=3)
 
         def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
@@ -105,11 +94,7 @@ def callback_class(package: str) -> type:
 
         @shows_errors_briefly
         def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
-            """After each training step: progress; checkpoint and requeue when any rank got the requeue signal.
-
-            Else the first-step record and a periodic checkpoint where due: at a step where the ranks requeue, the
-            requeue's checkpoint is the only one saved.
-            """
+            """Progress; checkpoint and requeue when any rank got the requeue signal, else a periodic save where due."""
             _mark(trainer, 0)
             self._finished += 1
             environment = _environment(trainer)
@@ -123,11 +108,7 @@ def callback_class(package: str) -> type:
                 self._fit = self._fit.after_batch(trainer)
 
         def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-            """A ``SIGTERM`` ends the job with status 143, not 0: the job did not finish (a script's ``&&`` stops).
-
-            Lightning raises ``SIGTERMException``, a ``SystemExit`` with status 0; 143 is a shell's status for a
-            process ``SIGTERM`` ended.
-            """
+            """``SIGTERMException`` exits 0; make it 143: the job did not finish (a script's ``&&`` stops)."""
             if (
                 _environment(trainer) is not None
                 and isinstance(exception, sigterm_exception)
@@ -167,13 +148,7 @@ def _new_callback(package: str) -> Any:
 
 
 def attach(trainer: Any, package: str) -> None:
-    """Give ``trainer`` the callback where Lightning's entry point did not: the package used from a source tree.
-
-    ``"ddp_mpi"``'s ``setup_environment`` calls it, which Lightning's ``Trainer._run`` (2.1 to 2.6) calls after it
-    has ordered the callbacks and before the first hook (``setup``): the run calls every hook of the callback added
-    here. Nothing is added where one is there already; it goes before the first checkpoint callback, where Lightning
-    puts the entry point's.
-    """
+    """Give ``trainer`` the callback where no entry point did (``"ddp_mpi"``), before its first checkpoint callback."""
     cls = callback_class(package)
     callbacks = trainer.callbacks
     if any(isinstance(callback, cls) for callback in callbacks) or not needed(os.environ):
@@ -191,6 +166,3 @@ def unified_callbacks() -> list[Any]:
 def standalone_callbacks() -> list[Any]:
     """The ``pytorch_lightning.callbacks_factory`` entry point: one ``MPIEnvCallback`` per Trainer, when needed."""
     return [callback_class(STANDALONE.trainer)()] if needed(os.environ) else []
-
-
-__all__ = ["SIGTERM_STATUS", "attach", "callback_class", "needed", "standalone_callbacks", "unified_callbacks"]

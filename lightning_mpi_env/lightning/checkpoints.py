@@ -1,15 +1,7 @@
 """Which HPC checkpoint a requeued job resumes from: its own, complete, newest one, told by the job's record.
 
-A file name (Lightning's ``<default_root_dir>/hpc_ckpt_<n>.ckpt``) says nothing about the job that saved it, nor
-whether the save finished, so each job keeps a record beside them (:func:`record_path`, written whole): the job's
-scheduler and identity, how often it was requeued, and each checkpoint it saved, first as *pending* and then with
-its size. A job resumes only from a checkpoint of its own record whose save finished and whose file checks out
-(:func:`resumable`); other jobs' checkpoints in the same folder are never candidates. Deleting checkpoints does
-not reset the requeue count. Periodic checkpoints (:mod:`lightning_mpi_env.lightning.periodic`) go through the same
-:func:`save_recorded` into the same record, marked ``periodic``.
-
-Everything read here is bounded: names by their syntax (ASCII digits, at most :data:`MAX_DIGITS`), records by
-:data:`MAX_RECORD_BYTES` and regular files only, folders by :data:`MAX_ENTRIES`.
+Lightning's file name (``hpc_ckpt_<n>.ckpt``) says neither which job saved it nor whether the save finished, so each
+job keeps a record beside them: its identity, its requeue count, and each checkpoint, pending and then with its size.
 """
 
 from __future__ import annotations
@@ -27,48 +19,34 @@ from lightning_mpi_env.core.state_files import load_json, read_capped, write_who
 from lightning_mpi_env.lightning.compat import HPC_CHECKPOINT, hpc_checkpoint_name
 
 RECORDS = ".lightning-mpi-env"
-"""The folder of the jobs' records, in ``default_root_dir`` (no ``hpc_ckpt_`` in it: Lightning's own resume looks
-at every name that holds that)."""
+"""The records' folder in ``default_root_dir``; no ``hpc_ckpt_`` in it: Lightning's resume reads every such name."""
 MAX_DIGITS = 9
 """The most digits of a checkpoint number this package reads or writes; longer names are not its checkpoints."""
 MAX_RECORD_BYTES = 1 << 20
-"""The largest record read (a record of 20 requeues is under 2 KiB)."""
 MAX_ENTRIES = 100_000
-"""The most names of a folder looked at."""
 FORMAT = 1
-"""The record's format."""
 
 
 class Saved(NamedTuple):
-    """One checkpoint in a job's record."""
+    """One checkpoint in a job's record: file name, size (``None`` while pending), global step, periodic or not."""
 
     file: str
-    """Its file name in ``default_root_dir`` (``hpc_ckpt_<n>.ckpt``)."""
     size: int | None
-    """Its size in bytes once every rank's save finished; ``None`` while pending."""
     step: int
-    """The global step it was saved at."""
     periodic: bool = False
-    """Saved every ``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY`` steps (pruned to the job's newest few), not on a requeue
-    signal (kept)."""
 
 
 class Record(NamedTuple):
-    """What a job saved in one ``default_root_dir``, and how often it was requeued."""
+    """What a job saved in one ``default_root_dir`` (oldest first), and how often this package requeued it."""
 
     scheduler: str
-    """The scheduler's key (``slurm``)."""
     job: str
     """The job's identity (``123``; ``77/3`` for an array task)."""
     variables: tuple[str, ...]
-    """The variables the identity came from (``JOB_ID``, ``SGE_TASK_ID``)."""
     name: str | None
-    """The job as its scheduler's requeue command names it: a Slurm array task by its array (``36_1``), an LSF
-    array element as ``7[3]``."""
+    """The job as its scheduler's requeue command names it (a Slurm array task ``36_1``, an LSF element ``7[3]``)."""
     requeues: int
-    """How often this package requeued the job."""
     saved: tuple[Saved, ...]
-    """Its checkpoints, oldest first."""
 
     @classmethod
     def new(cls, job: SchedulerJob) -> Record:
@@ -82,13 +60,7 @@ class Record(NamedTuple):
 
 
 def checkpoint_number(name: str) -> int | None:
-    """The number of an HPC checkpoint's file name (ASCII digits, at most :data:`MAX_DIGITS`); ``None`` otherwise.
-
-    >>> checkpoint_number("hpc_ckpt_3.ckpt"), checkpoint_number("hpc_ckpt_" + "9" * 200 + ".ckpt")
-    (3, None)
-    >>> checkpoint_number("hpc_ckpt_" + chr(0x663) + ".ckpt") is None  # an Arabic-Indic 3: int() reads it
-    True
-    """
+    """The number of an HPC checkpoint's file name (ASCII digits, at most :data:`MAX_DIGITS`); ``None`` otherwise."""
     match = HPC_CHECKPOINT.match(name)
     return int(match.group(1)) if match and len(match.group(1)) <= MAX_DIGITS else None
 
@@ -99,11 +71,7 @@ def record_path(directory: str, job: SchedulerJob) -> str:
 
 
 def read_record(directory: str, job: SchedulerJob) -> Record:
-    """``job``'s record in ``directory``; an empty one where there is none yet.
-
-    Raises:
-        CheckpointError: The record is there but cannot be read or is not one (its requeue count would be lost).
-    """
+    """``job``'s record in ``directory``, empty where there is none; a ``CheckpointError`` where it cannot be read."""
     path = record_path(directory, job)
     try:
         record = _read(path)
@@ -147,11 +115,7 @@ def write_record(directory: str, job: SchedulerJob, record: Record) -> None:
 
 
 def reserve_next(directory: str) -> str:
-    """Create, empty, the HPC checkpoint after the highest in ``directory``, and return its name.
-
-    ``O_EXCL``: two jobs saving in one folder at once never get one name. Names that are not this package's
-    (non-ASCII digits, more than :data:`MAX_DIGITS`) do not count.
-    """
+    """Create, empty, the HPC checkpoint after the highest in ``directory``, returning its name (``O_EXCL``: unique)."""
     os.makedirs(directory, exist_ok=True)
     number = max((n for name in names(directory) if (n := checkpoint_number(name)) is not None), default=0) + 1
     for candidate in range(number, number + 1000):
@@ -170,11 +134,7 @@ def reserve_next(directory: str) -> str:
 
 
 def resumable(directory: str, record: Record, *, report: bool = True) -> str | None:
-    """The newest checkpoint of ``record`` whose save finished and whose file checks out, or ``None``.
-
-    Each newer checkpoint of the record that does not check out (pending, gone, empty, unreadable, another size) is
-    skipped with a :class:`~lightning_mpi_env.core.errors.CheckpointWarning` (where ``report``: rank 0 only).
-    """
+    """The newest checkpoint of ``record`` that finished and checks out, or ``None``; newer ones warn if ``report``."""
     for item in reversed(record.saved):
         path = os.path.join(directory, item.file)
         problem = _problem(path, item)
@@ -197,14 +157,13 @@ def resumable(directory: str, record: Record, *, report: bool = True) -> str | N
 
 
 class Checkpointed(NamedTuple):
-    """One checkpoint :func:`save_recorded` saved, as each rank knows it."""
+    """One checkpoint :func:`save_recorded` saved: its path, the same on every rank."""
 
     path: str
-    """Its path, the same on every rank."""
     requeues: int
-    """The job's requeue count in its record before this save (rank 0's, on every rank)."""
+    """The job's requeue count before this save (rank 0's, on every rank)."""
     record: Record | None
-    """Rank 0: the job's record as written, with this checkpoint finished; ``None`` on the other ranks."""
+    """Rank 0: the job's record as written; ``None`` on the other ranks."""
 
 
 def save_recorded(
@@ -212,18 +171,8 @@ def save_recorded(
 ) -> Checkpointed:
     """Save an HPC checkpoint and record it in ``job``'s record; every rank calls this at the same step.
 
-    Rank 0 records the reserved name as *pending* before the save, and as finished with its size after every
-    rank's save and a barrier. No collective comes after the barrier: a requeued job's ranks may be ended at any
-    moment from there on.
-
-    Args:
-        trainer: The Trainer (its ``strategy``, ``save_checkpoint``, ``global_rank``, ``global_step``).
-        job: The job whose record it is.
-        periodic: A periodic checkpoint (``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY``), not a requeue's.
-        finish: Rank 0's last change to the record before it is written (a requeue counts itself there).
-
-    Raises:
-        CheckpointError: Rank 0 cannot read the job's record.
+    Rank 0 records it as pending before the save, and finished after every rank's save and a barrier, applying
+    ``finish`` last. No collective follows the barrier: a requeued job's ranks may be ended from there on.
     """
     directory = str(trainer.default_root_dir)
     record = read_record(directory, job) if trainer.global_rank == 0 else None
@@ -328,23 +277,3 @@ def _parse_saved(item: Any) -> Saved:
     if not isinstance(periodic, bool):  # absent in records of older versions: a requeue's checkpoint
         raise ValueError(f"{file}: periodic is not true or false")
     return Saved(file, size, step, periodic)
-
-
-__all__ = [
-    "Checkpointed",
-    "MAX_DIGITS",
-    "MAX_ENTRIES",
-    "MAX_RECORD_BYTES",
-    "RECORDS",
-    "Record",
-    "Saved",
-    "checkpoint_number",
-    "names",
-    "owner_of",
-    "read_record",
-    "record_path",
-    "reserve_next",
-    "resumable",
-    "save_recorded",
-    "write_record",
-]

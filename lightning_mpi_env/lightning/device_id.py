@@ -1,13 +1,4 @@
-"""The one path where no ``device_id`` reaches ``init_process_group``: the plugin with Lightning's own strategies.
-
-``"ddp_mpi"`` passes the device it chose on every supported Lightning (``MPIDDPStrategy.bind_device``), and
-Lightning from :data:`~lightning_mpi_env.lightning.compat.DEVICE_ID_SINCE` on passes ``device_id=root_device`` from
-its own DDP and FSDP strategies. With ``plugins=[MPIClusterEnvironment()]`` and Lightning's own strategy on an older
-Lightning, nothing public lets the plugin add it, and torch 2.15's ``nccl`` backend (``nccl2``) binds
-``LOCAL_RANK % count`` or ``global rank % count`` (:func:`~lightning_mpi_env.core.nccl.nccl2_device`) while Lightning
-sets up ``cuda:<local rank>``: where those differ, the rank's communicator sits on another GPU than its model, or two
-ranks share one. Right before that call, the plugin says so, naming the fix (:func:`warn_unbound_device`).
-"""
+"""Warn where no ``device_id`` reaches ``init_process_group`` and ``nccl2`` would bind another GPU (the plugin only)."""
 
 from __future__ import annotations
 
@@ -18,9 +9,9 @@ from collections.abc import Mapping
 
 from lightning_mpi_env.core.errors import DeviceIdWarning
 from lightning_mpi_env.core.namespaces import NAMESPACES
-from lightning_mpi_env.core.nccl import NCCL2_SWITCH, NCCL_LEGACY, installed_torch, nccl2_device, nccl_is_nccl2
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import as_count
+from lightning_mpi_env.gpu.nccl import NCCL2_SWITCH, NCCL_LEGACY, installed_torch, nccl2_device, nccl_is_nccl2
 from lightning_mpi_env.lightning.compat import DEVICE_ID_SINCE, package_version
 
 FIX = (
@@ -29,7 +20,6 @@ FIX = (
     f"`export {NCCL2_SWITCH}=0` in the job script (read when torch.distributed is imported; `mpirun -x "
     f'{NCCL2_SWITCH}=0`), or the strategy\'s process_group_backend="{NCCL_LEGACY}".'
 )
-"""The hint of :class:`~lightning_mpi_env.core.errors.DeviceIdWarning`."""
 
 
 def unbound_device(
@@ -42,14 +32,6 @@ def unbound_device(
     device_count: int,
 ) -> DeviceIdWarning | None:
     """The warning for a rank whose ``nccl2`` communicator would not be on ``cuda:<local rank>``, else ``None``.
-
-    Args:
-        lightning: The Lightning version in use (the oldest one imported).
-        torch_version: The installed torch's.
-        env: The process environment (``LOCAL_RANK``, ``TORCH_DIST_USE_NCCL2``).
-        global_rank: This rank.
-        local_rank: Its local rank: Lightning's own strategies set up ``cuda:<local rank>``.
-        device_count: The CUDA devices this process sees.
 
     >>> warning = unbound_device(lightning=(2, 1, 4), torch_version=(2, 15, 0), env={}, global_rank=2, local_rank=0,
     ...                          device_count=4)
@@ -90,10 +72,7 @@ def lightning_in_use() -> tuple[int, ...]:
 
 
 def warn_unbound_device(global_rank: int, local_rank: int) -> None:
-    """Warn (:func:`unbound_device`) right before Lightning's own strategy calls ``init_process_group``.
-
-    Reads the Lightning and torch versions, ``os.environ`` and CUDA's device count (which starts no CUDA context).
-    """
+    """Warn (:func:`unbound_device`) right before Lightning's own strategy calls ``init_process_group``."""
     lightning = lightning_in_use()
     torch_version = installed_torch()
     if not lightning or lightning >= DEVICE_ID_SINCE or not nccl_is_nccl2(torch_version, os.environ):
@@ -110,6 +89,3 @@ def warn_unbound_device(global_rank: int, local_rank: int) -> None:
     )
     if warning is not None:
         warnings.warn(warning, stacklevel=3)
-
-
-__all__ = ["FIX", "lightning_in_use", "unbound_device", "warn_unbound_device"]

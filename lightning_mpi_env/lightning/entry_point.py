@@ -1,9 +1,4 @@
-"""Whether a Trainer needs the package's callback, and whether Lightning finds its ``callbacks_factory`` entry point.
-
-Imported from a source tree, not installed, the package has no entry point: ``"ddp_mpi"`` then adds the callback
-itself (:func:`~lightning_mpi_env.lightning.callbacks.attach`), and the plugin, which a Lightning strategy never hands
-the Trainer, says so once (:func:`warn_without_callback`).
-"""
+"""Whether a Trainer needs the package's callback, and whether Lightning finds its ``callbacks_factory`` entry point."""
 
 from __future__ import annotations
 
@@ -33,14 +28,7 @@ _warned = False
 
 
 def needed(env: Mapping[str, str]) -> bool:
-    """Whether a Trainer made now may have anything for the callback to do; never raises.
-
-    That is: a mixed import, a launcher (the stall watchdog's progress marks, a ``SIGTERM``'s exit status), or a job
-    that can requeue. Otherwise the factories add nothing (and Lightning logs nothing), so a Trainer outside a
-    launcher and a scheduler, with one namespace, is exactly as Lightning builds it. No setting is read here: a bad
-    ``LIGHTNING_MPI_ENV_*`` value is the environment's error, where it is used, not the factory's. A launch that
-    cannot be read adds the callback, whose hooks act only for an ``MPIClusterEnvironment``.
-    """
+    """Whether a Trainer made now may have work for the callback; never raises, and reads no ``LIGHTNING_MPI_ENV_*``."""
     if both_namespaces_loaded():
         return True
     try:
@@ -58,12 +46,7 @@ def installed(trainer_package: str) -> bool:
 
 
 def warn_without_callback(env: Mapping[str, str] | None = None) -> None:
-    """Once per process, where a Trainer may hold the plugin and Lightning cannot add the callback: say so.
-
-    Called right before ``init_process_group`` under Lightning's own strategies, which never hand the plugin the
-    Trainer. Nothing is said where no Trainer package is imported (a Fabric program: Fabric calls no callbacks), where
-    the callback would have nothing to do (:func:`needed`), or where the entry point is installed.
-    """
+    """Once per process, where a Trainer may hold the plugin and no entry point adds the callback: say so."""
     global _warned
     if _warned:
         return
@@ -83,6 +66,3 @@ def warn_without_callback(env: Mapping[str, str] | None = None) -> None:
         ),
         stacklevel=2,
     )
-
-
-__all__ = ["ENTRY_MODULE", "CallbackWarning", "installed", "needed", "warn_without_callback"]

@@ -1,8 +1,4 @@
-"""``MPIClusterEnvironment``: the layout core as a Lightning ``ClusterEnvironment`` plugin, for either namespace.
-
-It subclasses neither namespace's ``ClusterEnvironment`` (importing one just to subclass it would itself mix the
-two): :mod:`lightning_mpi_env.lightning.registration` registers it as a virtual subclass of each.
-"""
+"""``MPIClusterEnvironment``: the layout core as a Lightning ``ClusterEnvironment`` plugin, for either namespace."""
 
 from __future__ import annotations
 
@@ -10,13 +6,22 @@ import logging
 import os
 import signal
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
-from lightning_mpi_env.core.devices import (
+from lightning_mpi_env.core.launchers import SRUN, started_by_launcher
+from lightning_mpi_env.core.network import socket_ifname_exports
+from lightning_mpi_env.core.rank_layout import RankLayout
+from lightning_mpi_env.core.records import FailureRecorder
+from lightning_mpi_env.core.report import restore_excepthook, shows_errors_briefly
+from lightning_mpi_env.core.schedulers import job_identity
+from lightning_mpi_env.core.settings import Settings
+from lightning_mpi_env.core.torch_names import TORCH
+from lightning_mpi_env.core.values import parse_count
+from lightning_mpi_env.gpu.devices import (
     VISIBLE_DEVICE_VARIABLES,
     DeviceBasis,
     DeviceChoice,
@@ -24,94 +29,43 @@ from lightning_mpi_env.core.devices import (
     unknown_device,
     visible_devices,
 )
-from lightning_mpi_env.core.failures import FailureRecorder
-from lightning_mpi_env.core.launchers import SLURM, started_by_launcher
-from lightning_mpi_env.core.layout import RankLayout
-from lightning_mpi_env.core.network import socket_ifname_exports
-from lightning_mpi_env.core.report import restore_excepthook, shows_errors_briefly
-from lightning_mpi_env.core.schedulers import job_identity
-from lightning_mpi_env.core.settings import Settings
-from lightning_mpi_env.core.torch_names import TORCH
-from lightning_mpi_env.core.values import parse_count
-from lightning_mpi_env.lightning.compat import (
-    release_collectives_at_exit,
-    settle_collectives_at_exit,
-    silence_srun_not_used,
-)
+from lightning_mpi_env.lightning.compat import silence_srun_not_used
 from lightning_mpi_env.lightning.device_id import warn_unbound_device
 from lightning_mpi_env.lightning.entry_point import warn_without_callback
+from lightning_mpi_env.lightning.errors import settings_error, started_by_lightning_under_launcher, world_mismatch
 from lightning_mpi_env.lightning.interface import ClusterEnvironmentInterface
-from lightning_mpi_env.lightning.launch import (
-    LaunchMode,
-    Ranks,
-    Stage,
-    check_fabric,
-    devices_against_launch,
-    export_fabric,
-    find_free_port,
-    initial_mode_and_ranks,
-    known_node_count,
-    nodes_against_launch,
-    read_launch,
-    restore_environment,
-    settings_mismatch,
-    started_by_lightning_under_launcher,
-    uneven_layout,
-    world_mismatch,
-)
-from lightning_mpi_env.lightning.meeting import expected_node, meet
+from lightning_mpi_env.lightning.launch import LaunchMode, Stage, find_free_port, is_per_node_launch, read_launch
+from lightning_mpi_env.lightning.loop_calls import LoopCalls
 from lightning_mpi_env.lightning.process_state import Change, ProcessChanges
-from lightning_mpi_env.lightning.requeue import Requeue, requeue_due, requeue_now
+from lightning_mpi_env.lightning.roll_call import before_init_process_group, run_roll_call
 
 if TYPE_CHECKING:
     from lightning_mpi_env.rollcall.store import RendezvousResult
-    from lightning_mpi_env.rollcall.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
 
-class MPIClusterEnvironment(ClusterEnvironmentInterface):
+class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
     """Ranks from the launcher itself (``mpirun``/``mpiexec``/``srun``/``flux run``/``jsrun``), with no ``mpi4py``.
 
-    Use it as ``Trainer(plugins=[MPIClusterEnvironment()])`` (``lightning.pytorch`` or ``pytorch_lightning``) or
-    ``Fabric(plugins=[MPIClusterEnvironment()])``. The environment is read once, when the object is made; a bad
-    layout raises :class:`~lightning_mpi_env.LayoutError` right there. The variables read are the launcher rows'
-    (:mod:`lightning_mpi_env.core.launchers`), the scheduler rows' (:mod:`lightning_mpi_env.core.schedulers`),
-    Lightning's own ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE`` and the ``LIGHTNING_MPI_ENV_*`` settings
-    (:class:`~lightning_mpi_env.core.settings.Settings`).
-
-    Three ways to run (:class:`LaunchMode`): one launcher process per rank (``mpirun -np 8`` with
-    ``Trainer(devices=4, num_nodes=2)``: the launcher's ranks are the truth); one per node (``mpirun -npernode 1``
-    with ``Trainer(devices=N, num_nodes=M)``: Lightning starts the N workers, node rank = launcher rank; not with
-    Slurm or Flux, which export no local size); or no launcher (``python train.py``: one node, like Lightning's
-    ``LightningEnvironment``, on a free port where ``MASTER_PORT`` and every job identity are unset). With
-    Lightning's own strategies every node must run ``devices`` ranks; with ``"ddp_mpi"`` (:attr:`any_layout`) nodes
-    may differ.
-
-    Right before ``init_process_group`` every rank checks in on the roll call (:mod:`lightning_mpi_env.rollcall`): a
-    missing, duplicate or disagreeing rank stops every process with a :class:`~lightning_mpi_env.RendezvousError`
-    naming it, instead of a silent hang; node ranks become exact. When it runs is in
-    :mod:`~lightning_mpi_env.lightning.compat`; checkpoint and requeue on a scheduler's warning signal in
-    :mod:`~lightning_mpi_env.lightning.requeue`; what changes process-wide for the run, undone by :meth:`teardown`,
-    in :mod:`~lightning_mpi_env.lightning.process_state`.
+    Use it as ``Trainer(plugins=[MPIClusterEnvironment()])`` or ``Fabric(plugins=[MPIClusterEnvironment()])``. Made, it
+    reads the launcher and scheduler rows' variables, Lightning's ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE`` and the
+    ``LIGHTNING_MPI_ENV_*`` settings; before ``init_process_group``, its roll call stops every rank on a bad one.
 
     Args:
         environ: The environment to read; ``os.environ`` by default.
-        roll_call: Run the roll call; else ``LIGHTNING_MPI_ENV_ROLL_CALL`` (``0``/``1``), else on.
-        rendezvous_timeout: Seconds to wait for every rank in the roll call; else
-            ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, else 120.
-        auto_requeue: Checkpoint and requeue on ``requeue_signal``; else ``LIGHTNING_MPI_ENV_REQUEUE`` (``0``/``1``),
-            else on under a scheduler that can requeue.
+        roll_call: Run the roll call (default: on).
+        rendezvous_timeout: Seconds to wait for every rank in the roll call (default: 120).
+        auto_requeue: Checkpoint and requeue on ``requeue_signal`` (default: on under a scheduler that can requeue).
         requeue_signal: The signal that asks for it; by default the one the scheduler sends before its limit
-            (Grid Engine's ``-notify`` and LSF: ``SIGUSR2``; Slurm and PBS: ``SIGUSR1``, as Lightning's
-            ``SLURMEnvironment``).
-        stall_timeout: Seconds without progress on any rank, ranks not level, before the stall watchdog stops the
-            job naming the stalled rank; ``0`` turns it off; else ``LIGHTNING_MPI_ENV_STALL_TIMEOUT``, else 300
-            (:mod:`lightning_mpi_env.rollcall.watchdog`; it needs the roll call).
-        stall_soft_timeout: Seconds before rank 0 reports such a stall and lets the job go on; ``0``: no report;
-            else ``LIGHTNING_MPI_ENV_STALL_SOFT_TIMEOUT``, else 60. Only below ``stall_timeout``.
-        requeue_command: The command that puts the job back in the queue, instead of the scheduler's (e.g.
-            ``["qsub", "job.sh"]`` where PBS's ``qrerun`` needs a manager).
+            (Slurm and PBS: ``SIGUSR1``; Grid Engine and LSF: ``SIGUSR2``).
+        requeue_command: The command that puts the job back in the queue, instead of the scheduler's.
+        stall_timeout: Seconds without progress on any rank before the stall watchdog stops the job (default: 300;
+            ``0``: off).
+        stall_soft_timeout: Seconds before rank 0 reports such a stall and lets the job go on (default: 60; ``0``: no
+            report).
+
+    Each argument left out takes its ``LIGHTNING_MPI_ENV_*`` setting, else its default.
     """
 
     @shows_errors_briefly
@@ -137,42 +91,34 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             stall_timeout=stall_timeout,
             stall_soft_timeout=stall_soft_timeout,
         )
-        """The ``LIGHTNING_MPI_ENV_*`` settings, with the arguments given here taking precedence."""
-        self._layout, spawned = read_launch(env)
+        self._layout, self._mode, self._ranks = read_launch(env)
         identity = job_identity(env)
         self._recorder = FailureRecorder.plan(
             self.settings.state_dir, self._layout.launcher_name, None if identity is None else identity[0]
         )
         launcher = self._layout.launcher
-        if launcher is not None and launcher.key != SLURM.key:
+        if launcher is not None and launcher.key != SRUN.key:
             self.changes.add(Change.SRUN_FILTER, silence_srun_not_used())
         self._fabric = socket_ifname_exports(self.settings.ifname, env)  # checked now, exported before init
         if not self.settings.roll_call:  # with the roll call, node ranks become exact before any use
             for warning in self._layout.warnings:
                 warnings.warn(warning, stacklevel=2)
-        self._mode, self._ranks = initial_mode_and_ranks(self._layout, env, spawned)
         self._visible = visible_devices(env)  # which accelerators this process sees, read once
         self._visible_env = {name: env[name] for name in VISIBLE_DEVICE_VARIABLES if name in env}
         self._device: DeviceChoice | None = None  # the device this rank drives, once "ddp_mpi" asked or it met
         self._stage = Stage.CONFIGURED
         self._expected: tuple[int, int] | None = None  # (devices, num_nodes) the launcher was given
         self.any_layout = False
-        """Whether the strategy (``"ddp_mpi"``) takes world, ranks, devices and sampler from the launch, so that
-        nodes may run different numbers of ranks; Lightning's own strategies refuse an uneven launch."""
+        """Whether ``"ddp_mpi"`` takes world, ranks and devices from the launch: nodes may run different numbers."""
         self.api = "Trainer/Fabric"
         """Who takes ``devices``/``num_nodes``, for the messages (``"ddp_mpi"`` says which; a plugin is not told)."""
         self._met: RendezvousResult | None = None  # keeps rank 0's store serving until init_process_group
-        self._watchdog: Watchdog | None = None  # started by the roll call, stopped at teardown
-        self._steps_asked = 0  # requeue_requested() calls: a Fabric loop's steps
         self._free_port: int | None = None
         self._made_in_pid = os.getpid()  # a copy in another process was forked or pickled there by Lightning
         self.process_group_backend: str | None = None  # the strategy's, when it says (ddp_mpi); else the device's
         self.accelerator = ""
         """The device type ``"ddp_mpi"`` drives (``"cuda"``): the roll call then finds each rank's own device."""
-        self.requeue = Requeue.plan(
-            env, enabled=self.settings.requeue, requeue_signal=requeue_signal, command=requeue_command
-        )
-        """How this job checkpoints and requeues (``None``: it does not); the handler goes in when training starts."""
+        self._plan_loop_calls(env, self.settings.requeue, requeue_signal, requeue_command)
 
     @property
     def roll_call(self) -> bool:
@@ -183,8 +129,6 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
     def rendezvous_timeout(self) -> float:
         """Seconds the roll call waits for every rank."""
         return self.settings.rendezvous_timeout
-
-    # --- what Lightning reads ------------------------------------------------------------------------------------
 
     @property
     def layout(self) -> RankLayout:
@@ -270,8 +214,6 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
         """Number of nodes: from the roll call once it ran, else from the launcher (``None`` when uneven)."""
         return self._ranks.num_nodes
 
-    # --- what Lightning proposes ---------------------------------------------------------------------------------
-
     @override
     @shows_errors_briefly
     def set_global_rank(self, rank: int) -> None:
@@ -297,11 +239,8 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
                 self._ranks = replace(self._ranks, world_size=size)
         elif size != self._ranks.world_size:
             if self._stage is Stage.SETTING_UP:
-                # Lightning is about to set up torch.distributed for `size` processes: they would never all come.
                 raise world_mismatch(self._layout, size)
             log.debug(f"Keeping the launcher's world size {self._ranks.world_size}; Lightning proposed {size}.")
-
-    # --- the device ---------------------------------------------------------------------------------------------
 
     @property
     def visible(self) -> tuple[str, list[str]] | None:
@@ -310,19 +249,7 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
 
     @shows_errors_briefly
     def device_for(self, accelerator: str) -> DeviceChoice:
-        """The device this rank drives, as an index into the devices it sees; asked by ``"ddp_mpi"``'s root device.
-
-        From the rank's own variables where they say it (:func:`~lightning_mpi_env.core.devices.own_device`), else
-        from the roll call, run right here (:func:`~lightning_mpi_env.core.devices.assign_devices`). Made once. Not
-        :meth:`local_rank`: under per-task GPU binding the device index is not the local rank.
-
-        Args:
-            accelerator: The device type the strategy drives (``"cuda"``).
-
-        Raises:
-            LayoutError: If neither the variables nor a roll call (turned off, or already past) can say.
-            RendezvousError: From the roll call, e.g. two ranks on one device.
-        """
+        """This rank's device, as an index among those it sees: from its variables, else the roll call, run now."""
         if self._device is not None:
             return self._device
         self.accelerator = accelerator  # the roll call then states this rank's visible set and its choice
@@ -332,101 +259,53 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             local_size=self._layout.local_size,
             shared=self.managed_by_lightning,  # Lightning's workers inherit one environment
         )
-        if choice.basis is DeviceBasis.UNKNOWN:
-            if self.settings.roll_call and self._stage is not Stage.MET and not self.managed_by_lightning:
-                self._start_meeting()  # now, before the strategy sets up its device
-            if self._device is None:
-                layout = self._layout
-                raise unknown_device(
-                    choice,
-                    local_rank=self.local_rank(),
-                    local_size=layout.local_size,
-                    launcher=layout.launcher_name,
-                    roll_call=self.settings.roll_call,
-                )
-            return self._device
-        self._device = choice
-        return choice
-
-    # --- the launch ---------------------------------------------------------------------------------------------
+        if choice.basis is not DeviceBasis.UNKNOWN:
+            self._device = choice
+            return choice
+        if self.settings.roll_call and self._stage is not Stage.MET and not self.managed_by_lightning:
+            self._start_roll_call()  # now, before the strategy sets up its device
+        if self._device is None:
+            raise unknown_device(
+                choice,
+                local_rank=self.local_rank(),
+                local_size=self._layout.local_size,
+                launcher=self._layout.launcher_name,
+                roll_call=self.settings.roll_call,
+            )
+        return self._device
 
     @override
     @shows_errors_briefly
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """Fail at once when the Trainer's ``devices`` x ``num_nodes`` does not match the launched world.
-
-        With ``"ddp_mpi"`` (:attr:`any_layout`) any layout trains: ``devices`` must be this node's number of ranks
-        (every launcher exports it), and ``num_nodes`` the number of nodes where the launcher proves it (else the
-        roll call's host names check it, in the strategy). With Lightning's own strategies, every node must run
-        ``devices`` ranks.
-
-        Raises:
-            LayoutError: Naming the launched world, the Trainer's settings and the fix.
-        """
+        """Raise a ``LayoutError`` at once when ``devices`` x ``num_nodes`` does not fit the launch."""
         self._expected = (num_devices, num_nodes)
         layout = self._layout
         if layout.launcher is None or self._mode is LaunchMode.PER_NODE:
             return
-        per_node_launch = layout.local_size == 1 and num_devices > 1 and num_nodes == layout.world_size
-        if per_node_launch and layout.is_even:
-            # One launcher process per node: Lightning starts the `num_devices` workers on each node itself.
+        if is_per_node_launch(layout, num_devices, num_nodes):
             self._mode = LaunchMode.PER_NODE
             self._ranks = replace(self._ranks, node_rank=layout.rank, local_rank=None, num_nodes=layout.world_size)
             return
-        if self.any_layout:
-            self._validate_any_layout(num_devices, num_nodes)
-            return
-        if not layout.is_even:
-            raise uneven_layout(layout, self.api, num_devices, num_nodes)
-        if (num_devices, num_nodes) != (layout.local_size, layout.num_nodes):
-            raise settings_mismatch(self._layout, self.api, num_devices, num_nodes, self._visible)
-
-    def _validate_any_layout(self, num_devices: int, num_nodes: int) -> None:
-        """``"ddp_mpi"``'s check: what this rank can prove; the node count otherwise waits for the roll call."""
-        layout = self._layout
-        if num_devices != layout.local_size:
-            if not layout.is_even:
-                raise devices_against_launch(layout, self.api, num_devices)
-            raise settings_mismatch(layout, self.api, num_devices, num_nodes, self._visible)
-        nodes = known_node_count(layout)
-        if nodes is not None and num_nodes != nodes:
-            raise nodes_against_launch(layout, self.api, num_nodes, nodes, layout.sources["num_nodes"])
-        if nodes is None and not self.settings.roll_call and layout.is_even and num_nodes != layout.num_nodes:
-            # No roll call will count the hosts: hold the given value to this node's reckoning.
-            raise settings_mismatch(layout, self.api, num_devices, num_nodes, self._visible)
+        error = settings_error(
+            layout,
+            self.api,
+            num_devices,
+            num_nodes,
+            any_layout=self.any_layout,
+            roll_call=self.settings.roll_call,
+            visible=self._visible,
+        )
+        if error is not None:
+            raise error
 
     @override
     def teardown(self) -> None:
-        """The end of the run: put back everything this environment changed process-wide (idempotent).
-
-        Who calls it, and what goes back: :mod:`~lightning_mpi_env.lightning.process_state`.
-        """
+        """The end of the run: put back what this environment changed process-wide (idempotent; ``process_state``)."""
         self.changes.undo()
         restore_excepthook()
 
-    # --- progress, for the stall watchdog ----------------------------------------------------------------------
-
-    def mark_progress(self, step: int, phase: int) -> None:
-        """Tell the stall watchdog this rank reached ``phase`` of ``step`` (see ``watchdog.PHASES``).
-
-        The Trainer's callback calls it at the four hooks of each training step, and ``"ddp_mpi"`` around each
-        ``fabric.backward()``; it costs two assignments and no I/O.
-        """
-        if self._watchdog is not None:
-            self._watchdog.mark(step, phase)
-
-    def progress(self, step: int) -> None:
-        """For a Fabric loop with the plugin (not ``"ddp_mpi"``): call right before each ``fabric.backward()``.
-
-        A rank that has not reached it while others wait in backward's collectives is the stalled one. With
-        ``"ddp_mpi"`` each ``fabric.backward()`` counts by itself; in a Trainer, the training step's hooks do.
-        """
-        self.mark_progress(step, 2)
-
     def __repr__(self) -> str:
         return f"MPIClusterEnvironment({self._layout!r})"
-
-    # --- the roll call -------------------------------------------------------------------------------------------
 
     def _meet_when_due(self) -> None:
         """Run the roll call at the first read of the address after the strategy's last rank proposal."""
@@ -434,116 +313,48 @@ class MPIClusterEnvironment(ClusterEnvironmentInterface):
             if not self.any_layout:  # Lightning's own strategy: it alone decides what init_process_group gets
                 warn_unbound_device(self.global_rank(), self.local_rank())
                 warn_without_callback()  # nor does it hand the plugin the Trainer, to add the callback to
-            self._start_meeting()
+            self._start_roll_call()
 
     @shows_errors_briefly
     def meet_now(self) -> None:
         """Run the roll call now, once: ``"ddp_mpi"``'s ``setup_environment`` calls it after proposing the ranks."""
         if self._stage is not Stage.MET:
-            self._start_meeting()
+            self._start_roll_call()
 
-    def _start_meeting(self) -> None:
-        """Once per process, right before ``init_process_group``: the fabric's exports, then the roll call.
-
-        Reached from :meth:`meet_now`, :attr:`main_address`/:attr:`main_port` or :meth:`device_for`, alike.
-        """
+    def _start_roll_call(self) -> None:
+        """Once per process, right before ``init_process_group``: from :meth:`meet_now`, the address or the device."""
         self._stage = Stage.MET
-        settle_collectives_at_exit()  # init_process_group comes next
-        self.changes.add(Change.SETTLE_AT_EXIT, release_collectives_at_exit)
-        replaced = export_fabric(self._fabric)
-        self.changes.add(Change.FABRIC_EXPORTS, lambda: restore_environment(replaced))
-        if self.settings.ifname and self.global_rank() == 0:
-            check_fabric(self.settings.ifname, self._layout.main_address)
-        if self.settings.roll_call:
-            self._meet()
-
-    def _meet(self) -> None:
-        """Meet every rank in the roll call (:mod:`~lightning_mpi_env.lightning.meeting`); take what it finds."""
-        meeting = meet(
-            rank=self.global_rank(),
-            world_size=self.world_size(),
-            local_rank=self.local_rank(),
-            main_address=self._layout.main_address,
+        before_init_process_group(
+            self.changes,
+            self._fabric,
+            self.settings.ifname,
+            self._layout.main_address,
+            rank_zero=self.global_rank() == 0,
+        )
+        if not self.settings.roll_call:
+            return
+        outcome = run_roll_call(
+            self._layout,
+            self.settings,
+            replace(self._ranks, local_rank=self.local_rank()),
             main_port=self._port(),
+            managed_by_lightning=self.managed_by_lightning,
             # Under "ddp_mpi" each rank's devices is its own node's count: nothing to compare between ranks.
             expected=None if self.any_layout else self._expected,
+            any_layout=self.any_layout,
             backend=self.process_group_backend,
             accelerator=self.accelerator,
             device=self._device,
             visible_env=self._visible_env,
-            timeout=self.rendezvous_timeout,
-            expected_node=expected_node(
-                self._layout,
-                managed_by_lightning=self.managed_by_lightning,
-                world_size=self.world_size(),
-                num_nodes=self._ranks.num_nodes,
-            ),
-            stall_timeout=self.settings.stall_timeout,
-            stall_soft_timeout=self.settings.stall_soft_timeout,
             requeue=self.requeue,
-            launch=self._layout,
-            any_layout=self.any_layout,
-            local_size=None if self.managed_by_lightning else self._layout.local_size,
             recorder=self._recorder,
         )
-        if meeting.device is not None:
-            self._device = meeting.device
-        nodes = meeting.result.nodes
+        if outcome.device is not None:
+            self._device = outcome.device
+        nodes = outcome.result.nodes
         # The launcher's local rank stays (the device was chosen by it); the node index becomes exact.
         self._ranks = replace(self._ranks, node_rank=nodes.node_rank, num_nodes=nodes.num_nodes)
-        self._met = meeting.result
-        if meeting.watchdog is not None:
-            self._watchdog = meeting.watchdog
-            self.changes.add(Change.WATCHDOG, meeting.watchdog.stop)
-
-    # --- requeue -------------------------------------------------------------------------------------------------
-
-    def watch_requeue_signal(self) -> None:
-        """Install the requeue signal handler for this run (idempotent; chained to the handler in place).
-
-        Called when training starts (the Trainer's callback, after Lightning's own handlers) or by a Fabric loop's
-        first :meth:`requeue_requested`; :meth:`teardown` takes it out.
-        """
-        plan = self.requeue
-        if plan is None or Change.REQUEUE_HANDLER in self.changes:
-            return
-        plan.install()
-        self.changes.add(Change.REQUEUE_HANDLER, plan.restore)
-
-    @shows_errors_briefly
-    def requeue_due(self, finished: int, reduce_boolean_decision: Callable[..., bool]) -> bool:
-        """Whether every rank checkpoints and requeues now, after its ``finished``-th step (all ranks ask each step).
-
-        With the roll call, the ranks agree on the step through its store from the watchdog thread
-        (:mod:`lightning_mpi_env.rollcall.agreement`): until a signal comes, this reads two local variables. Without
-        it, every call is a collective (``reduce_boolean_decision``, the strategy's); also when the signal is
-        ``SIGTERM``, on which Lightning's Trainer ends ``fit()`` by itself at its next step, before the store could
-        agree.
-
-        Raises:
-            StallError: A signal came, and not every rank answered the agreement in time.
-        """
-        return requeue_due(self.requeue, self._watchdog, finished, reduce_boolean_decision)
-
-    def requeue_requested(self, fabric: object) -> bool:
-        """For a Fabric loop: whether every rank checkpoints now (every rank calls it once after each step).
-
-        A Fabric program saves its own checkpoint when this says so, then calls :meth:`requeue_now`. Until the
-        signal comes it costs nothing (with the roll call; see :meth:`requeue_due`).
-        """
-        self.watch_requeue_signal()
-        self._steps_asked += 1
-        return self.requeue_due(self._steps_asked, fabric.strategy.reduce_boolean_decision)  # type: ignore[attr-defined]
-
-    @shows_errors_briefly
-    def requeue_now(self, fabric: object) -> NoReturn:
-        """For a Fabric loop, after the checkpoint: rank 0 requeues the job, then every rank exits.
-
-        Raises:
-            SystemExit: With the scheduler's requeue exit status (on rank 0, 1 when the requeue command failed).
-            SettingError: Outside a scheduler that can requeue, or with requeue turned off.
-        """
-        requeue_now(self.requeue, fabric)
-
-
-__all__ = ["LaunchMode", "MPIClusterEnvironment", "Ranks", "Stage"]
+        self._met = outcome.result
+        if outcome.watchdog is not None:
+            self._watchdog = outcome.watchdog
+            self.changes.add(Change.WATCHDOG, outcome.watchdog.stop)

@@ -1,8 +1,4 @@
-"""Lightning's ``ClusterEnvironment`` interface, declared here so the environment needs neither namespace to exist.
-
-The methods and their meaning are Lightning's (``lightning.fabric.plugins.environments.ClusterEnvironment``, the same
-in ``lightning_fabric``).
-"""
+"""Lightning's ``ClusterEnvironment`` interface, declared here so the environment needs neither namespace to exist."""
 
 from __future__ import annotations
 
@@ -61,6 +57,3 @@ class ClusterEnvironmentInterface(ABC):
 
     def teardown(self) -> None:  # noqa: B027 (optional, as in Lightning)
         """Clean up after the run."""
-
-
-__all__ = ["ClusterEnvironmentInterface"]

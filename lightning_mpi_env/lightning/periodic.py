@@ -1,17 +1,7 @@
 """Periodic HPC checkpoints and the first-step record: what a step relaunched inside its allocation resumes from.
 
-``lightning-mpi-env run`` relaunches a failed ``srun`` step in the same allocation, so with the same job id; the
-relaunched Trainer resumes with ``fit(ckpt_path=hpc_checkpoint(trainer))`` as a requeued one does. A rank that froze
-or died cannot save on a signal, so the checkpoint has to be there already:
-
-- ``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY=N`` (``N`` > 0; off by default) makes every rank save an HPC checkpoint every
-  ``N`` global steps under a scheduler job, into the job's record marked ``periodic``
-  (:func:`~lightning_mpi_env.lightning.checkpoints.save_recorded`); no requeue is counted. Rank 0 then keeps the
-  job's newest :data:`KEEP` (:func:`pruned`); requeue checkpoints and other jobs' files are never deleted.
-- With ``LIGHTNING_MPI_ENV_STATE_DIR`` set, rank 0 writes ``first-step.json`` once per fit, after its first training
-  batch (:mod:`lightning_mpi_env.core.progress`): the step reached and the checkpoint resumed, for the supervisor.
-
-Fabric gets neither: its checkpoint and its steps are its loop's own (``docs/preemption.md``, "Fabric").
+A rank that froze or died cannot save on a signal, so ``LIGHTNING_MPI_ENV_CHECKPOINT_EVERY=N`` saves every ``N``
+global steps (rank 0 keeps the newest :data:`KEEP`); with a state folder rank 0 writes ``first-step.json``.
 """
 
 from __future__ import annotations
@@ -22,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from lightning_mpi_env.core.progress import first_step, write_first_step
+from lightning_mpi_env.core.records import first_step, write_first_step
 from lightning_mpi_env.core.schedulers import SchedulerJob, job_identity, scheduler_job
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.lightning import checkpoints
@@ -33,53 +23,35 @@ KEEP = 2
 
 
 class Periodic(NamedTuple):
-    """Periodic checkpoints of one job."""
+    """Periodic checkpoints of one job: every ``every`` global steps, into ``job``'s record."""
 
     every: int
-    """Global steps between two saves."""
     job: SchedulerJob
-    """The job whose record holds them."""
 
     @classmethod
     def plan(cls, every: int, env: Mapping[str, str]) -> Periodic | None:
-        """The plan for ``every`` steps; ``None`` when ``every`` is ``0`` or outside a scheduler job.
-
-        Raises:
-            JobIdError: A job variable is not in the scheduler's syntax.
-        """
+        """The plan for ``every`` steps; ``None`` when ``every`` is ``0`` or outside a scheduler job."""
         job = scheduler_job(env) if every > 0 else None
         return None if job is None else cls(every, job)
 
     def due(self, step: int, last: int) -> bool:
-        """Whether to save at global ``step``, the last save (or the fit's start) having been at ``last``.
-
-        >>> plan = Periodic(5, None)  # type: ignore[arg-type]
-        >>> [step for step in range(13) if plan.due(step, 0)]
-        [5, 10]
-        >>> plan.due(10, 10)  # gradient accumulation: one global step over several batches, saved once
-        False
-        """
+        """Whether to save at global ``step``, the last save (or the fit's start) having been at ``last``."""
         return step > last and step % self.every == 0
 
 
 class PendingFirstStep(NamedTuple):
-    """The first-step record rank 0 writes after the fit's first training batch."""
+    """The first-step record rank 0 writes into ``folder`` (the state folder) after the fit's first training batch."""
 
     folder: str
-    """``LIGHTNING_MPI_ENV_STATE_DIR``."""
     resumed_from: str | None
-    """The checkpoint the fit restored (``trainer.ckpt_path``)."""
     resumed_step: int | None
-    """Its global step (the Trainer's when training starts)."""
     job_id: str | None
-    """The scheduler's job id."""
 
 
 class FitProgress(NamedTuple):
     """What the callback keeps over one fit, replaced as a whole after each training batch."""
 
     periodic: Periodic | None
-    """Periodic checkpoints, where asked for under a scheduler job."""
     last_saved: int
     """The global step of the last periodic save, or the fit's first step."""
     first_step: PendingFirstStep | None
@@ -87,11 +59,7 @@ class FitProgress(NamedTuple):
 
     @classmethod
     def start(cls, trainer: Any, settings: Settings, env: Mapping[str, str]) -> FitProgress:
-        """At the start of training (the checkpoint restored): what this fit will save and record.
-
-        Raises:
-            JobIdError: A job variable is not in the scheduler's syntax.
-        """
+        """At the start of training (the checkpoint restored): what this fit will save and record."""
         pending = None
         if settings.state_dir and trainer.global_rank == 0:
             resumed = str(trainer.ckpt_path) if trainer.ckpt_path else None
@@ -123,11 +91,7 @@ class FitProgress(NamedTuple):
 
 
 def checkpoint_periodically(trainer: Any, plan: Periodic) -> None:
-    """Save a periodic HPC checkpoint on every rank (at the same step), and keep the job's newest :data:`KEEP`.
-
-    Raises:
-        CheckpointError: Rank 0 cannot read the job's record.
-    """
+    """Save a periodic HPC checkpoint on every rank (at the same step), and keep the job's newest :data:`KEEP`."""
     saved = checkpoints.save_recorded(trainer, plan.job, periodic=True)
     if saved.record is None:
         return
@@ -149,15 +113,7 @@ def checkpoint_periodically(trainer: Any, plan: Periodic) -> None:
 def pruned(record: Record, keep: int = KEEP) -> tuple[Record, tuple[str, ...]]:
     """``record`` with its newest ``keep`` complete periodic checkpoints, and the names of the periodic ones dropped.
 
-    Dropped: every periodic checkpoint before the newest kept one that is not kept (older complete ones, and saves
-    that never finished). Requeue checkpoints stay, whatever their age.
-
-    >>> from lightning_mpi_env.lightning.checkpoints import Saved
-    >>> saved = [Saved(f"hpc_ckpt_{n}.ckpt", 9, 5 * n, periodic=n != 2) for n in (1, 2, 3, 4)]
-    >>> record = Record("slurm", "7", ("SLURM_JOB_ID",), None, 0, tuple(saved))
-    >>> kept, dropped = pruned(record)
-    >>> [item.file for item in kept.saved], dropped
-    (['hpc_ckpt_2.ckpt', 'hpc_ckpt_3.ckpt', 'hpc_ckpt_4.ckpt'], ('hpc_ckpt_1.ckpt',))
+    Unfinished saves before the newest kept one go too; requeue checkpoints stay, whatever their age.
     """
     complete = [index for index, item in enumerate(record.saved) if item.periodic and item.size is not None]
     if not complete:
@@ -172,9 +128,5 @@ def pruned(record: Record, keep: int = KEEP) -> tuple[Record, tuple[str, ...]]:
 
 
 def _say(message: str) -> None:
-    # One line on stderr, in one write: several ranks share the launcher's output.
     sys.stderr.write(f"lightning-mpi-env: checkpoint: {message}\n")
     sys.stderr.flush()
-
-
-__all__ = ["KEEP", "FitProgress", "PendingFirstStep", "Periodic", "checkpoint_periodically", "pruned"]

@@ -1,9 +1,4 @@
-"""Hook this package into each Lightning namespace as that namespace is imported, before or after this package.
-
-When a namespace's ``ClusterEnvironment`` module loads, ``MPIClusterEnvironment`` is registered as a virtual subclass
-of it; when its ``strategies`` packages load, ``"ddp_mpi"`` is registered in their ``StrategyRegistry``. The
-adapters themselves are imported only then, so importing ``lightning_mpi_env`` stays light.
-"""
+"""Register ``MPIClusterEnvironment`` and ``"ddp_mpi"`` with each Lightning namespace as it is imported."""
 
 from __future__ import annotations
 
@@ -29,6 +24,3 @@ def watch_lightning() -> None:
         when_imported(namespace.cluster_environment_module, _register_cluster_environment)
         for package in namespace.strategy_packages:
             when_imported(package, _register_strategy)
-
-
-__all__ = ["watch_lightning"]

@@ -1,25 +1,9 @@
 """Checkpoint and requeue on a scheduler's warning signal, on Slurm, Grid Engine, PBS and LSF.
 
-Lightning requeues only for its own ``SLURMEnvironment`` (``isinstance`` of it). Here the scheduler's row
-(:mod:`lightning_mpi_env.core.schedulers`) says how its job goes back in the queue, and the plan for one job is a
-:class:`Requeue`:
-
-1. The signal handler only notes that the signal came (heavy work in a signal handler can stop halfway).
-2. The ranks agree on one step to stop at (under ``mpirun`` inside a batch job, only the ranks a job step started
-   get ``scancel --signal``): through the roll call's store, from the watchdog thread
-   (:mod:`lightning_mpi_env.rollcall.agreement`), else by a collective after every step (:meth:`Requeue.agree`).
-   The Trainer's callback (:mod:`~lightning_mpi_env.lightning.callbacks`) asks, or a Fabric loop's
-   ``MPIClusterEnvironment.requeue_requested()``.
-3. At that step all ranks save Lightning's HPC checkpoint into the job's record
-   (:mod:`lightning_mpi_env.lightning.checkpoints`); rank 0 runs the scheduler's requeue command on the job id
-   checked against the scheduler's syntax, and every rank exits with the scheduler's requeue exit status (Grid
-   Engine reschedules a job that exits 99). Past ``LIGHTNING_MPI_ENV_MAX_REQUEUES`` restarts
-   (``SLURM_RESTART_COUNT`` under Slurm, else the record's count) the job is not requeued and every rank exits 1,
-   so that a job warned again right after each restart does not requeue forever.
-4. The job, started again, resumes from its own newest complete checkpoint:
-   ``trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))``, on every scheduler (:func:`hpc_checkpoint`).
-
-``auto_requeue=False`` or ``LIGHTNING_MPI_ENV_REQUEUE=0`` turns it off; without a scheduler it does nothing.
+The handler only notes the signal; the ranks agree on one step (through the roll call's store, else a collective),
+save the HPC checkpoint there, rank 0 runs the scheduler's requeue command, and every rank exits with the
+scheduler's requeue status, or 1 past ``LIGHTNING_MPI_ENV_MAX_REQUEUES`` (a job warned after each restart would
+requeue forever). Started again, it resumes with ``trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))``.
 """
 
 from __future__ import annotations
@@ -54,9 +38,7 @@ class Requeue(NamedTuple):
     """How this job checkpoints and goes back in the queue."""
 
     scheduler: Scheduler
-    """The scheduler that runs the job."""
     signum: signal.Signals
-    """The signal that asks for it."""
     command: tuple[str, ...]
     """The command rank 0 runs after the checkpoint (empty: the exit status does it)."""
     exit_code: int
@@ -73,17 +55,7 @@ class Requeue(NamedTuple):
         requeue_signal: signal.Signals | int | None,
         command: Sequence[str] | None,
     ) -> Requeue | None:
-        """The plan for the job this process runs in, or ``None`` (off, or no scheduler, or none that requeues).
-
-        Args:
-            env: The launch environment (for the scheduler's job variables).
-            enabled: The ``requeue`` setting (:class:`~lightning_mpi_env.core.settings.Settings`).
-            requeue_signal: The signal that asks for it; the scheduler's warning signal by default.
-            command: The command that requeues the job; the scheduler's by default.
-
-        Raises:
-            JobIdError: A job variable is not in the scheduler's syntax (``SLURM_JOB_ID=--partition=evil``).
-        """
+        """The plan for this job, or ``None`` (off, no scheduler, none that requeues); ``JobIdError``: a bad job id."""
         scheduler = detect_scheduler(env) if enabled else None
         if scheduler is None or (command is None and not scheduler.requeue_command and not scheduler.requeue_exit_code):
             return None  # off, no scheduler, or Flux: nothing puts a job back in its queue
@@ -152,15 +124,8 @@ class Requeue(NamedTuple):
 def hpc_checkpoint(trainer: Any) -> str | None:
     """This job's own newest complete HPC checkpoint, for ``trainer.fit(model, ckpt_path=...)`` on every scheduler.
 
-    ``None`` on the first run and outside a scheduler (start afresh). Checkpoints of other jobs in
-    ``default_root_dir`` are never returned; the job's own that do not check out (a save cut off, an empty or
-    unreadable file) are skipped with a ``CheckpointWarning``. Rank 0 says which checkpoint it resumes from.
-
-    Raises:
-        CheckpointError: The job has no checkpoint of its own, and Lightning would resume another file of the folder
-            by itself (under Slurm, ``fit()`` without a ``ckpt_path``): the error names it and the job that saved
-            it.
-        JobIdError: A job variable is not in the scheduler's syntax.
+    ``None`` on the first run and outside a scheduler; a ``CheckpointError`` where the job has none and Lightning would
+    resume another job's file by itself.
     """
     job = scheduler_job(os.environ)
     if job is None:
@@ -175,15 +140,7 @@ def hpc_checkpoint(trainer: Any) -> str | None:
 
 
 def refuse_another_jobs_resume(trainer: Any, plan: Requeue) -> None:
-    """Stop a fit that resumed another job's HPC checkpoint of ``default_root_dir``, before its first step.
-
-    Lightning's own Slurm resume (``fit(model)`` with no ``ckpt_path``) takes the highest ``hpc_ckpt_<n>.ckpt`` of
-    the folder, whichever job saved it. The callback runs this when training starts (``trainer.ckpt_path`` is then
-    the file restored). A file elsewhere, or not named as an HPC checkpoint, is the program's own choice.
-
-    Raises:
-        CheckpointError: The fit resumed an HPC checkpoint of ``default_root_dir`` that this job did not save.
-    """
+    """A ``CheckpointError`` where a fit resumed another job's HPC checkpoint (as Lightning's Slurm resume may)."""
     resumed = trainer.ckpt_path
     if not resumed:
         return
@@ -211,7 +168,6 @@ def refuse_another_jobs_resume(trainer: Any, plan: Requeue) -> None:
 
 
 def _refuse_another_jobs(trainer: Any, directory: str, job: SchedulerJob) -> None:
-    # fit(ckpt_path=None) lets Lightning take the highest hpc_ckpt_<n>.ckpt under Slurm, whoever saved it.
     hint = (
         "Give each job its own default_root_dir, e.g. Trainer(default_root_dir=os.path.join('runs', "
         f"os.environ['{job.variables[0]}'])), or move the file out of {directory}."
@@ -242,13 +198,7 @@ def _refuse_another_jobs(trainer: Any, directory: str, job: SchedulerJob) -> Non
 
 
 def newest_checkpoint(directory: str) -> str | None:
-    """The HPC checkpoint with the highest number in ``directory`` by name alone, or ``None``.
-
-    Lightning's own resume picks it too among well-formed names; a requeued job resumes from :func:`hpc_checkpoint`.
-
-    >>> newest_checkpoint("/nonexistent") is None
-    True
-    """
+    """The HPC checkpoint with the highest number in ``directory`` by name alone, or ``None``."""
     numbers = [n for name in checkpoints.names(directory) if (n := checkpoints.checkpoint_number(name)) is not None]
     return os.path.join(directory, hpc_checkpoint_name(max(numbers))) if numbers else None
 
@@ -260,20 +210,7 @@ def _say(message: str) -> None:
 
 
 def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int) -> None:
-    """Save the HPC checkpoint on every rank, have rank 0 requeue the job, and end every rank.
-
-    Called by every rank at the same step, once the ranks agreed to stop there; the job's record counts the requeue
-    in the same write as the finished save (:func:`~lightning_mpi_env.lightning.checkpoints.save_recorded`).
-
-    Args:
-        trainer: The Trainer.
-        plan: How this job requeues.
-        max_requeues: The most restarts of this job; ``0``: no limit.
-
-    Raises:
-        SystemExit: Always, with the plan's exit status (Grid Engine: 99); 1 past ``max_requeues``, and on rank 0
-            when the requeue command failed.
-    """
+    """Save the HPC checkpoint on every rank, requeue from rank 0, and exit with the plan's status (1: over, failed)."""
     directory = str(trainer.default_root_dir)
 
     def number(requeues: int) -> int:  # this requeue's number: Slurm counts restarts itself, else the job's record
@@ -288,8 +225,7 @@ def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int) -> No
     saved = checkpoints.save_recorded(trainer, plan.job, finish=counted)
     path = saved.path
     if saved.record is None:
-        # No collective after this: Slurm, PBS and LSF end every rank of a requeued job at once, and a rank still
-        # waiting on rank 0 would print a connection error. Rank 0's status says whether the requeue worked.
+        # No collective after this: the scheduler ends every rank of a requeued job at once.
         raise SystemExit(1 if over(saved.requeues) else plan.exit_code)
     _say(f"saved {path} at step {trainer.global_step} after {plan.signum.name}")
     if over(saved.requeues):
@@ -309,15 +245,7 @@ def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int) -> No
 def requeue_due(
     plan: Requeue | None, stall_watchdog: Watchdog | None, finished: int, reduce_boolean_decision: Callable[..., bool]
 ) -> bool:
-    """Whether every rank checkpoints and requeues now, after its ``finished``-th step.
-
-    Through the roll call's store when the watchdog has an agreement (two local reads until a signal comes), else
-    by the strategy's collective ``reduce_boolean_decision``, also for ``SIGTERM`` (see
-    ``MPIClusterEnvironment.requeue_due``).
-
-    Raises:
-        StallError: A signal came, and not every rank answered the agreement in time.
-    """
+    """Whether every rank checkpoints and requeues now, after its ``finished``-th step (``LoopCalls.requeue_due``)."""
     if plan is None:
         return False
     agreement = stall_watchdog.agreement if stall_watchdog is not None else None
@@ -328,12 +256,7 @@ def requeue_due(
 
 
 def requeue_now(plan: Requeue | None, fabric: object) -> NoReturn:
-    """For a Fabric loop, after the checkpoint: rank 0 requeues the job, then every rank exits.
-
-    Raises:
-        SystemExit: With the scheduler's requeue exit status (on rank 0, 1 when the requeue command failed).
-        SettingError: Outside a scheduler that can requeue, or with requeue turned off.
-    """
+    """After a Fabric loop's checkpoint: rank 0 requeues the job, then every rank exits (``LoopCalls.requeue_now``)."""
     if plan is None:
         raise SettingError(
             "requeue_now() was called, but this job has no scheduler that can requeue it, or requeue is off.",
@@ -344,14 +267,3 @@ def requeue_now(plan: Requeue | None, fabric: object) -> NoReturn:
     if fabric.global_rank != 0 or plan.run_command():  # type: ignore[attr-defined]
         raise SystemExit(plan.exit_code)
     raise SystemExit(1)
-
-
-__all__ = [
-    "hpc_checkpoint",
-    "Requeue",
-    "checkpoint_and_requeue",
-    "newest_checkpoint",
-    "refuse_another_jobs_resume",
-    "requeue_due",
-    "requeue_now",
-]

@@ -1,17 +1,8 @@
 """``MPIDDPStrategy`` (``strategy="ddp_mpi"``): Lightning's DDP with ``MPIClusterEnvironment`` and its roll call.
 
-``DDPStrategy`` is a different class in each Lightning package, so there is one ``MPIDDPStrategy`` per package, made
-and registered as ``"ddp_mpi"`` when that package's ``strategies`` module is imported (before or after this module).
-The roll call runs from the strategy's own public ``setup_environment`` (``MPIClusterEnvironment.meet_now``).
-
-Which class you get:
-
-- ``from lightning_mpi_env.pytorch import MPIDDPStrategy`` (``.fabric``, ``.pytorch_lightning``,
-  ``.lightning_fabric``): the one for that package, typed for it (:func:`public_module`); the recommended import.
-- ``Trainer(strategy="ddp_mpi")`` and ``Fabric(strategy="ddp_mpi")`` pick the right one by themselves.
-- :func:`strategy_class` names the package explicitly (``strategy_class("lightning.fabric")``), and imports it.
-- ``lightning_mpi_env.MPIDDPStrategy``, kept for existing programs, is the Trainer class of the one namespace your
-  program has imported, untyped; it raises :class:`ImportError` when none or both are imported.
+``DDPStrategy`` is a different class in each Lightning package, so each gets its own ``MPIDDPStrategy``, made and
+registered as ``"ddp_mpi"`` when its ``strategies`` module is imported. The modules :func:`public_module` names export
+it typed, made on first use: importing them imports no Lightning.
 """
 
 from __future__ import annotations
@@ -24,48 +15,38 @@ from typing_extensions import override
 
 from lightning_mpi_env.core.errors import SettingError, StrategyImportError
 from lightning_mpi_env.core.namespaces import NAMESPACES, of_trainer_package
-from lightning_mpi_env.core.nccl import TORCH_DEVICE_ID_SINCE, installed_torch
 from lightning_mpi_env.core.report import shows_errors_briefly
-from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT, seconds
+from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT
+from lightning_mpi_env.core.values import seconds
+from lightning_mpi_env.gpu.nccl import TORCH_DEVICE_ID_SINCE, installed_torch
 from lightning_mpi_env.lightning.callbacks import attach
 from lightning_mpi_env.lightning.compat import init_dist_connection, passes_device_id, strategy_registry
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
-from lightning_mpi_env.lightning.launch import nodes_against_launch
+from lightning_mpi_env.lightning.errors import nodes_against_launch
 
 if TYPE_CHECKING:
-    from lightning_mpi_env.core.layout import RankLayout
+    from lightning_mpi_env.core.rank_layout import RankLayout
 
 STRATEGY_NAME = "ddp_mpi"
-"""The name under which the strategy is registered in every namespace."""
 
 PACKAGES: tuple[str, ...] = tuple(package for namespace in NAMESPACES for package in namespace.roots)
-"""The packages with a ``DDPStrategy`` of their own: each gets its ``MPIDDPStrategy``."""
 
 RECOMMENDED = (
     "Import the class for your package: `from lightning_mpi_env.pytorch import MPIDDPStrategy` (Trainer of "
     "lightning.pytorch; `lightning_mpi_env.fabric` for Fabric, `lightning_mpi_env.pytorch_lightning` and "
     "`lightning_mpi_env.lightning_fabric` for the standalone packages)"
 )
-"""The hint of the errors of ``lightning_mpi_env.MPIDDPStrategy``: the typed import that names the package."""
 
 _CLASSES: dict[str, type] = {}
 
 
 def public_module(package: str) -> str:
-    """The module of this package that exports ``package``'s ``MPIDDPStrategy``, typed for it.
-
-    >>> [public_module(package) for package in ("lightning.pytorch", "lightning_fabric")]
-    ['lightning_mpi_env.pytorch', 'lightning_mpi_env.lightning_fabric']
-    """
+    """The module of this package that exports ``package``'s ``MPIDDPStrategy``, typed for it."""
     return f"lightning_mpi_env.{package.removeprefix('lightning.')}"
 
 
 def strategy_class(package: str) -> type:
-    """The ``MPIDDPStrategy`` for ``package`` (``"lightning.pytorch"``, ``"lightning.fabric"``, ...), importing it.
-
-    Raises:
-        SettingError: For any other name (a ``ValueError``).
-    """
+    """The ``MPIDDPStrategy`` for ``package`` (``"lightning.fabric"``, ...), importing it; else a ``SettingError``."""
     if package not in PACKAGES:
         raise SettingError(
             f"namespace={package!r} is not a Lightning package with strategies.",
@@ -78,11 +59,7 @@ def strategy_class(package: str) -> type:
 
 
 def loaded_strategy_class() -> type:
-    """The Trainer ``MPIDDPStrategy`` of the one Lightning namespace imported so far.
-
-    Raises:
-        ImportError: If neither or both trainer namespaces are imported.
-    """
+    """The Trainer ``MPIDDPStrategy`` of the one namespace imported so far; ``ImportError`` if neither or both are."""
     loaded = [namespace.trainer for namespace in NAMESPACES if namespace.trainer in _CLASSES]
     if len(loaded) == 1:
         return _CLASSES[loaded[0]]
@@ -108,20 +85,13 @@ def _build(package: str, strategies: ModuleType) -> type:
     class MPIDDPStrategy(base):  # type: ignore[misc]
         """Lightning's ``DDPStrategy`` with ``MPIClusterEnvironment``: the roll call before ``init_process_group``.
 
-        ``devices`` and ``num_nodes`` left at their defaults in ``Trainer(...)``/``Fabric(...)`` come from the launch:
-        this node's ranks and the number of nodes. Lightning's public ``parallel_devices`` and ``num_nodes`` setters
-        keep no record of what was typed, so a value equal to the default's counts as left out (``num_nodes=1``;
-        ``devices`` equal to what ``"auto"`` gives). Other values must match the launch, or the job stops saying so.
-        Any layout trains, also nodes that run different numbers of ranks (:attr:`distributed_sampler_kwargs`).
+        ``devices`` and ``num_nodes`` left out, or equal to their defaults (Lightning's setters keep no record of what
+        was typed), come from the launch; other values must match it. Nodes may run different numbers of ranks.
 
         Args:
-            rendezvous_timeout: Seconds to wait for every rank in the roll call; else
-                ``LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT``, else 120. Separate from ``timeout``, the collective
-                timeout of ``DDPStrategy``.
-            cluster_environment: ``MPIClusterEnvironment()`` by default, read when the strategy is made. Another
-                environment works too, without the roll call.
-            **kwargs: Passed to ``DDPStrategy`` (``timeout``, ``find_unused_parameters``,
-                ``process_group_backend``, ...).
+            rendezvous_timeout: Seconds to wait for every rank in the roll call (not ``timeout``, the collectives').
+            cluster_environment: ``MPIClusterEnvironment()`` by default; another one works, without the roll call.
+            **kwargs: Passed to ``DDPStrategy``.
         """
 
         @shows_errors_briefly
@@ -139,7 +109,6 @@ def _build(package: str, strategies: ModuleType) -> type:
                 cluster_environment.process_group_backend = kwargs.get("process_group_backend")
                 cluster_environment.api = "Trainer" if trainer_side else "Fabric"
                 cluster_environment.any_layout = True
-            # What init_process_group gets where this strategy opens the process group itself (bind_device).
             self._backend_given: str | None = kwargs.get("process_group_backend")
             self._collective_timeout = kwargs.get("timeout")
             super().__init__(cluster_environment=cluster_environment, **kwargs)
@@ -147,12 +116,7 @@ def _build(package: str, strategies: ModuleType) -> type:
         @override
         @shows_errors_briefly
         def setup_environment(self) -> None:
-            """The roll call, then Lightning's ``setup_environment`` (its device, then ``init_process_group``).
-
-            The ranks are proposed to the environment first, as Lightning's ``DDPStrategy`` proposes them right
-            after; a ``num_nodes`` given that the roll call's hosts contradict stops every rank here. Before all, in a
-            Trainer, the package's callback where Lightning did not add it (:func:`attach`).
-            """
+            """The callback where none was added (Trainer), the roll call, then Lightning's ``setup_environment``."""
             if trainer_side and self.lightning_module is not None:
                 attach(self.lightning_module.trainer, package)  # the callback, where no entry point added it
             environment = self.cluster_environment
@@ -171,12 +135,8 @@ def _build(package: str, strategies: ModuleType) -> type:
         def bind_device(self) -> None:
             """Open the process group with ``device_id=root_device`` where Lightning would pass none.
 
-            Lightning before :data:`~lightning_mpi_env.lightning.compat.DEVICE_ID_SINCE` passes none, and torch's
-            ``nccl2`` backend then binds another device than this rank's
-            (:mod:`~lightning_mpi_env.lightning.device_id`).
-            So on a CUDA device the process group is opened first through Lightning's own call with ``device_id``
-            added; Lightning's call after it finds it open and returns. Nothing to do on the CPU, or on a torch older
-            than 2.3 (as Lightning).
+            Else torch's ``nccl2`` backend may bind another device (:mod:`~lightning_mpi_env.lightning.device_id`);
+            Lightning's own call after this one finds the group open and returns.
             """
             if passes_device_id(package) or installed_torch() < TORCH_DEVICE_ID_SINCE:
                 return
@@ -205,11 +165,7 @@ def _build(package: str, strategies: ModuleType) -> type:
         @property
         @override
         def distributed_sampler_kwargs(self) -> Any:
-            """Every rank the launch started and this rank's place among them, whatever each node runs.
-
-            Not ``num_nodes x`` this node's devices, which Lightning's ``DDPStrategy`` takes: on an uneven launch
-            that product differs from node to node, and the ranks' shares would overlap or miss samples.
-            """
+            """Shares of every rank the launch started, not of ``num_nodes x`` devices: that differs on uneven nodes."""
             if not isinstance(self.cluster_environment, MPIClusterEnvironment):
                 return base.distributed_sampler_kwargs.fget(self)
             return {"num_replicas": self.world_size, "rank": self.global_rank}
@@ -225,15 +181,13 @@ def _build(package: str, strategies: ModuleType) -> type:
             base.parallel_devices.fset(self, devices)
             environment = self.__dict__.get("cluster_environment")
             if isinstance(environment, MPIClusterEnvironment) and devices:
-                # The roll call then finds each rank's device, also where Lightning sets it up after
-                # init_process_group (2.1) rather than before (root_device).
+                # The roll call then finds each rank's device, also where Lightning 2.1 sets it up after init.
                 environment.accelerator = devices[0].type
 
         @property
         @override
         def num_nodes(self) -> int:
-            # Read here rather than set: Fabric stores its value without the public setter. Left at 1, it is the
-            # launch's (the roll call's count of hosts once it ran, else the launcher's); 1 while unknown.
+            # Read, not set: Fabric stores it without the setter. Left at 1, it is the launch's (1 while unknown).
             num_nodes = int(base.num_nodes.fget(self))
             environment = self.__dict__.get("cluster_environment")
             if num_nodes == 1 and isinstance(environment, MPIClusterEnvironment) and environment.layout.launcher:
@@ -267,8 +221,7 @@ def _build(package: str, strategies: ModuleType) -> type:
             if len(devices) > per_node:  # all of the node's GPUs visible: local rank i drives the i-th
                 return list(devices)[:per_node]
             if self._bound_per_task():
-                # Each task sees a subset of the node's GPUs (`--gpu-bind=closest`): one entry per local rank, each
-                # a device it sees; which one this rank drives is root_device's to say.
+                # Each task sees a subset of the node's GPUs (`--gpu-bind=closest`): root_device picks its own.
                 return [devices[index % len(devices)] for index in range(per_node)]
             return devices  # fewer GPUs than ranks on the node: the settings check says so
 
@@ -282,11 +235,7 @@ def _build(package: str, strategies: ModuleType) -> type:
         @property
         @override
         def root_device(self) -> Any:
-            """This rank's device: under per-task GPU binding its index among the devices it sees, not its local rank.
-
-            Lightning sets it up right before ``init_process_group``. Where the rank's own variables do not say which
-            device is its own, the roll call runs here, first (:meth:`MPIClusterEnvironment.device_for`).
-            """
+            """This rank's device: under per-task binding its index among the devices it sees, not its local rank."""
             environment = self.cluster_environment
             devices = self.parallel_devices
             # CUDA_VISIBLE_DEVICES and ROCm's variables govern "cuda" devices (ROCm's too); others keep Lightning's.
@@ -345,6 +294,3 @@ def __getattr__(name: str) -> type:
     if name == "MPIDDPStrategy":
         return loaded_strategy_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["PACKAGES", "STRATEGY_NAME", "loaded_strategy_class", "register", "strategy_class"]

@@ -1,9 +1,8 @@
 """One step at which every rank stops for checkpoint-and-requeue, agreed through the store, with no collective.
 
-The scheduler's warning signal may reach only some ranks (under ``mpirun`` inside a batch job, ``scancel --signal``
-reaches the ranks of a job step only), yet every rank must checkpoint at the same step. A collective after each step
-would cost every step a round trip; instead the watchdog thread, which talks to the store once per interval, agrees,
-and the training loop only reads two local variables per step:
+The scheduler's warning signal may reach only some ranks (``scancel --signal`` reaches a job step's ranks only), yet
+every rank must checkpoint at the same step. A collective would cost every step a round trip; instead the watchdog
+thread agrees at its own interval, and the training loop only reads two local variables per step:
 
 1. A rank whose handler noted the signal writes ``stop/requested`` (its thread, at its next interval).
 2. Every rank's thread that sees it first sets :attr:`StopAgreement.seen`, then posts the step this rank will
@@ -14,8 +13,6 @@ Why no rank has passed that step: the loop checks ``seen`` after each step, and 
 the loop's step; so a loop that finished its step ``n`` either was seen at ``n - 1`` (post ``n``) or sees ``seen``
 at ``n`` and waits there for the agreed step, which is at least its own post. A rank waiting there holds no other
 rank: the posts come from the threads, not from the loops. The wait is bounded by the slowest thread's interval.
-
-Store traffic: none per step, none beyond the watchdog's own until a signal came, then about four requests per rank.
 """
 
 from __future__ import annotations
@@ -26,21 +23,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from lightning_mpi_env.core.errors import RendezvousError, StallError
-from lightning_mpi_env.rollcall.wire import read
-from lightning_mpi_env.rollcall.wire import step as parse_step
+from lightning_mpi_env.rollcall.store_values import read
+from lightning_mpi_env.rollcall.store_values import step as parse_step
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store  # the public torch.distributed.Store
 
 KEY = "lightning_mpi_env/stop/"
-"""Prefix of the agreement's keys in the store."""
 REQUESTED = KEY + "requested"
 AT = KEY + "at"
 POSTED = KEY + "posted"
 KNOWN = KEY + "known"
 
 
-class Stage(enum.Enum):
+class AgreementState(enum.Enum):
     """Where this rank is in the agreement."""
 
     IDLE = "no signal seen"
@@ -49,13 +45,7 @@ class Stage(enum.Enum):
 
 
 class StopAgreement:
-    """This rank's part in agreeing on a step to stop at.
-
-    Args:
-        rank: This process's global rank.
-        world_size: Number of ranks.
-        signalled: Whether the requeue signal came to this process (read by the thread, never by the handler).
-    """
+    """This rank's part in agreeing on a step to stop at; ``signalled()`` is asked by the thread, never the handler."""
 
     def __init__(self, *, rank: int, world_size: int, signalled: Callable[[], bool]) -> None:
         self.rank, self.world_size = rank, world_size
@@ -64,20 +54,15 @@ class StopAgreement:
         self._seen = threading.Event()
         self._known = threading.Event()
         self._finished = 0  # the last step the loop finished; written by the loop, read by the thread
-        self.stage = Stage.IDLE
+        self.state = AgreementState.IDLE
         self.stop_at: int | None = None
-        """The agreed step, once known."""
         self.failure: RendezvousError | None = None
         """A malformed value read from the store, once one was: the loop raises it instead of waiting."""
 
-    # --- the training loop's side: two reads per step until a signal came ----------------------------------------
-
     def due(self, finished: int, wait: float) -> bool:
-        """Called by the loop after each step, with the number of steps finished: whether to stop now.
+        """Whether to stop now; the loop calls it after each step with the steps finished (the same on every rank).
 
-        Args:
-            finished: Steps this rank finished (every rank counts the same steps).
-            wait: Seconds to wait, once a signal was seen, for every rank's post.
+        Once a signal was seen, it waits up to ``wait`` seconds for every rank's post.
 
         Raises:
             StallError: Not every rank posted within ``wait`` seconds (a rank froze, or its thread ended).
@@ -97,17 +82,11 @@ class StopAgreement:
         assert self.stop_at is not None  # set before _known
         return finished >= self.stop_at
 
-    # --- the watchdog thread's side: once per interval -------------------------------------------------------------
-
     def poll(self, store: Store, events: int) -> int:
-        """Advance the agreement; returns how many events this call added to the store's event count.
+        """Advance the agreement (the thread, once per interval); returns how many events it added to the store.
 
-        Args:
-            store: The thread's own client of the roll call's store.
-            events: The store's event count (:data:`~lightning_mpi_env.rollcall.watchdog.EVENTS`) as just read:
-                ``0`` means no rank asked for a stop yet, so nothing more is read.
-
-        A malformed stored step ends the agreement: :meth:`due` raises it (naming the key) instead of waiting.
+        ``events`` is the store's event count as just read: ``0`` means no rank asked for a stop yet, so nothing more
+        is read. A malformed stored step ends the agreement: :meth:`due` raises it instead of waiting.
         """
         if self.failure is not None:
             return 0
@@ -125,15 +104,15 @@ class StopAgreement:
             self._announced = True
             store.set(REQUESTED, str(self.rank))
             added = 1
-        if self.stage is Stage.IDLE and (added or events) and store.check([REQUESTED]):
+        if self.state is AgreementState.IDLE and (added or events) and store.check([REQUESTED]):
             self._seen.set()  # first: the loop checks it after reading ... see the module docstring
             self._raise_to(self._finished + 1, store)
             if store.add(POSTED, 1) >= self.world_size:
                 store.set(KNOWN, "1")
-            self.stage = Stage.POSTED
-        if self.stage is Stage.POSTED and store.check([KNOWN]):
+            self.state = AgreementState.POSTED
+        if self.state is AgreementState.POSTED and store.check([KNOWN]):
             self.stop_at = read(AT, store.get(AT), parse_step)
-            self.stage = Stage.KNOWN
+            self.state = AgreementState.KNOWN
             self._known.set()
         return added
 
@@ -146,6 +125,3 @@ class StopAgreement:
             if read(AT, stored, parse_step) >= step:
                 return
             shown = stored.decode("ascii")
-
-
-__all__ = ["AT", "KEY", "KNOWN", "POSTED", "REQUESTED", "Stage", "StopAgreement"]

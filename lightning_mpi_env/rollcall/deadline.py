@@ -17,9 +17,7 @@ class Deadline:
     """Runs one interval's store requests on a thread of its own, and waits for them at most a deadline.
 
     A request to a store whose host is frozen (rank 0 under ``SIGSTOP``, a node swapping) never returns: the
-    client's timeout does not cover a server that accepted the connection and stopped answering. The watchdog
-    thread must still see the silence to name it. Requests of a later interval wait for the unanswered ones instead
-    of sending more on the same connection.
+    client's timeout does not cover a server that accepted the connection and stopped answering.
     """
 
     def __init__(self) -> None:
@@ -29,8 +27,7 @@ class Deadline:
     def run(self, work: Callable[[], _T], seconds: float) -> _T:
         """``work()``'s value (or exception), on a thread of its own; :class:`Unanswered` after ``seconds``.
 
-        While an earlier call's work is unanswered, ``work`` is not started: this call waits for that one, and
-        returns its outcome.
+        While an earlier call's work is unanswered, ``work`` is not started: this call waits for that one instead.
         """
         if self._runner is None:
             outcome: list[tuple[bool, object]] = []
@@ -53,6 +50,3 @@ class Deadline:
             assert isinstance(value, BaseException)
             raise value
         return cast(_T, value)  # what work returned
-
-
-__all__ = ["Deadline", "Unanswered"]

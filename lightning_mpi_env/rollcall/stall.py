@@ -3,8 +3,7 @@
 Two rules, either is a stall (:func:`find_stall`): no progress anywhere for the timeout while the ranks are not
 level (some rank got further and waits in the next collective; work slow for everyone leaves them level), or one
 rank's heartbeat silent for the timeout while the others' go on, whatever the loop marks. A rank behind whose
-heartbeat stopped too is *frozen*; else *alive*, its main thread's place shown. The thread that applies the rules
-is :mod:`lightning_mpi_env.rollcall.watchdog`. Standard library only.
+heartbeat stopped too is *frozen*; else *alive*, its main thread's place shown.
 """
 
 from __future__ import annotations
@@ -13,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from lightning_mpi_env.core.errors import StallError
-from lightning_mpi_env.core.failures import FailureKind, Fault
+from lightning_mpi_env.core.records import FailureKind, Fault
 from lightning_mpi_env.core.settings import VARIABLE
-from lightning_mpi_env.rollcall.verdicts import format_ranks
-from lightning_mpi_env.rollcall.wire import Report
+from lightning_mpi_env.rollcall.claims import format_ranks
+from lightning_mpi_env.rollcall.store_values import Report
 
 PHASES: tuple[str, ...] = ("between steps", "in its training step", "in backward", "past backward")
 """Where in a step a rank is, by its last mark: after a step (loading the next batch), after the step started,
@@ -24,11 +23,7 @@ before backward, after backward."""
 
 
 def interval_for(timeout: float, world_size: int) -> float:
-    """Seconds between reports: a quarter of the timeout, at least 0.5 s, and 1 s more per 1,000 ranks.
-
-    >>> interval_for(20, 4), interval_for(300, 16384), interval_for(1, 2)
-    (1.0, 16.384, 0.5)
-    """
+    """Seconds between reports: a quarter of the timeout, at least 0.5 s, and 1 s more per 1,000 ranks."""
     return max(0.5, min(timeout / 4, max(1.0, world_size / 1000)))
 
 
@@ -68,17 +63,6 @@ def find_stall(
 
     A heartbeat counts as beating within ``frozen_after``. A rank that never reported counts as behind, from
     ``started``, when rank 0 began watching.
-
-    >>> r = lambda rank, progress: Report(rank, "n", progress, progress // 4, progress % 4, 1, "t.py:1 in f")
-    >>> level = {0: Seen(r(0, 9), 0.0, 100.0), 1: Seen(r(1, 9), 0.0, 100.0)}
-    >>> find_stall(level, now=100.0, timeout=20, frozen_after=3, world_size=2) is None  # slow for everyone
-    True
-    >>> behind = {0: Seen(r(0, 9), 0.0, 99.0), 1: Seen(r(1, 8), 0.0, 99.0)}
-    >>> print(find_stall(behind, now=100.0, timeout=20, frozen_after=3, world_size=2).problem[:46])
-    Rank 1 stalled: no rank made progress for 20 s
-    >>> unmarked = {0: Seen(r(0, 0), 0.0, 99.0), 1: Seen(r(1, 0), 0.0, 70.0)}  # rank 1 silent for 30 s
-    >>> print(find_stall(unmarked, now=100.0, timeout=20, frozen_after=3, world_size=2).problem[:62])
-    Rank 1 stalled: its watchdog fell silent 30 s ago while rank 0
     """
     stall = judge(seen, now, timeout, frozen_after, world_size, started)
     return None if stall is None else stall.error
@@ -87,15 +71,7 @@ def find_stall(
 def judge(
     seen: Mapping[int, Seen], now: float, timeout: float, frozen_after: float, world_size: int, started: float = 0.0
 ) -> Stall | None:
-    """:func:`find_stall`'s verdict with its fault: the ranks named, their hosts, frozen or alive, and the step.
-
-    The kind is :attr:`~lightning_mpi_env.core.failures.FailureKind.FROZEN` when any rank named is frozen or never
-    reported, else :attr:`~lightning_mpi_env.core.failures.FailureKind.STALLED` (alive, its main thread named).
-
-    >>> r = lambda rank, progress: Report(rank, f"n{rank}", progress, progress // 4, progress % 4, 1, "t.py:1 in f")
-    >>> judge({0: Seen(r(0, 9), 0.0, 99.0), 1: Seen(r(1, 8), 0.0, 70.0)}, 100.0, 20, 3, 2).fault
-    Fault(kind=<FailureKind.FROZEN: 'frozen'>, ranks=(1,), hosts=('n1',), step=2)
-    """
+    """:func:`find_stall`'s verdict and its fault: ``FROZEN`` if a rank named froze or never reported, else stalled."""
     if not seen:
         return None
     top = max(entry.report.progress for entry in seen.values())
@@ -151,6 +127,3 @@ def _describe(rank: int, entry: Seen | None, now: float, frozen_after: float, ma
     if quiet >= frozen_after:
         return f"rank {rank} on {report.host}, frozen: its watchdog last reported {quiet:.0f} s ago, at {place}"
     return f"rank {rank} on {report.host} at {place}, alive, main thread at {report.where}"
-
-
-__all__ = ["PHASES", "Seen", "Stall", "find_stall", "interval_for", "judge", "observe"]

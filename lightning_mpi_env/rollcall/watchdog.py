@@ -1,35 +1,15 @@
-"""The stall watchdog: a rank that stops making progress after ``init_process_group`` is named while the job runs.
+"""The stall watchdog's thread: a rank that stops making progress after ``init_process_group`` is named.
 
-Once the roll call has met, every rank runs a daemon thread that, every :func:`interval_for` seconds, writes one
-:class:`Report` to the roll call's store, over the roll call's own client (no new port or connection): how far this
-rank got (a count of progress marks, with the step and phase for the message), a heartbeat, and where its main
-thread is (``file:line in function``, from ``sys._current_frames()``). Rank 0's thread reads every report and
-applies :func:`find_stall` (the rule: :mod:`~lightning_mpi_env.rollcall.stall`); a verdict goes under one key,
-announced by the store's event count, which every rank's thread reads. A rank whose watchdog stopped (its fit or
-program ended) says so in a last report: its silence is no freeze.
-
-Each rank that sees the verdict prints one line and ends its process with exit status 1 at one moment, so the
-launcher ends the job: the main thread is blocked in a collective, which no exception can interrupt. Where the
-launcher would still wait for the frozen rank (``srun`` by default), one surviving rank then ends the launch with the
-scheduler's own command (:attr:`~lightning_mpi_env.core.launchers.Launcher.end_step`).
-
-The same thread carries the requeue's :class:`~lightning_mpi_env.rollcall.agreement.StopAgreement` (also with the
-stall timeout off). Every value read from the store goes through :mod:`~lightning_mpi_env.rollcall.wire`: a
-malformed report is skipped and named once, and any exception that would end the thread is named.
-
-Store traffic per interval: one ``set`` and one ``add`` per rank, and rank 0 reads every report once
-(``multi_get``): linear in the world size, with an interval that widens with it.
+Per interval each rank writes one :class:`Report` (a ``set``) and reads the event count (an ``add``); rank 0 reads
+every report (``multi_get``) and applies the rule of :mod:`~lightning_mpi_env.rollcall.stall`.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -38,26 +18,29 @@ from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
 
 from lightning_mpi_env.core.errors import RendezvousError, StallError
-from lightning_mpi_env.core.failures import FailureKind, FailureRecorder, Fault
-from lightning_mpi_env.core.report import render
+from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault
 from lightning_mpi_env.core.settings import DEFAULT_STALL_TIMEOUT, VARIABLE
+from lightning_mpi_env.rollcall.agreement import StopAgreement
 from lightning_mpi_env.rollcall.deadline import Deadline, Unanswered
-from lightning_mpi_env.rollcall.stall import PHASES, Seen, Stall, find_stall, interval_for, judge, observe
-from lightning_mpi_env.rollcall.wire import Report, read, report_of, stall_verdict
+from lightning_mpi_env.rollcall.stall import Seen, Stall, interval_for, judge, observe
+from lightning_mpi_env.rollcall.stall_verdict import (
+    EVENTS,
+    KEY,
+    VERDICT,
+    end_at,
+    say,
+    store_silent,
+    stored_verdict,
+    write_verdict,
+)
+from lightning_mpi_env.rollcall.store_values import Report, read, report_of
+from lightning_mpi_env.rollcall.verdict import record
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
 
     from lightning_mpi_env.core.rank_layout import RankLayout
-    from lightning_mpi_env.rollcall.agreement import StopAgreement
     from lightning_mpi_env.rollcall.store import RendezvousResult
-
-KEY = "lightning_mpi_env/watchdog/"
-"""Prefix of the watchdog's keys in the store."""
-VERDICT = KEY + "verdict"
-EVENTS = KEY + "events"
-"""A count every rank's thread reads once per interval (``add(EVENTS, 0)``): zero until a verdict or a stop
-request is written, so a healthy job reads nothing else."""
 
 READ_CHUNK = 4096
 """Reports read by one ``multi_get``: bounds one request's size at tens of thousands of ranks."""
@@ -85,24 +68,11 @@ def main_thread_place() -> str:
 class Watchdog:
     """This rank's watchdog thread. Start it with :meth:`start`; mark progress with :meth:`mark`.
 
-    Args:
-        connect: Opens this thread's own client of the roll call's store (a new connection, not a new port).
-        rank: This process's global rank.
-        world_size: Number of ranks.
-        host: This process's host name, for the message.
-        timeout: Seconds without progress anywhere, ranks not level, before the job is stopped (the hard timeout);
-            ``0``: no stall watch (the thread then only carries ``agreement``).
-        soft_timeout: Seconds before rank 0 reports such a stall on stderr and lets the job go on; it reports once
-            per stall, and says when the ranks move again. Only below ``timeout``: else no report comes first.
-        agreement: The requeue's stop agreement, when the job can requeue.
-        end_step: The scheduler's command that ends this launch, where the launcher would wait for a frozen rank
-            (:func:`~lightning_mpi_env.core.launchers.end_step_command`); run by rank 0 after a stall verdict.
-        stand_in: This rank runs ``end_step`` when rank 0's store fell silent (the lowest rank off rank 0's node).
-        recorder: Writes the failure record of a verdict this rank reaches (the state folder is set); ``None``:
-            no record.
-        main_host: Rank 0's host (the main address), named in the record when its store falls silent.
-        exit: Ends the process after the line is printed (``os._exit``; injected by the tests).
-        clock: Monotonic seconds.
+    ``timeout``: seconds without progress anywhere, ranks not level, before the job is stopped (``0``: no stall watch;
+    the thread then only carries the requeue's stop ``agreement``). ``soft_timeout``, when below it: seconds before
+    rank 0 reports such a stall on stderr, once per stall, and lets the job go on. ``end_step``: the scheduler's
+    command that ends this launch where the launcher would wait for a frozen rank; rank 0 runs it after a stall
+    verdict, the ``stand_in`` rank when rank 0's store fell silent.
     """
 
     def __init__(
@@ -145,8 +115,7 @@ class Watchdog:
     def start(self) -> Watchdog:
         """Start the thread, and stop it at interpreter exit if nothing stopped it before; returns ``self``.
 
-        :meth:`stop` runs from :mod:`atexit` (a Fabric program has no teardown that would stop it): a daemon thread
-        ended at exit inside a store request aborts the process ("terminate called without an active exception").
+        A Fabric program has no teardown, and a daemon thread ended at exit inside a store request aborts the process.
         """
         self._thread.start()
         atexit.register(self.stop)
@@ -160,8 +129,7 @@ class Watchdog:
     def stop(self) -> None:
         """Stop the thread (at teardown, or at exit), and wait for its store requests in flight to return.
 
-        The thread's last report says the rank left. The wait is bounded by two requests' timeout; a thread that is
-        showing a verdict is waited for until it ends the process.
+        The wait is bounded by two requests' timeout; a thread showing a verdict, until it ends the process.
         """
         self._stopped.set()
         atexit.unregister(self.stop)
@@ -182,7 +150,7 @@ class Watchdog:
             self._run()
         except BaseException as error:  # noqa: BLE001  (a thread's exception is otherwise lost, or a bare traceback)
             self.ended_by = f"{type(error).__name__}: {error}"
-            _say(
+            say(
                 f"lightning-mpi-env: the stall watchdog of rank {self.rank} on {self.host} stopped on "
                 f"{self.ended_by}; this rank's stalls and requeue signals are no longer watched (please report it)."
             )
@@ -214,7 +182,7 @@ class Watchdog:
                     return  # rank 0 ended and its store with it: the launcher ends the job, not us
                 silent_since = silent_since if silent_since is not None else self._clock()
                 if self._clock() - silent_since >= self.timeout:
-                    silent = self._store_silent(silent_since)
+                    silent = store_silent(self._clock() - silent_since, self.timeout)
                     if self.stand_in:  # one record, by the rank that ends the step
                         self._record(silent, Fault(FailureKind.STORE_UNREACHABLE, (0,), (self.main_host,)))
                     self._conclude(silent, time.time(), ends_step=self.stand_in)
@@ -237,7 +205,7 @@ class Watchdog:
             store.set(KEY + str(self.rank), self._report().to_json())
         events = store.add(EVENTS, 0)
         if events and store.check([VERDICT]):
-            verdict = self._parsed(VERDICT, store.get(VERDICT), _stall_verdict)
+            verdict = self._parsed(VERDICT, store.get(VERDICT), stored_verdict)
             if verdict is not None:
                 return verdict
         if self.agreement is not None and self.agreement.poll(store, events):
@@ -253,7 +221,7 @@ class Watchdog:
         except RendezvousError as error:
             if key not in self.named:
                 self.named[key] = error.one_line()
-                _say(f"lightning-mpi-env: the stall watchdog of rank {self.rank} skips {error.one_line()}")
+                say(f"lightning-mpi-env: the stall watchdog of rank {self.rank} skips {error.one_line()}")
             return None
 
     def _judge(self, store: TCPStore, seen: dict[int, Seen], started: float) -> None:
@@ -277,101 +245,34 @@ class Watchdog:
             self._record(stall, found.fault)  # before the verdict: every rank ends soon after it
             # Every rank checks once per interval: all have seen it, and stop together, two intervals from now.
             exit_at = time.time() + 2 * self.interval
-            fields = {"problem": stall.problem, "hint": stall.hint, "value": stall.value, "exit_at": exit_at}
-            store.set(VERDICT, json.dumps(fields))
-            store.add(EVENTS, 1)
+            write_verdict(store, stall, exit_at)
 
     def _report_softly(self, soft: Stall | None) -> None:
         """Past the soft timeout: report the stall once (the job goes on); say when it is over."""
         now = self._clock()
         if soft is not None and self._reported_at is None:
             self._reported_at = now
-            _say(
+            say(
                 f"lightning-mpi-env: stall watchdog: {soft.error.problem} The job goes on; it ends if no rank makes "
                 f"progress for {self.timeout:g} s ({VARIABLE['stall_timeout']})."
             )
         elif soft is None and self._reported_at is not None:
-            _say(
+            say(
                 f"lightning-mpi-env: stall watchdog: the stall reported {now - self._reported_at:.0f} s ago is over: "
                 "the ranks made progress."
             )
             self._reported_at = None
 
     def _record(self, error: StallError, fault: Fault) -> None:
-        """Write the failure record of this verdict, where the state folder is set; say it when that fails."""
-        if self.recorder is not None:
-            failed = self.recorder.write(fault, problem=error.problem, written_by=self.rank)
-            if failed is not None:
-                _say(failed)
-
-    def _store_silent(self, since: float) -> StallError:
-        return StallError(
-            f"Rank 0's store (the main address) has not answered this rank's watchdog for "
-            f"{self._clock() - since:.0f} s: rank 0 or its node froze or is overloaded.",
-            "Look at rank 0's host.",
-            variable=VARIABLE["stall_timeout"],
-            value=f"{self.timeout:g}",
-        )
+        record(self.recorder, error, fault, self.rank)
 
     def _conclude(self, error: StallError, exit_at: float, *, ends_step: bool = False) -> None:
-        """Say why, then end this process at ``exit_at`` (wall clock), when every rank ends too.
-
-        Ranks that ended at different moments would wake the others' collectives with "connection closed by peer"
-        tracebacks that bury the cause; until then, what the blocked main thread prints goes nowhere. The rank that
-        ``ends_step`` then runs :attr:`end_step`.
-        """
+        """Show ``error`` and end this process at ``exit_at``; the rank that ``ends_step`` runs :attr:`end_step`."""
         self.verdict = error.one_line()
-        command = self.end_step if ends_step else ()
-        text = render(error) or f"StallError: {self.verdict}\n"
-        if command:
-            text += f"lightning-mpi-env: rank {self.rank} ends the job step: {' '.join(command)}\n"
-        sys.stderr.write(text)
-        sys.stderr.flush()
-        said = -1
-        if self._exit is os._exit:
-            said = os.dup(2)
-            silence = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(silence, 1)
-            os.dup2(silence, 2)
-        time.sleep(max(0.0, min(exit_at - time.time(), 30.0)))
-        if command:
-            self._end_step(command, said)
-        self._exit(1)
-
-    def _end_step(self, command: Sequence[str], said: int) -> None:
-        """Run the scheduler's command that ends this step; say on ``said`` (a copy of stderr) when it failed.
-
-        The command runs inside the step it ends, so the step's SIGKILL can reach it before it exits: that death is
-        the step ending, not a failure to end it.
-        """
-        try:
-            done = subprocess.run(list(command), stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
-            ended = done.returncode in (0, -signal.SIGKILL)
-            failure = "" if ended else done.stderr.decode(errors="replace").strip()[-300:]
-            failure = failure or ("" if ended else f"exit status {done.returncode}")
-        except (OSError, subprocess.TimeoutExpired) as error:
-            failure = f"{type(error).__name__}: {error}"
-        if failure:
-            line = f"lightning-mpi-env: could not end the job step with `{' '.join(command)}` ({failure}).\n"
-            if said >= 0:
-                os.write(said, line.encode())
-            else:
-                _say(line.rstrip())
+        end_at(error, exit_at, rank=self.rank, end_step=self.end_step if ends_step else (), exit=self._exit)
 
 
 _Parsed = TypeVar("_Parsed")
-
-
-def _stall_verdict(data: object) -> tuple[StallError, float]:
-    verdict = stall_verdict(data)
-    error = StallError(verdict.problem, verdict.hint, variable=VARIABLE["stall_timeout"], value=verdict.value)
-    return error, verdict.exit_at
-
-
-def _say(line: str) -> None:
-    """One line of this package's on stderr."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
 
 
 def watch(
@@ -384,18 +285,10 @@ def watch(
 ) -> Watchdog:
     """This rank's watchdog thread, on the roll call's own client of its store, which the roll call is done with.
 
-    No new connection: rank 0's store holds two per rank (this one, and ``init_process_group``'s), as without the
-    watchdog. It watches for stalls when ``timeout`` is not 0, and carries the requeue's stop agreement when
-    ``signalled`` is given (it says whether this rank's requeue signal came).
-
-    ``launch`` says how to end the step where the launcher would wait for a frozen rank
-    (:attr:`~lightning_mpi_env.core.rank_layout.RankLayout.end_step`); where nothing would end it, rank 0 says at
-    the start what to add to the launch. Without it, nothing is said and no step is ended. ``recorder`` and
-    ``soft_timeout`` are as for :class:`Watchdog`.
+    ``signalled`` says whether this rank's requeue signal came (``None``: no stop agreement). ``launch`` says how to
+    end the step where the launcher would wait for a frozen rank; where nothing would, rank 0 says what to add.
     """
     from datetime import timedelta
-
-    from lightning_mpi_env.rollcall.agreement import StopAgreement
 
     claim, nodes = result.claim, result.nodes
     launcher = None if launch is None else launch.launcher
@@ -404,7 +297,7 @@ def watch(
         end_step = ()
     if claim.rank == 0 and timeout and launcher is not None and not launcher.ends_on_failure and not end_step:
         add = launcher.end_hint or "your launcher's option that ends every rank when one exits non-zero"
-        _say(
+        say(
             f"lightning-mpi-env: stall watchdog: {launcher.name} may wait for a frozen rank after the others ended "
             f"on a stall; to end the job then, add {add}."
         )
@@ -435,18 +328,3 @@ def watch(
 
 def _known(seen: Mapping[int, Seen]) -> set[str]:
     return {str(rank) for rank in seen}
-
-
-__all__ = [
-    "EVENTS",
-    "KEY",
-    "PHASES",
-    "Report",
-    "Seen",
-    "Watchdog",
-    "find_stall",
-    "interval_for",
-    "main_thread_place",
-    "observe",
-    "watch",
-]

@@ -1,12 +1,7 @@
 """The ``lightning-mpi-env`` command line (also ``python -m lightning_mpi_env``).
 
-Commands: ``show``, ``simulate``, ``exec``, ``torchrun-args``, ``doctor``, ``simcluster`` and ``run``. Exit status
-0 on success, 1 when the layout or a setting is wrong (the reason is one line on stderr, with a ``HINT:``), 2 on a
-usage error; ``--debug`` shows the traceback instead, and without it no exception becomes one. Under ``--json`` the
-commands that print a result print one object on one line (:mod:`~lightning_mpi_env.tools.cli_output`), errors
-included (``{"ok": false, "error": {...}}``), with the same exit status. ``exec`` and ``simcluster`` exit with their
-command's status; ``simcluster`` told to stop (SIGTERM, SIGINT, SIGHUP) ends its job first and exits with 128 + the
-signal's number.
+Exit status 0 on success, 1 when the layout or a setting is wrong (one line on stderr, with a ``HINT:``; a traceback
+only under ``--debug``), 2 on a usage error; under ``--json`` an error is one object too, with the same status.
 """
 
 from __future__ import annotations
@@ -24,9 +19,12 @@ from typing import TextIO
 
 from lightning_mpi_env.core.errors import Explained, LayoutError, MpiEnvError
 from lightning_mpi_env.core.launchers import detect_launcher
-from lightning_mpi_env.core.layout import RankLayout, from_env
+from lightning_mpi_env.core.layout import from_env
+from lightning_mpi_env.core.rank_layout import RankLayout
 from lightning_mpi_env.core.report import rank_prefix
 from lightning_mpi_env.core.torch_names import TORCH
+from lightning_mpi_env.supervise.loop import supervise
+from lightning_mpi_env.supervise.policy import RestartPolicy
 from lightning_mpi_env.tools.cli_output import error_object, layout_lines, layout_object, one_line_json
 from lightning_mpi_env.tools.cli_parser import PROG, ArgumentsError, build_parser, wants_json
 from lightning_mpi_env.tools.doctor import Level, diagnose, doctor_object
@@ -44,8 +42,6 @@ from lightning_mpi_env.tools.simcluster import (
     signals_raise,
 )
 from lightning_mpi_env.tools.simulate import simulate
-from lightning_mpi_env.tools.supervise.loop import supervise
-from lightning_mpi_env.tools.supervise.policy import RestartPolicy
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -71,14 +67,7 @@ class InternalError(MpiEnvError):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line.
-
-    Args:
-        argv: The arguments after the program name; ``sys.argv[1:]`` by default.
-
-    Returns:
-        The exit status.
-    """
+    """Run the command line on ``argv`` (``sys.argv[1:]`` by default); the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = wants_json(argv)
     try:
@@ -119,10 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _emit(line: str, stream: TextIO | None = None) -> None:
-    """Print one line, newline included, in one write.
+    """Print one line, newline included, in one write: under ``mpirun`` the ranks share the output.
 
-    Under ``mpirun`` every rank shares the output, and ``print()`` writes the newline separately when Python runs
-    unbuffered (``PYTHONUNBUFFERED=1``), so the lines of two ranks could merge.
+    ``print()`` writes the newline apart when Python runs unbuffered, so two ranks' lines could merge.
     """
     stream = stream or sys.stdout
     # Text the stream's encoding cannot hold (a variable's bytes that are not UTF-8) is escaped, never an error.
@@ -140,9 +128,6 @@ def _print_warnings(layout: RankLayout) -> None:
         _emit(f"{PROG}: warning: {warning.one_line()}", sys.stderr)
 
 
-# --- show ---------------------------------------------------------------------------------------------------------
-
-
 def _show(args: argparse.Namespace) -> int:
     layout = from_env(os.environ)
     _print_warnings(layout)
@@ -153,9 +138,6 @@ def _show(args: argparse.Namespace) -> int:
     prefix = rank_prefix(os.environ)
     _emit("\n".join(f"{prefix}{line}" for line in layout_lines(layout, socket.gethostname())))
     return EXIT_OK
-
-
-# --- simulate -----------------------------------------------------------------------------------------------------
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -195,9 +177,6 @@ def _print_capped(kind: str, messages: Sequence[str], limit: int) -> None:
         print(f"{PROG} simulate: {kind}: {message}", file=sys.stderr)
     if len(messages) > limit:
         print(f"{PROG} simulate: ... and {len(messages) - limit} more {kind}(s) like these.", file=sys.stderr)
-
-
-# --- exec ---------------------------------------------------------------------------------------------------------
 
 
 def _command(args: argparse.Namespace, usage: str) -> list[str]:
@@ -258,16 +237,10 @@ def _execvp(file: str, argv: list[str]) -> int:
     return EXIT_OK  # not reached: execvp does not return
 
 
-# --- torchrun-args ------------------------------------------------------------------------------------------------
-
-
 def _torchrun_args(args: argparse.Namespace) -> int:
     arguments = torchrun_args(os.environ, nproc_per_node=args.nproc_per_node)
     _emit(one_line_json({"ok": True, "args": arguments}) if args.json else " ".join(arguments))
     return EXIT_OK
-
-
-# --- doctor -------------------------------------------------------------------------------------------------------
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -283,8 +256,6 @@ def _doctor(args: argparse.Namespace) -> int:
         _emit("\n".join(f"{prefix}{finding}" for finding in findings))
     return EXIT_PROBLEM if any(finding.level is Level.ERROR for finding in findings) else EXIT_OK
 
-
-# --- simcluster ---------------------------------------------------------------------------------------------------
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 """Signals on which ``simcluster`` ends its job before it exits: mpirun runs in a session of its own, so they reach
@@ -332,9 +303,6 @@ def _simcluster(args: argparse.Namespace) -> int:
             return EXIT_SIGNAL_BASE + signal.SIGINT  # the job was stopped before we got here
     status = completed.returncode
     return status if status >= 0 else EXIT_SIGNAL_BASE - status
-
-
-# --- run (the supervisor) -------------------------------------------------------------------------------------------
 
 
 def _supervise(args: argparse.Namespace) -> int:

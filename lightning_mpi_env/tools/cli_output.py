@@ -1,11 +1,4 @@
-"""What the ``lightning-mpi-env`` commands print: text for people, one JSON object on one line for programs.
-
-Text is grouped like ``scontrol show``: one value a line, each with the variable it came from, under a heading per
-topic. A value the launcher's variables do not prove is marked ``~``, and every output that shows a ``~`` says what
-it means (:data:`APPROXIMATE`). JSON objects carry ``"ok"``, explicit ``*_exact`` booleans, and warnings and errors
-as data (:func:`explained`): ``{"ok": false, "error": {"kind", "problem", "hint", "variable", "value",
-"launcher"}}``.
-"""
+"""What the ``lightning-mpi-env`` commands print: text for people, one JSON object on one line for programs."""
 
 from __future__ import annotations
 
@@ -28,12 +21,7 @@ def one_line_json(data: Mapping[str, object]) -> str:
 
 
 def explained(item: Explained) -> dict[str, object]:
-    """An error or a warning as data: its class, the problem, the fix, and the variable, value and launcher.
-
-    >>> from lightning_mpi_env.core.errors import LayoutError
-    >>> explained(LayoutError("RANK='x' is not a number.", "Unset RANK.", variable="RANK", value="x"))["variable"]
-    'RANK'
-    """
+    """An error or a warning as data: its class, the problem, the fix, and the variable, value and launcher."""
     return {
         "kind": type(item).__name__,
         "problem": item.problem,
@@ -59,8 +47,6 @@ def mark(value: object, exact: bool) -> str:
         return "?"
     return f"{value}{'' if exact else '~'}"
 
-
-# --- show ---------------------------------------------------------------------------------------------------------
 
 SHOWN_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ranks", ("rank", "world_size", "local_rank", "local_size")),
@@ -101,16 +87,3 @@ def layout_summary(layout: RankLayout) -> str:
     """The layout in one line for ``doctor``: its ``repr``, and what ``~`` means when it shows one."""
     text = repr(layout)
     return f"{text}; {APPROXIMATE}" if "~" in text else text
-
-
-__all__ = [
-    "APPROXIMATE",
-    "SHOWN_GROUPS",
-    "error_object",
-    "explained",
-    "layout_lines",
-    "layout_object",
-    "layout_summary",
-    "mark",
-    "one_line_json",
-]

@@ -1,9 +1,4 @@
-"""The ``lightning-mpi-env`` command line's arguments: the parser, and the checks of each argument's value.
-
-A value out of range (a count of more than 18 digits, a negative number of seconds, an assignment without ``=``) is
-a usage error (exit status 2) naming the argument and the value, never a traceback: the parser raises
-:class:`ArgumentsError`, which the command line prints as argparse would, or as JSON under ``--json``.
-"""
+"""The ``lightning-mpi-env`` command line's arguments: the parser, and the checks of each argument's value."""
 
 from __future__ import annotations
 
@@ -13,15 +8,15 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from lightning_mpi_env import __version__
-from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_STRATEGY
+from lightning_mpi_env.core.rank_layout import STRATEGIES, UNEVEN_STRATEGY
 from lightning_mpi_env.core.values import as_count, shown
+from lightning_mpi_env.supervise.loop import DEFAULT_STATE
+from lightning_mpi_env.supervise.policy import MAX_RESTARTS
+from lightning_mpi_env.supervise.probe import PROBE_TIMEOUT
+from lightning_mpi_env.supervise.step import GRACE
 from lightning_mpi_env.tools.interop import TORCH_VARIABLES
 from lightning_mpi_env.tools.simcluster import MAX_NODES, MAX_SLOTS
 from lightning_mpi_env.tools.simulated_launch import LAUNCHER_KEYS, SCHEDULERS, MapBy
-from lightning_mpi_env.tools.supervise.loop import DEFAULT_STATE
-from lightning_mpi_env.tools.supervise.policy import MAX_RESTARTS
-from lightning_mpi_env.tools.supervise.probe import PROBE_TIMEOUT
-from lightning_mpi_env.tools.supervise.step import GRACE
 
 PROG = "lightning-mpi-env"
 JSON_HELP = 'print one JSON object on one line, with "ok" (and "error" on an error)'
@@ -144,12 +139,7 @@ def _assignment(text: str) -> tuple[str, str]:
 
 
 def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
-    """The parser of every command; each command's function is chosen by ``args.command``.
-
-    Args:
-        raise_errors: Raise :class:`ArgumentsError` on a usage error, for the caller to print it (as JSON under
-            ``--json``); else argparse's own behaviour: the usage and the error on stderr, and exit status 2.
-    """
+    """The parser of every command; ``raise_errors``: raise :class:`ArgumentsError` on a usage error, not exit 2."""
     kind = _RaisingParser if raise_errors else argparse.ArgumentParser
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS, so `--debug` before the command is not reset by the command's own default.
@@ -342,6 +332,3 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
     cluster.add_argument("--timeout", type=_seconds, metavar="S", help="stop the job after S seconds and exit 124")
     cluster.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command every rank runs")
     return parser
-
-
-__all__ = ["HIDDEN_ALIASES", "JSON_COMMANDS", "PROG", "ArgumentsError", "build_parser", "wants_json"]

@@ -1,8 +1,4 @@
-"""``lightning-mpi-env doctor``: check this process's situation and say how to fix each finding.
-
-:func:`diagnose` is pure apart from the probes it is given (module lookup, GPU count, name resolution, a port
-bind), so the tests replace them; the defaults look at this machine without importing torch, Lightning or mpi4py.
-"""
+"""``lightning-mpi-env doctor``: check this process's situation and say how to fix each finding."""
 
 from __future__ import annotations
 
@@ -15,16 +11,16 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from lightning_mpi_env.core.devices import DeviceBasis, own_device, visible_devices
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.launchers import LAUNCHERS, detect_launcher, inherited_variables
-from lightning_mpi_env.core.layout import RankLayout, from_env
+from lightning_mpi_env.core.layout import from_env
 from lightning_mpi_env.core.namespaces import NAMESPACES
+from lightning_mpi_env.core.rank_layout import RankLayout, describe_counts, even_launches, uneven_fix
 from lightning_mpi_env.core.schedulers import first_host
 from lightning_mpi_env.core.settings import VARIABLE, setting_errors, unknown_settings
-from lightning_mpi_env.core.shape import describe_counts, even_launches, uneven_fix
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import shown
+from lightning_mpi_env.gpu.devices import DeviceBasis, own_device, visible_devices
 from lightning_mpi_env.tools.cli_output import layout_summary
 
 
@@ -46,9 +42,7 @@ class Finding:
     message: str
     fix: str = ""
     variable: str | None = None
-    """The variable the finding is about, where there is one."""
     value: str | None = None
-    """Its value, where there is one."""
 
     def __str__(self) -> str:
         fix = f" HINT: {self.fix}" if self.fix else ""
@@ -106,19 +100,9 @@ def diagnose(
 ) -> list[Finding]:
     """Check the launcher, the settings, stale variables, Lightning and mpi4py, GPUs, and the main address and port.
 
-    Each ``LIGHTNING_MPI_ENV_*`` setting is read by the reader the ranks use
-    (:func:`~lightning_mpi_env.core.settings.setting_errors`): a value they would refuse is an error here too.
-
-    Args:
-        env: The process environment.
-        module_available: Whether a top-level module is installed (without importing it).
-        loaded_modules: Names of imported modules; ``sys.modules`` by default.
-        gpu_count: GPUs on this host, or ``None`` when unknown.
-        resolve: Resolves a host name to an address; raises ``OSError`` when it cannot.
-        bind: Binds a TCP socket to an address and port; raises ``OSError`` when it cannot.
-
-    Returns:
-        The findings, in the order checked.
+    Each ``LIGHTNING_MPI_ENV_*`` setting is read by the ranks' own reader: a value they would refuse is an error here
+    too. Pure apart from the probes given (the tests replace them); the defaults look at this machine without
+    importing torch, Lightning or mpi4py. ``resolve`` and ``bind`` raise ``OSError`` when they cannot.
     """
     findings = [*_launcher_findings(env), *_settings_findings(env)]
     layout: RankLayout | None

@@ -1,7 +1,6 @@
 """The resolved layout in the forms other tools read: torchrun's variables, torchrun's arguments, JAX's kwargs.
 
-Each function reads the environment once through :func:`~lightning_mpi_env.core.layout.from_env` and returns plain
-values; none of them writes to ``os.environ`` or imports torch or JAX.
+None of them writes to ``os.environ`` or imports torch or JAX.
 """
 
 from __future__ import annotations
@@ -12,14 +11,15 @@ import warnings
 from collections.abc import Mapping
 from typing import TypedDict
 
-from lightning_mpi_env.core.devices import DeviceBasis, own_device, unknown_device
-from lightning_mpi_env.core.devices import visible_devices as visible_devices
 from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, DeviceIndexWarning, LayoutError
-from lightning_mpi_env.core.layout import RankLayout, from_env
-from lightning_mpi_env.core.nccl import installed_torch, nccl2_device, nccl_is_nccl2
+from lightning_mpi_env.core.layout import from_env
 from lightning_mpi_env.core.network import socket_ifname_exports
+from lightning_mpi_env.core.rank_layout import RankLayout
 from lightning_mpi_env.core.settings import interface_name
 from lightning_mpi_env.core.torch_names import TORCH
+from lightning_mpi_env.gpu.devices import DeviceBasis, own_device, unknown_device
+from lightning_mpi_env.gpu.devices import visible_devices as visible_devices
+from lightning_mpi_env.gpu.nccl import installed_torch, nccl2_device, nccl_is_nccl2
 
 TORCH_VARIABLES: tuple[str, ...] = (
     TORCH.rank,
@@ -42,9 +42,7 @@ class JaxDistributedKwargs(TypedDict):
     coordinator_address: str
     """``host:port`` of rank 0."""
     num_processes: int
-    """Number of processes in the job."""
     process_id: int
-    """Rank of this process."""
     local_device_ids: list[int]
     """The accelerators this process drives, as indices into the devices it sees."""
 
@@ -72,30 +70,16 @@ def torch_layout_env(layout: RankLayout) -> dict[str, str]:
 
 
 def torch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The variables torchrun would export to this process, resolved from the launcher's own.
+    """The variables torchrun would export to this process (:data:`TORCH_VARIABLES`), from ``env`` (``os.environ``).
 
     With them in ``os.environ``, an unmodified ``torch.distributed.init_process_group()`` (``env://``) works under
-    ``mpirun``/``srun``; ``lightning-mpi-env exec`` exports exactly these.
-
-    Args:
-        env: The environment to read; ``os.environ`` by default.
-
-    Returns:
-        ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``GROUP_RANK``,
-        ``MASTER_ADDR`` and ``MASTER_PORT``, as strings; with ``LIGHTNING_MPI_ENV_IFNAME`` set, also
-        ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` (those not already set to it).
+    ``mpirun``/``srun``; ``lightning-mpi-env exec`` exports exactly these. With ``LIGHTNING_MPI_ENV_IFNAME`` set, also
+    ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` (those not already set to it).
 
     Raises:
         LayoutError: If the launcher's variables are malformed, missing, contradictory or stale.
         SettingError: If ``LIGHTNING_MPI_ENV_IFNAME`` names no interface of this host, or contradicts
             ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
-
-    >>> with warnings.catch_warnings(record=True) as said:  # Hydra exports no node index: the block rule's guess
-    ...     warnings.simplefilter("always")
-    ...     env = torch_env({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
-    ...                      "MASTER_ADDR": "nodea", "MASTER_PORT": "29500"})
-    >>> env["GROUP_RANK"], [type(warning.message).__name__ for warning in said]
-    ('1', ['ApproximateNodeRankWarning'])
     """
     layout, environ = _layout(env)
     for warning in [*node_rank_warnings(layout), *device_warnings(layout, environ)]:
@@ -104,11 +88,7 @@ def torch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def fabric_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` for ``LIGHTNING_MPI_ENV_IFNAME``, where not set already.
-
-    >>> fabric_env({"LIGHTNING_MPI_ENV_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"})
-    {'NCCL_SOCKET_IFNAME': 'lo'}
-    """
+    """``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` for ``LIGHTNING_MPI_ENV_IFNAME``, where not set already."""
     return socket_ifname_exports(interface_name(env), env)
 
 
@@ -119,11 +99,6 @@ def node_rank_warnings(layout: RankLayout) -> list[ApproximateNodeRankWarning]:
     (``mpirun -n 6 --host a:4,b:4`` looks like 3 x 2 from node ``b``). The Lightning plugin's roll call makes the
     node rank exact; ``exec`` and :func:`torch_env` have none, so they say so. Nothing when the layout already
     warned about its node rank (an unknown placement).
-
-    >>> layout = from_env({"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "6", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-    ...                    "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "nodea"})
-    >>> [warning.variable for warning in node_rank_warnings(layout)]
-    ['NODE_RANK']
     """
     if layout.node_rank_is_exact or any(isinstance(w, ApproximateNodeRankWarning) for w in layout.warnings):
         return []
@@ -150,12 +125,8 @@ def device_warnings(
     Scripts that call ``torch.cuda.set_device(int(os.environ[TORCH.local_rank]))`` then fail with "invalid device
     ordinal"; the warning names the index to use, by the rule of :func:`local_device_ids`, and how to pass it to
     ``init_process_group`` as ``device_id``. Under torch 2.15's ``nccl`` backend (``nccl2``), which binds
-    ``LOCAL_RANK % visible devices`` without one, it also says which GPU that would be.
-
-    Args:
-        layout: This process's layout.
-        env: Its environment.
-        torch_version: The installed torch's version; read from its metadata when not given.
+    ``LOCAL_RANK % visible devices`` without one, it also says which GPU that would be (``torch_version``: the
+    installed torch's by default).
     """
     choice = own_device(visible_devices(env), local_rank=layout.local_rank, local_size=layout.local_size)
     if choice.basis is DeviceBasis.NONE or choice.index == layout.local_rank:
@@ -190,22 +161,10 @@ def torchrun_args(env: Mapping[str, str] | None = None, *, nproc_per_node: int |
     """The rendezvous arguments for a job that starts one process per node, which then runs torchrun.
 
     The launcher's world becomes torchrun's nodes: ``--nnodes`` is the launcher's world size and ``--node_rank``
-    its rank.
-
-    Args:
-        env: The environment to read; ``os.environ`` by default.
-        nproc_per_node: Workers torchrun starts on each node (a count, or torchrun's ``gpu``/``cpu``/``auto``).
-
-    Returns:
-        ``["--nnodes=...", "--node_rank=...", "--nproc_per_node=...", "--master_addr=...", "--master_port=..."]``.
+    its rank; ``nproc_per_node`` is torchrun's (a count, or ``gpu``/``cpu``/``auto``).
 
     Raises:
         LayoutError: If more than one process runs on this node, or the layout cannot be resolved.
-
-    >>> env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-    ...        "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "MASTER_ADDR": "nodea", "MASTER_PORT": "29500"}
-    >>> torchrun_args(env, nproc_per_node=4)
-    ['--nnodes=2', '--node_rank=1', '--nproc_per_node=4', '--master_addr=nodea', '--master_port=29500']
     """
     layout, _ = _layout(env)
     if layout.local_size != 1:
@@ -239,9 +198,7 @@ def torchrun_args(env: Mapping[str, str] | None = None, *, nproc_per_node: int |
 
 
 def local_device_ids(layout: RankLayout, env: Mapping[str, str]) -> list[int]:
-    """The accelerator this rank drives, as an index into the devices it sees.
-
-    The rule is :func:`~lightning_mpi_env.core.devices.own_device`'s.
+    """The accelerator this rank drives, as an index into the devices it sees (by the rule of ``own_device``).
 
     Raises:
         LayoutError: If this process sees a subset of several devices that its own variables cannot place it in.
@@ -262,19 +219,8 @@ def jax_distributed_kwargs(env: Mapping[str, str] | None = None) -> JaxDistribut
     JAX's own cluster detection misses Open MPI 5 (no ``OMPI_MCA_orte_hnp_uri``) and most schedulers' host lists;
     this resolves them like the Lightning plugin does. JAX is not imported.
 
-    Args:
-        env: The environment to read; ``os.environ`` by default.
-
-    Returns:
-        ``coordinator_address`` (``"host:port"`` of rank 0), ``num_processes``, ``process_id`` and
-        ``local_device_ids``.
-
     Raises:
         LayoutError: If the layout cannot be resolved or the visible devices do not fit the local ranks.
-
-    >>> jax_distributed_kwargs({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
-    ...                         "MASTER_ADDR": "nodea", "MASTER_PORT": "29500"})
-    {'coordinator_address': 'nodea:29500', 'num_processes': 4, 'process_id': 3, 'local_device_ids': [1]}
     """
     layout, environ = _layout(env)
     host = f"[{layout.main_address}]" if ":" in layout.main_address else layout.main_address  # IPv6 literal

@@ -1,10 +1,6 @@
 """Dry runs of a launch: every rank's environment as a launcher would export it, resolved like the plugin does.
 
-:func:`simulate` resolves each rank's environment from
-:func:`~lightning_mpi_env.tools.simulated_launch.launch_environments` with
-:func:`~lightning_mpi_env.core.layout.from_env`, the same code path as
-:class:`~lightning_mpi_env.MPIClusterEnvironment`, and checks the resulting rank table against the placement that was
-simulated. Nothing here starts a process or touches ``os.environ``.
+Nothing here starts a process or touches ``os.environ``.
 """
 
 from __future__ import annotations
@@ -14,9 +10,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lightning_mpi_env.core.errors import LayoutError
-from lightning_mpi_env.core.hostfile import host_file_head
-from lightning_mpi_env.core.layout import LOOPBACK_ADDRESS, RankLayout, from_env
-from lightning_mpi_env.core.shape import STRATEGIES, UNEVEN_STRATEGY, even_launches, uneven_fix, uneven_strategy
+from lightning_mpi_env.core.layout import LOOPBACK_ADDRESS, from_env
+from lightning_mpi_env.core.rank_layout import (
+    STRATEGIES,
+    UNEVEN_STRATEGY,
+    RankLayout,
+    even_launches,
+    uneven_fix,
+    uneven_strategy,
+)
+from lightning_mpi_env.core.state_files import host_file_head
 from lightning_mpi_env.tools.cli_output import APPROXIMATE, explained, mark
 from lightning_mpi_env.tools.simulated_launch import (
     DEFAULT_SCHEDULER,
@@ -71,13 +74,11 @@ class Simulation:
     map_by: MapBy
     ranks: tuple[SimulatedRank, ...]
     problems: tuple[str, ...] = field(default=())
-    """What makes the launch wrong: refused environments, duplicate or wrong ranks, disagreement, and uneven nodes
-    under a strategy that needs even ones."""
     warnings: tuple[str, ...] = field(default=())
     """What the plugin would warn about at run time (an approximate node rank, right or not: the roll call
     resolves node ranks by host names), when the table is still right."""
     strategy: str = UNEVEN_STRATEGY
-    """The Lightning strategy asked about (:data:`~lightning_mpi_env.core.shape.STRATEGIES`)."""
+    """The Lightning strategy asked about (:data:`~lightning_mpi_env.core.rank_layout.STRATEGIES`)."""
 
     @property
     def ranks_per_node(self) -> dict[str, int]:
@@ -171,30 +172,13 @@ def simulate(
     disagree on the world size or the main address and port, when the main address is not rank 0's host, or when
     nodes run different numbers of ranks and ``strategy`` is one of Lightning's own (``ddp``, ``fsdp``,
     ``deepspeed``), which need the same on every node. Under ``"ddp_mpi"`` (the default) an uneven launch is fine.
-    Run-time warnings of a still correct table are kept apart in :attr:`Simulation.warnings`.
-
-    Args:
-        launcher: One of :data:`~lightning_mpi_env.tools.simulated_launch.LAUNCHER_KEYS`.
-        nodes: Number of nodes.
-        ppn: Slots per node.
-        np: Number of ranks; every slot by default.
-        map_by: Block (``slot``) or round-robin (``node``) placement.
-        scheduler: One of :data:`~lightning_mpi_env.tools.simulated_launch.SCHEDULERS`.
-        strategy: The Lightning strategy to check the launch for, one of
-            :data:`~lightning_mpi_env.core.shape.STRATEGIES`.
-
-    Returns:
-        The rank table and its problems.
+    Run-time warnings of a still correct table are kept apart in :attr:`Simulation.warnings`. The arguments are
+    :func:`~lightning_mpi_env.tools.simulated_launch.launch_environments`'s, and the strategy to check for.
 
     Raises:
         ValueError: On an unknown launcher, scheduler or strategy; impossible counts, or more than
             :data:`~lightning_mpi_env.tools.simulated_launch.MAX_SIMULATED_RANKS` slots, are a
             :class:`~lightning_mpi_env.core.errors.SettingError`.
-
-    >>> simulate("openmpi", nodes=2, ppn=2, map_by="node").ok
-    True
-    >>> simulate("slurm", nodes=2, ppn=4, np=6).ok, simulate("slurm", nodes=2, ppn=4, np=6, strategy="ddp").ok
-    (True, False)
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}.")
@@ -308,20 +292,12 @@ def _check_table(ranks: Sequence[SimulatedRank], strategy: str, launcher: str | 
 
 
 def describe_spread(per_node: Mapping[str, int]) -> str:
-    """Each host's count of ranks, for messages.
-
-    >>> describe_spread({"node002": 2, "node001": 4})
-    'node001: 4, node002: 2'
-    """
+    """Each host's count of ranks, for messages: ``node001: 4, node002: 2``."""
     return ", ".join(f"{host}: {count}" for host, count in sorted(per_node.items()))
 
 
 def require_ok(simulation: Simulation) -> None:
-    """Raise when the simulated table has problems, for use in a user's own tests.
-
-    Raises:
-        LayoutError: Listing every problem.
-    """
+    """Raise a :class:`LayoutError` listing every problem when the simulated table has any (for a user's tests)."""
     if not simulation.ok:
         used = len(simulation.ranks_per_node)
         if simulation.is_even:

@@ -1,9 +1,6 @@
 """The launch a dry run plays: where each rank goes, and every variable its launcher and scheduler export to it.
 
-:func:`launch_environments` builds, for ``nodes`` x ``ppn`` slots and a placement (:func:`place`), the variables each
-launcher (one row of :mod:`lightning_mpi_env.core.launchers`) and each scheduler export to every rank, and the host
-files they name (served from memory, never written). :mod:`lightning_mpi_env.tools.simulate` resolves and checks
-them. Nothing here starts a process or touches ``os.environ``.
+Nothing here starts a process or touches ``os.environ``.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from typing import NamedTuple
 from lightning_mpi_env.core.errors import SettingError
 from lightning_mpi_env.core.hostlist import compress_tasks_per_node
 from lightning_mpi_env.core.launchers import FLAVOURS
-from lightning_mpi_env.core.layout import DEALING, Placement
+from lightning_mpi_env.core.placement import DEALING, Placement
 from lightning_mpi_env.core.schedulers import SCHEDULERS_BY_KEY
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import SHOWN_CHARACTERS
@@ -59,18 +56,13 @@ class Slot:
 
 
 def host_names(nodes: int) -> list[str]:
-    """The simulated host names, ``node001`` ... (zero padded so a Slurm range keeps its width).
-
-    >>> host_names(2)
-    ['node001', 'node002']
-    """
+    """The simulated host names, ``node001`` ... (zero padded so a Slurm range keeps its width)."""
     width = max(3, len(str(nodes)))
     return [f"node{index + 1:0{width}d}" for index in range(nodes)]
 
 
 MAX_SIMULATED_RANKS = 1 << 16
-"""The most slots (nodes x slots per node) a simulation lays out: every rank's environment is built and
-resolved, in time and memory linear in the slots (``benchmarks/hostile_inputs.py`` measures them)."""
+"""The most slots (nodes x slots per node) a simulation lays out: each costs time and memory."""
 
 
 def check_size(nodes: int, ppn: int, np: int) -> None:
@@ -98,15 +90,12 @@ def check_size(nodes: int, ppn: int, np: int) -> None:
         )
 
 
-def place(nodes: int, ppn: int, np: int, map_by: MapBy) -> list[Slot]:
+def map_slots(nodes: int, ppn: int, np: int, map_by: MapBy) -> list[Slot]:
     """Deal ``np`` ranks to ``nodes`` nodes of ``ppn`` slots as the launcher would; nodes may end up empty.
 
     Raises:
         SettingError: If the arguments are not positive, exceed the slots or :data:`MAX_SIMULATED_RANKS` (a
             ``ValueError``).
-
-    >>> [(slot.node, slot.local_rank) for slot in place(2, 2, 3, MapBy.NODE)]
-    [(0, 0), (1, 0), (0, 1)]
     """
     check_size(nodes, ppn, np)
     assignments: list[tuple[int, int]] = []  # (node, local rank) per rank
@@ -133,15 +122,9 @@ def launch_environments(
     map_by: MapBy | str = "slot",
     scheduler: str | None = None,
 ) -> tuple[list[Slot], list[str], list[dict[str, str]], dict[str, str]]:
-    """Every rank's environment as ``launcher`` under ``scheduler`` would export it.
+    """Every rank's environment as ``launcher`` under ``scheduler`` would export it, for ``nodes`` x ``ppn`` slots.
 
-    Args:
-        launcher: One of :data:`LAUNCHER_KEYS`.
-        nodes: Number of nodes.
-        ppn: Slots per node.
-        np: Number of ranks; every slot by default.
-        map_by: Block (``slot``) or round-robin (``node``) placement.
-        scheduler: One of :data:`SCHEDULERS`; by default :data:`DEFAULT_SCHEDULER` or ``none``.
+    ``np`` ranks, every slot by default; ``scheduler`` by default :data:`DEFAULT_SCHEDULER`'s or ``none``.
 
     Returns:
         The placement, the host names, one environment per rank, and the host files (path -> text) that the
@@ -157,7 +140,7 @@ def launch_environments(
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler={scheduler!r} is not one of {', '.join(SCHEDULERS)}.")
     map_by = MapBy(map_by)
-    slots = place(nodes, ppn, nodes * ppn if np is None else np, map_by)
+    slots = map_slots(nodes, ppn, nodes * ppn if np is None else np, map_by)
     hosts = host_names(nodes)
     job, files = _scheduler_environment(scheduler, hosts, ppn)
     step = _Step.of(slots, hosts, map_by)
@@ -177,7 +160,6 @@ class _Step:
     node_index: Mapping[int, int]
     """Each used node's index among :attr:`used_nodes` (launchers number only the nodes the step uses)."""
     counts: list[int]
-    """Ranks on each used node."""
 
     @classmethod
     def of(cls, slots: Sequence[Slot], hosts: Sequence[str], map_by: MapBy) -> _Step:
@@ -239,11 +221,7 @@ def _host_files(hosts: Sequence[str], ppn: int) -> dict[str, str]:
 
 
 def compress_nodelist(hosts: Sequence[str]) -> str:
-    """A Slurm node list for consecutive hosts from :func:`host_names`: ``node[001-004]``.
-
-    >>> compress_nodelist(["node001", "node002"])
-    'node[001-002]'
-    """
+    """A Slurm node list for consecutive hosts from :func:`host_names`: ``node[001-004]``."""
     if len(hosts) == 1:
         return hosts[0]
     return f"node[{hosts[0][4:]}-{hosts[-1][4:]}]"

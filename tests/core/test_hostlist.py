@@ -10,12 +10,21 @@ from hypothesis import strategies as st
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.hostlist import (
     MAX_HOSTS,
+    RANK_ZERO_FALLBACK,
+    HostList,
+    HostListForm,
     compress_tasks_per_node,
     expand_nodelist,
     expand_tasks_per_node,
     first_nodelist_host,
-    pe_hostfile_host,
+    read_hosts,
 )
+
+PE = HostList("PE_HOSTFILE", HostListForm.PE_HOSTFILE)
+
+
+def pe_hostfile_host(text: str) -> str:
+    return next(read_hosts("/pe", PE, "SGE", {"/pe": text}.__getitem__))[0]
 
 
 @pytest.mark.parametrize(
@@ -89,7 +98,55 @@ def test_malformed_pe_hostfile_names_the_line(text, match):
         pe_hostfile_host(text)
 
 
-# --- hostile values (issue 15): one LayoutError, fast, never a bare ValueError or a huge list --------------------
+@pytest.mark.parametrize(
+    ("form", "value", "files", "slots", "expected"),
+    [
+        (HostListForm.NODELIST, "n[1-2]", {}, None, [("n1", None), ("n2", None)]),
+        (HostListForm.NODELIST, "n[1-2]", {}, ("SLURM_TASKS_PER_NODE", "4,2"), [("n1", 4), ("n2", 2)]),
+        (
+            HostListForm.HOST_PER_LINE,
+            "/f",
+            {"/f": "# job\nn1 slots=4\n\nn1\nn2\n"},
+            None,
+            [("n1", 1)] * 2 + [("n2", 1)],
+        ),
+        (HostListForm.PE_HOSTFILE, "/f", {"/f": "n1 4 q UNDEFINED\nn2 2 q <NULL>\n"}, None, [("n1", 4), ("n2", 2)]),
+        (HostListForm.LSF_PAIRS, "b1 1 n1 4", {}, None, [("b1", 1), ("n1", 4)]),
+    ],
+)
+def test_one_reader_for_every_form_yields_host_and_slots_in_order(form, value, files, slots, expected):
+    assert list(read_hosts(value, HostList("V", form), "S", files.__getitem__, slots=slots)) == expected
+
+
+@pytest.mark.parametrize(
+    ("form", "value", "slots", "match"),
+    [
+        (HostListForm.NODELIST, "n[1-", None, r"V='n\[1-' is not a valid Slurm node list"),
+        (HostListForm.NODELIST, "n[1-3]", ("T", "2(x2)"), r"T='2\(x2\)' gives 2 counts for the 3 hosts of V"),
+        (HostListForm.LSF_PAIRS, "a 1 b", None, r"V='a 1 b' \(S\) is not a list of 'host slots' pairs"),
+        (HostListForm.LSF_PAIRS, "a 0", None, r"V \(slots\)='0' \(S\) must be at least 1"),
+        (HostListForm.HOST_PER_LINE, "/none", None, r"V='/none' \(S\) names a host file that cannot be read"),
+        (HostListForm.HOST_PER_LINE, "/empty", None, r"V='/empty' \(S\) names an empty host file"),
+    ],
+)
+def test_every_form_has_one_hint_ending_in_the_caller_s_fallback(form, value, slots, match):
+    def read(path: str) -> str:
+        if path == "/empty":
+            return "# nothing\n"
+        raise FileNotFoundError(path)
+
+    for fallback in (RANK_ZERO_FALLBACK, "name the hosts"):
+        with pytest.raises(LayoutError, match=match) as raised:
+            list(read_hosts(value, HostList("V", form), "S", read, slots=slots, fallback=fallback))
+        assert raised.value.hint.endswith(f"{fallback}."), raised.value.hint
+
+
+def test_the_first_host_comes_without_expanding_the_rest():
+    hosts = read_hosts("gpu[0000001-999999]", HostList("V", HostListForm.NODELIST), "Slurm", str)
+    assert next(hosts) == ("gpu0000001", None)
+
+
+# --- hostile values: one LayoutError, fast, never a bare ValueError or a huge list ------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -112,7 +169,7 @@ def test_hostile_task_counts_are_one_clear_error(counts):
         expand_tasks_per_node(counts)
 
 
-# --- issue 23: the cap is on the whole list, and the first host needs no expansion --------------------------------
+# --- the cap is on the whole list, and the first host needs no expansion ----------------------------------------------
 
 
 def test_the_host_cap_is_on_the_whole_list_not_each_item():

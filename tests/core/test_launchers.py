@@ -9,7 +9,9 @@ import pytest
 from lightning_mpi_env import from_env
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.launchers import LAUNCHERS, LAUNCHERS_BY_KEY, detect_launcher
-from lightning_mpi_env.core.layout import DEFAULT_MAIN_PORT, Placement, RankLayout
+from lightning_mpi_env.core.placement import Placement
+from lightning_mpi_env.core.ports import DEFAULT_MAIN_PORT
+from lightning_mpi_env.core.rank_layout import RankLayout
 from tests.clusters.hydra import launcher_truth
 
 

@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, LayoutError
-from lightning_mpi_env.core.launchers import FLUX, HYDRA, LAUNCHERS, OPEN_MPI, PMIX, SLURM, TORCHRUN, Launcher
-from lightning_mpi_env.core.layout import DEFAULT_MAIN_PORT, DERIVED_PORT_RANGE, Placement, derive_port, from_env
+from lightning_mpi_env.core.launchers import FLUX, HYDRA, LAUNCHERS, OPEN_MPI, PMIX, SRUN, TORCHRUN, Launcher
+from lightning_mpi_env.core.layout import from_env
+from lightning_mpi_env.core.placement import Placement
+from lightning_mpi_env.core.ports import DEFAULT_MAIN_PORT, DERIVED_PORT_RANGE, derive_port
 from lightning_mpi_env.core.values import MAX_LOCAL_SIZE, MAX_WORLD_SIZE
 from tests.layouts import launcher_env, placed
 
@@ -133,9 +135,9 @@ def test_a_batch_script_alone_is_not_a_launch():
 
 
 def test_srun_with_pmi2_uses_slurm_because_hydra_s_own_variable_is_absent():
-    env = launcher_env(SLURM, rank=3, world_size=4, local_rank=1, local_size=2, node=1, num_nodes=2)
+    env = launcher_env(SRUN, rank=3, world_size=4, local_rank=1, local_size=2, node=1, num_nodes=2)
     layout = from_env({**env, "PMI_RANK": "3", "PMI_SIZE": "4", "SLURM_STEP_NODELIST": "n[1-2]"})
-    assert layout.launcher is SLURM
+    assert layout.launcher is SRUN
     assert (layout.rank, layout.node_rank, layout.main_address) == (3, 1, "n1")
 
 
@@ -493,7 +495,7 @@ BREAKAGES = st.sampled_from(["text", "negative", "rank_too_big", "local_too_big"
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.sampled_from([launcher for launcher in LAUNCHERS if launcher is not SLURM]),
+    st.sampled_from([launcher for launcher in LAUNCHERS if launcher is not SRUN]),
     st.integers(1, 64),
     st.integers(1, 16),
     st.data(),
@@ -624,7 +626,7 @@ def test_a_stale_torch_variable_with_thousands_of_digits_is_one_clear_error():
     assert raised.value.value == "1" * 40
 
 
-# --- Slurm and Flux with their Cray PALS plugins (issue 15, items 3 and 4) ---------------------------------------
+# --- Slurm and Flux with their Cray PALS plugins ----------------------------------------------------------------------
 
 CRAY_SHASTA_STEP = {
     # srun --mpi=cray_shasta -N2 -n4, job on x[1000-1003], step on x[1002-1003]. The plugin's own variables:
@@ -656,7 +658,7 @@ CRAY_SHASTA_STEP = {
 )
 def test_srun_cray_shasta_is_slurm_with_the_step_s_first_host(newer_slurm):
     layout = from_env({**CRAY_SHASTA_STEP, **newer_slurm})
-    assert layout.launcher is SLURM
+    assert layout.launcher is SRUN
     assert (layout.rank, layout.node_rank, layout.local_size, layout.num_nodes) == (3, 1, 2, 2)
     assert (layout.main_address, layout.sources["main_address"]) == ("x1002", "SLURM_STEP_NODELIST (first host)")
     assert layout.sources["main_port"] == "derived from SLURM_JOB_ID+SLURM_STEP_ID"
@@ -704,7 +706,7 @@ def test_a_port_with_thousands_of_digits_is_one_clear_error():
         from_env(open_mpi(MASTER_PORT="9" * 5000))
 
 
-# --- issue 23: sizes have sane maxima --------------------------------------------------------------------------------
+# --- sizes have sane maxima -------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

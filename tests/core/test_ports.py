@@ -1,4 +1,4 @@
-"""The main address as given in MASTER_ADDR (issue 15, item 8); the derived port is tested in test_layout.py."""
+"""The main address as given in MASTER_ADDR; the derived port is tested in test_layout.py."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_a_host_with_a_port_is_refused_for_a_single_process_too():
         from_env({"MASTER_ADDR": "localhost:1234"})
 
 
-# --- issue 23: a main address has host-name or IP syntax, from MASTER_ADDR or from a host list ----------------------
+# --- a main address has host-name or IP syntax, from MASTER_ADDR or from a host list ----------------------------------
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,9 @@ import pytest
 
 from lightning_mpi_env.core import schedulers
 from lightning_mpi_env.core.errors import JobIdError, LayoutError
-from lightning_mpi_env.core.launchers import JSRUN, SLURM
-from lightning_mpi_env.core.layout import derive_port, from_env
+from lightning_mpi_env.core.launchers import JSRUN, SRUN
+from lightning_mpi_env.core.layout import from_env
+from lightning_mpi_env.core.ports import derive_port
 from lightning_mpi_env.core.schedulers import (
     SCHEDULERS,
     SCHEDULERS_BY_KEY,
@@ -33,7 +34,7 @@ def test_first_host_order_and_sources():
         "a3",
         "SLURM_JOB_NODELIST",
     )
-    srun = (SLURM.host_lists, SLURM.name)
+    srun = (SRUN.host_lists, SRUN.name)
     assert first_host({"SLURM_JOB_NODELIST": "a[3-4]", "SLURM_STEP_NODELIST": "a[4]"}, read, launch=srun) == (
         "a4",
         "SLURM_STEP_NODELIST",
@@ -88,7 +89,7 @@ def test_every_row_has_a_unique_key_and_job_id():
         assert set(row.job_id) <= set(row.simulated), f"simulate must export {row.key}'s job id"
 
 
-# --- array jobs: each task its own port (issue 15, item 6) -------------------------------------------------------
+# --- array jobs: each task its own port -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -125,7 +126,7 @@ def test_array_task_port_through_the_layout():
     assert (layout.main_port, layout.sources["main_port"]) == (derive_port("77/5"), "derived from JOB_ID+SGE_TASK_ID")
 
 
-# --- job ids in each scheduler's own syntax (issue 23) ------------------------------------------------------------
+# --- job ids in each scheduler's own syntax ---------------------------------------------------------------------------
 
 
 def test_every_job_variable_read_has_a_syntax_in_its_row():

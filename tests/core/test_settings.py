@@ -1,12 +1,12 @@
-"""``LIGHTNING_MPI_ENV_*`` settings: finite, in a range, plain ASCII digits; one on/off parser (issue 23)."""
+"""``LIGHTNING_MPI_ENV_*`` settings: finite, in a range, plain ASCII digits; one on/off parser."""
 
 from __future__ import annotations
 
 import pytest
 
 from lightning_mpi_env.core.errors import SettingError
-from lightning_mpi_env.core.settings import MAX_CHECKPOINT_EVERY, MAX_REQUEUES, VARIABLE, Settings
-from lightning_mpi_env.core.values import MAX_SECONDS, SWITCH_WORDS
+from lightning_mpi_env.core.settings import VARIABLE, Settings
+from lightning_mpi_env.core.values import MAX_CHECKPOINT_EVERY, MAX_REQUEUES, MAX_SECONDS, SWITCH_WORDS
 
 TIMEOUTS = [VARIABLE["rendezvous_timeout"], VARIABLE["stall_timeout"], VARIABLE["stall_soft_timeout"]]
 

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+from pathlib import Path
 
 import pytest
 
+from lightning_mpi_env.core.errors import LayoutError
+from lightning_mpi_env.core.layout import from_env
 from lightning_mpi_env.core.state_files import (
+    HOST_LINES_NEEDED,
+    MAX_HOST_FILE_BYTES,
     FieldError,
+    HostFileError,
     NotARegularFile,
     exact_fields,
+    host_file_head,
     load_json,
     open_regular,
     read_capped,
+    read_host_file,
+    read_whole_host_file,
     seconds,
     versioned_object,
     whole_number,
@@ -117,3 +127,116 @@ def test_a_failed_write_leaves_neither_a_temporary_file_nor_a_half_record(tmp_pa
         write_whole(str(tmp_path), "r.json", "text")
     assert os.listdir(tmp_path) == ["r.json"]
     assert (tmp_path / "r.json").is_dir()
+
+
+# --- host files: regular files only, line by line, a byte cap, stopping at the hosts needed ---
+
+OPEN_MPI_TWO_NODES = {
+    "OMPI_COMM_WORLD_RANK": "0",
+    "OMPI_COMM_WORLD_SIZE": "4",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+}
+
+
+def test_the_head_ends_at_the_hosts_needed(tmp_path: Path):
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("# job 7\n\nnode1\nnode1\nnode2\nnode2\n")
+    assert read_host_file(str(nodefile)) == "# job 7\n\nnode1\nnode1\n"
+    assert read_host_file(str(nodefile), host_lines=1) == "# job 7\n\nnode1\n"
+    assert HOST_LINES_NEEDED == 2  # jsrun's rank file: the launch node, then the first host
+
+
+def test_a_short_file_is_read_whole(tmp_path: Path):
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("node1")  # no final newline
+    assert read_host_file(str(nodefile)) == "node1"
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+    # In a thread, so that a regression (open() waiting for a writer) fails the test instead of hanging the suite.
+    reader = threading.Thread(target=lambda: _record(outcome, str(fifo)), daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert not reader.is_alive(), "reading a FIFO blocked"
+    assert isinstance(outcome[0], HostFileError)
+    assert "is a FIFO, not a regular file" in str(outcome[0])
+
+
+def _record(outcome: list[BaseException], path: str) -> None:
+    try:
+        read_host_file(path)
+    except BaseException as error:  # noqa: BLE001 - handed to the test thread
+        outcome.append(error)
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"), [("/dev/zero", "a character device"), ("/dev/null", "a character device"), ("/", "a directory")]
+)
+def test_special_files_are_refused(path, kind):
+    with pytest.raises(HostFileError, match=rf"{path} is {kind}, not a regular file"):
+        read_host_file(path)
+
+
+def test_a_huge_file_gives_its_first_lines_only(tmp_path: Path):
+    # 1 GB (a hole after the first lines, so the test writes almost nothing): read up to the hosts needed.
+    nodefile = tmp_path / "nodefile"
+    with nodefile.open("wb") as file:
+        file.write(b"node001\nnode002\n")
+        file.truncate(10**9)
+    assert read_host_file(str(nodefile)) == "node001\nnode002\n"
+
+
+def test_the_cap_after_the_first_host_ends_the_head(tmp_path: Path):
+    # A first host, then one endless line: the first host is all there is to read.
+    nodefile = tmp_path / "nodefile"
+    with nodefile.open("wb") as file:
+        file.write(b"node001\n")
+        file.truncate(10**9)
+    assert read_host_file(str(nodefile)) == "node001\n"
+
+
+def test_a_file_without_hosts_in_its_first_bytes_is_refused(tmp_path: Path):
+    zeros = tmp_path / "zeros"  # one endless line: what /dev/zero would be as a regular file
+    with zeros.open("wb") as file:
+        file.truncate(10**9)
+    with pytest.raises(HostFileError, match=rf"names no host in its first {MAX_HOST_FILE_BYTES} bytes"):
+        read_host_file(str(zeros))
+    comments = tmp_path / "comments"
+    comments.write_text("# padding\n" * 200)
+    with pytest.raises(HostFileError, match="names no host in its first 1000 bytes"):
+        read_host_file(str(comments), max_bytes=1000)
+
+
+def test_a_line_that_is_not_utf8_is_named(tmp_path: Path):
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_bytes(b"# ok\nnode\xff\n")
+    with pytest.raises(HostFileError, match="line 2 is not UTF-8 text"):
+        read_host_file(str(nodefile))
+
+
+def test_host_file_head_of_text_in_memory():
+    assert host_file_head(iter(["a\n", "# c\n", "b\n", "c\n"])) == "a\n# c\nb\n"
+    assert host_file_head(iter([])) == ""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "directory"])
+def test_the_layout_names_the_variable_for_a_file_it_will_not_read(tmp_path: Path, kind):
+    path = {"/dev/zero": "/dev/zero", "directory": str(tmp_path)}.get(kind, str(tmp_path / "fifo"))
+    if kind == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(LayoutError, match=r"PBS_NODEFILE=.* \(PBS\) names a host file that cannot be read: .* not a"):
+        from_env({**OPEN_MPI_TWO_NODES, "PBS_NODEFILE": path})
+
+
+def test_the_whole_file_is_read_or_refused_never_cut(tmp_path: Path):
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("# job 7\nnode1\nnode1\nnode2\nnode2\n")
+    assert read_whole_host_file(str(nodefile), max_bytes=100) == "# job 7\nnode1\nnode1\nnode2\nnode2\n"
+    with pytest.raises(HostFileError, match=r"nodefile is longer than 20 bytes"):
+        read_whole_host_file(str(nodefile), max_bytes=20)  # the head holds hosts: still refused, not cut
+    with pytest.raises(HostFileError, match=r"/dev/zero is a character device"):
+        read_whole_host_file("/dev/zero", max_bytes=100)

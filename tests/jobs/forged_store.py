@@ -13,7 +13,7 @@ network could open) writes a forged or malformed value before the rank's own rol
   process serves the store, ends only after that, so no forged write meets a closed store.
 
 A forged device index, a malformed stall verdict and a malformed stop record take the same parsers and readers,
-which the unit tests over a real store cover (``tests/rollcall/test_wire.py``, ``test_watchdog.py``,
+which the unit tests over a real store cover (``tests/rollcall/test_store_values.py``, ``test_watchdog.py``,
 ``test_agreement.py``).
 
 Each rank prints ``MET rank=R`` after the roll call and ``DONE rank=R`` at the end; this package's errors are one
@@ -71,8 +71,8 @@ def main():
     from lightning_mpi_env.core.layout import from_env
     from lightning_mpi_env.core.report import install_excepthook
     from lightning_mpi_env.core.settings import Settings
+    from lightning_mpi_env.rollcall.claims import Claim
     from lightning_mpi_env.rollcall.store import rendezvous
-    from lightning_mpi_env.rollcall.verdicts import Claim
     from lightning_mpi_env.rollcall.watchdog import watch
 
     kind = sys.argv[1]

@@ -18,8 +18,8 @@ def main():
     # that import, tens of seconds on a busy machine, would otherwise be timed as the rendezvous's.
     import torch.distributed  # noqa: F401
 
+    from lightning_mpi_env.rollcall.claims import Claim
     from lightning_mpi_env.rollcall.store import rendezvous
-    from lightning_mpi_env.rollcall.verdicts import Claim
 
     rank, world_size, host, address, port, timeout = sys.argv[1:]
     claim = Claim(int(rank), int(world_size), host, 0, os.getpid(), address, int(port))

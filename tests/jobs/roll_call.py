@@ -12,8 +12,8 @@ def main():
     from lightning_mpi_env.core.layout import from_env
     from lightning_mpi_env.core.report import install_excepthook
     from lightning_mpi_env.core.settings import Settings
+    from lightning_mpi_env.rollcall.claims import Claim
     from lightning_mpi_env.rollcall.store import rendezvous
-    from lightning_mpi_env.rollcall.verdicts import Claim
 
     install_excepthook()
     layout = from_env(os.environ)  # sys.argv[1:]: a tag for the test to find leftover ranks by

@@ -2,7 +2,7 @@
 
 torch 2.15's ``nccl`` backend (``nccl2``, pytorch/pytorch#192281) binds each rank's communicator to the
 ``device_id`` given to ``init_process_group``, and without one to ``LOCAL_RANK % count`` or ``global rank % count``
-(:mod:`lightning_mpi_env.core.nccl`): under per-task GPU binding, not the device the rank drives.
+(:mod:`lightning_mpi_env.gpu.nccl`): under per-task GPU binding, not the device the rank drives.
 
 **How the argument is seen.** torch has no public hook on the arguments of ``init_process_group``, and no CUDA runs
 here (no GPU), so no process group with a ``device_id`` can be opened (torch refuses a CUDA ``device_id`` in a build

@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import pytest
 
 from lightning_mpi_env import LayoutError, MPIClusterEnvironment
-from lightning_mpi_env.core.devices import DeviceBasis, DeviceChoice
 from lightning_mpi_env.core.errors import ApproximateNodeRankWarning, FabricWarning, LayoutWarning, SettingError
-from lightning_mpi_env.core.launchers import OPEN_MPI, SLURM
+from lightning_mpi_env.core.launchers import OPEN_MPI, SRUN
 from lightning_mpi_env.core.network import local_interfaces
+from lightning_mpi_env.gpu.devices import DeviceBasis, DeviceChoice
 from lightning_mpi_env.lightning import environment as environment_module
-from lightning_mpi_env.lightning.meeting import Meeting
+from lightning_mpi_env.lightning.roll_call import RollCallOutcome
 from tests.layouts import launcher_env
 
 ADDRESS = {"MASTER_ADDR": "nodea", "MASTER_PORT": "29611"}
@@ -125,7 +125,7 @@ SLURM_UNEVEN = {
 def test_validate_settings_refuses_uneven_ranks_per_node_naming_ddp_mpi():
     # The plugin with Lightning's own strategies (ddp, fsdp, deepspeed): devices x num_nodes cannot describe it.
     environment = MPIClusterEnvironment(SLURM_UNEVEN)
-    assert environment.layout.launcher is SLURM
+    assert environment.layout.launcher is SRUN
     with pytest.raises(LayoutError) as raised:
         environment.validate_settings(num_devices=4, num_nodes=3)
     text = str(raised.value)
@@ -427,7 +427,7 @@ def test_the_fabric_interface_is_exported_right_before_init_and_put_back_at_tear
 def test_a_roll_call_run_early_for_the_device_exports_the_fabric_interface_first(monkeypatch: pytest.MonkeyPatch):
     # "ddp_mpi" asks for its device before Lightning's address read when only the roll call can say it (4 ranks
     # here, each seeing 2 of the socket's GPUs: srun --gpu-bind=closest). That earlier roll call is the one before
-    # init_process_group, so the fabric's exports must be in place by then too. The meeting itself is recorded, not
+    # init_process_group, so the fabric's exports must be in place by then too. The roll call itself is recorded, not
     # run: tests/rollcall/test_rendezvous.py meets real ranks for the device.
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
@@ -435,13 +435,13 @@ def test_a_roll_call_run_early_for_the_device_exports_the_fabric_interface_first
     environment = MPIClusterEnvironment(env)
     seen = {}
 
-    def meet(**claim):
+    def run_roll_call(*args, **claim):
         seen["gloo"], seen["nccl"] = os.environ.get("GLOO_SOCKET_IFNAME"), os.environ.get("NCCL_SOCKET_IFNAME")
         nodes = SimpleNamespace(node_rank=0, num_nodes=1)
         device = DeviceChoice(1, DeviceBasis.ROLL_CALL, ("0", "1"), "CUDA_VISIBLE_DEVICES")
-        return Meeting(SimpleNamespace(nodes=nodes), device, None)
+        return RollCallOutcome(SimpleNamespace(nodes=nodes), device, None)
 
-    monkeypatch.setattr(environment_module, "meet", meet)
+    monkeypatch.setattr(environment_module, "run_roll_call", run_roll_call)
     assert environment.device_for("cuda").index == 1
     assert seen == {"gloo": "lo", "nccl": "lo"}
     environment.teardown()

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from lightning_mpi_env.core.failures import read_records
-from lightning_mpi_env.core.progress import read_first_step
 from lightning_mpi_env.core.schedulers import scheduler_job
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.lightning import checkpoints
 from lightning_mpi_env.lightning.checkpoints import Record, Saved
 from lightning_mpi_env.lightning.periodic import KEEP, FitProgress, Periodic, checkpoint_periodically, pruned
 from lightning_mpi_env.lightning.requeue import checkpoint_and_requeue, hpc_checkpoint
+from lightning_mpi_env.supervise.records import read_first_step, read_records
 from tests.clusters.lightning_versions import INSTALLED, Lightning, oldest_lightning  # noqa: F401  (a fixture)
 from tests.conftest import TRAINER_JOB
 from tests.lightning.test_requeue import OneRankTrainer, plan, stand_ins

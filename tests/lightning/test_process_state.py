@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_mpi_env.core.launchers import OPEN_MPI, SLURM
+from lightning_mpi_env.core.launchers import OPEN_MPI, SRUN
 from tests.clusters.lightning_versions import INSTALLED
 from tests.layouts import launcher_env
 
@@ -283,7 +283,7 @@ def _one_rank(launcher):
 
 @pytest.mark.parametrize(
     ("launch", "filtered"),
-    [(_one_rank(OPEN_MPI), True), (_one_rank(SLURM), False), ({}, False)],
+    [(_one_rank(OPEN_MPI), True), (_one_rank(SRUN), False), ({}, False)],
     ids=["mpirun", "srun", "no launcher"],
 )
 def test_the_srun_advice_is_silenced_only_under_another_launcher_and_until_the_end(launch, filtered):

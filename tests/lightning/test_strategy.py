@@ -535,7 +535,7 @@ def _bound_devices(lists, roll_call=True, after=False):
 
 
 def test_root_device_under_closest_binding_comes_from_the_roll_call():
-    # srun --gpu-bind=closest, 4 ranks, 2 GPUs per socket (cited in tests/core/test_devices.py): Lightning's
+    # srun --gpu-bind=closest, 4 ranks, 2 GPUs per socket (cited in tests/gpu/test_devices.py): Lightning's
     # cuda:<local rank> would be cuda:2 and cuda:3 for ranks 2 and 3, which see two GPUs each.
     found, stderr = _bound_devices(["0,1", "0,1", "2,3", "2,3"])
     assert found["devices"] == {"0": "cuda:0", "1": "cuda:1", "2": "cuda:0", "3": "cuda:1"}

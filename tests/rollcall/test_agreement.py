@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 
 from lightning_mpi_env.core.errors import StallError
-from lightning_mpi_env.rollcall.agreement import AT, REQUESTED, Stage, StopAgreement
+from lightning_mpi_env.rollcall.agreement import AT, REQUESTED, AgreementState, StopAgreement
 from lightning_mpi_env.rollcall.watchdog import Watchdog
 
 HANG = 120.0
@@ -98,7 +98,7 @@ def test_every_rank_stops_at_one_step_when_one_rank_got_the_signal(store_port):
     (step,) = set(stopped.values())
     assert step >= 30
     assert {agreement.stop_at for agreement in agreements} == {step}
-    assert all(agreement.stage is Stage.KNOWN for agreement in agreements)
+    assert all(agreement.state is AgreementState.KNOWN for agreement in agreements)
 
 
 def test_ranks_signalled_at_different_steps_still_agree_on_one(store_port):
@@ -119,7 +119,7 @@ def test_without_a_signal_nothing_is_asked_or_written(store_port):
     assert _wait_for(lambda: len(asked) >= before + 2)  # a whole interval of the thread's after the loop's steps
     dog.stop()
     assert not _client(store_port).check([REQUESTED])
-    assert agreement.stage is Stage.IDLE
+    assert agreement.state is AgreementState.IDLE
 
 
 def test_a_rank_that_never_answers_is_an_error_not_a_hang(store_port):
@@ -129,8 +129,8 @@ def test_a_rank_that_never_answers_is_an_error_not_a_hang(store_port):
     dog.start()
     try:
         # The thread announces the signal and posts this rank's step at its first interval.
-        assert _wait_for(lambda: agreement.stage is not Stage.IDLE)
-        assert agreement.stage is Stage.POSTED
+        assert _wait_for(lambda: agreement.state is not AgreementState.IDLE)
+        assert agreement.state is AgreementState.POSTED
         with pytest.raises(StallError, match=r"did not agree on a step to checkpoint at within 1 s"):
             agreement.due(2, wait=1)
     finally:

@@ -6,7 +6,8 @@ writes one record naming the ranks and hosts; the jobs and faults are those of `
 
 import pytest
 
-from lightning_mpi_env.core.failures import FailureKind, read_records
+from lightning_mpi_env.core.records import FailureKind
+from lightning_mpi_env.supervise.records import read_records
 from tests.rollcall.test_fail_fast import STALL_TIMEOUT, _command, _run
 
 

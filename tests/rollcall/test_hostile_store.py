@@ -29,8 +29,8 @@ FAILS = {
 
 @pytest.mark.mpi
 # A forged assignment, a malformed claim and a malformed verdict: one of each store value's readers (rank 0, every
-# rank). A forged device index and a malformed stop record take the same parser (tests/rollcall/test_wire.py) and
-# reader (tests/rollcall/test_agreement.py) over a real store.
+# rank). A forged device index and a malformed stop record take the same parser
+# (tests/rollcall/test_store_values.py) and reader (tests/rollcall/test_agreement.py) over a real store.
 @pytest.mark.parametrize("kind", ["node", "claim", "verdict"])
 def test_a_forged_or_malformed_value_ends_the_job_with_the_key_named(cluster, kind):
     job = _run(cluster, [str(FORGED_STORE), kind], LIGHTNING_MPI_ENV_STALL_TIMEOUT=STALL_TIMEOUT)

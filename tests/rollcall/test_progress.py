@@ -11,9 +11,10 @@ from datetime import timedelta
 import pytest
 
 from lightning_mpi_env.core.errors import RendezvousError
-from lightning_mpi_env.rollcall.progress import PROGRESS_INTERVAL, ArrivalProgress, progress_line, some_ranks
-from lightning_mpi_env.rollcall.store import KEY_PREFIX, RendezvousResult, rendezvous
-from lightning_mpi_env.rollcall.verdicts import Claim
+from lightning_mpi_env.rollcall.claims import Claim, format_ranks
+from lightning_mpi_env.rollcall.progress import PROGRESS_INTERVAL, SHOWN_RUNS, ArrivalProgress, progress_line
+from lightning_mpi_env.rollcall.store import RendezvousResult, rendezvous
+from lightning_mpi_env.rollcall.verdict import KEY_PREFIX
 
 HANG = 120.0
 """Every rank's rendezvous timeout, and the longest a test waits for an event: it only ends a hang."""
@@ -172,7 +173,7 @@ def test_a_large_job_s_missing_ranks_stay_one_short_line():
     ],
 )
 def test_some_ranks_names_the_first_runs_and_counts_the_rest(ranks, text):
-    assert some_ranks(ranks) == text
+    assert format_ranks(ranks, runs=SHOWN_RUNS) == text
 
 
 def test_time_left_never_goes_below_zero():

@@ -16,22 +16,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lightning_mpi_env import LayoutError
-from lightning_mpi_env.core.devices import BINDING_HINT
 from lightning_mpi_env.core.errors import RendezvousError
-from lightning_mpi_env.core.failures import FailureKind, FailureRecorder, read_records
+from lightning_mpi_env.core.records import FailureKind, FailureRecorder
 from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT, Settings
-from lightning_mpi_env.rollcall.store import KEY_PREFIX, rendezvous
-from lightning_mpi_env.rollcall.verdicts import (
-    Claim,
-    NodeAssignment,
-    assign_nodes,
-    collisions,
-    disagreement_message,
-    duplicate_message,
-    format_ranks,
-    missing_message,
-    placement_holds,
-)
+from lightning_mpi_env.gpu.devices import BINDING_HINT
+from lightning_mpi_env.rollcall.claims import Claim, NodeAssignment, assign_all, format_ranks, placement_holds
+from lightning_mpi_env.rollcall.errors import collisions, disagreement_message, duplicate_message, missing_message
+from lightning_mpi_env.rollcall.store import rendezvous
+from lightning_mpi_env.rollcall.store_values import claim_of, read
+from lightning_mpi_env.rollcall.verdict import KEY_PREFIX
+from lightning_mpi_env.supervise.records import read_records
 from tests.conftest import start_gate
 
 # --- pure helpers -------------------------------------------------------------------------------------------------
@@ -39,7 +33,7 @@ from tests.conftest import start_gate
 
 def test_two_ranks_set_up_on_one_gpu_are_named_with_the_binding_fix():
     # After Lightning set the devices up (2.2+), the claims carry each GPU's UUID: ranks 0 and 1 of host a drive the
-    # same GPU. The hint is the one the per-task binding rule gives (core/devices.py), not a second wording of it.
+    # same GPU. The hint is the one the per-task binding rule gives (gpu/devices.py), not a second wording of it.
     claims = [
         Claim(rank, 4, "a", rank, 100 + rank, "main", 29500, device="cuda:0", device_id="GPU-1234") for rank in range(2)
     ]
@@ -95,15 +89,15 @@ def test_resolve_timeout_rejects_bad_argument():
         (["a"], 0, NodeAssignment(node_rank=0, num_nodes=1, local_rank=0, local_size=1)),
     ],
 )
-def test_assign_nodes(hosts, rank, expected):
-    assert assign_nodes(hosts, rank) == expected
+def test_assign_all(hosts, rank, expected):
+    assert assign_all(hosts)[rank] == expected
 
 
 @given(st.integers(1, 5), st.integers(1, 5), st.booleans())
-def test_assign_nodes_gives_every_rank_a_unique_place(num_nodes, per_node, round_robin):
+def test_assign_all_gives_every_rank_a_unique_place(num_nodes, per_node, round_robin):
     world = num_nodes * per_node
     hosts = [f"n{rank % num_nodes if round_robin else rank // per_node}" for rank in range(world)]
-    places = [assign_nodes(hosts, rank) for rank in range(world)]
+    places = assign_all(hosts)
     assert {(p.node_rank, p.local_rank) for p in places} == {
         (n, lr) for n in range(num_nodes) for lr in range(per_node)
     }
@@ -111,7 +105,7 @@ def test_assign_nodes_gives_every_rank_a_unique_place(num_nodes, per_node, round
     assert all(p.num_nodes == num_nodes and p.local_size == per_node for p in places)
 
 
-def test_assign_nodes_refuses_uneven_hosts_naming_ddp_mpi():
+def test_assign_all_refuses_uneven_hosts_naming_ddp_mpi():
     # Lightning's own strategies take devices x num_nodes: the launch is named as one launch, and the fix is
     # "ddp_mpi" (never "not started by one launch", never a rank count that does not fit).
     with pytest.raises(
@@ -119,7 +113,7 @@ def test_assign_nodes_refuses_uneven_hosts_naming_ddp_mpi():
         match=r"(?s)placed 4 ranks unevenly over 2 hosts \(a: ranks 0-2, b: rank 3\): one launch.*"
         r'HINT: Use strategy="ddp_mpi" with no devices/num_nodes.*FSDP hybrid sharding, ModelParallel',
     ):
-        assign_nodes(["a", "a", "a", "b"], 0)
+        assign_all(["a", "a", "a", "b"])
 
 
 @pytest.mark.parametrize(
@@ -133,16 +127,16 @@ def test_assign_nodes_refuses_uneven_hosts_naming_ddp_mpi():
         ("abca", [(0, 0, 2), (1, 0, 1), (2, 0, 1), (0, 1, 2)]),
     ],
 )
-def test_assign_nodes_under_ddp_mpi_takes_uneven_hosts(hosts, expected):
+def test_assign_all_under_ddp_mpi_takes_uneven_hosts(hosts, expected):
     # Under "ddp_mpi" every node keeps its own count: local_size is this host's, num_nodes the hosts met.
-    places = [assign_nodes(list(hosts), rank, any_layout=True) for rank in range(len(hosts))]
+    places = assign_all(list(hosts), any_layout=True)
     assert [(p.node_rank, p.local_rank, p.local_size) for p in places] == expected
     assert {p.num_nodes for p in places} == {len(set(hosts))}
 
 
 @given(st.lists(st.sampled_from("abcd"), min_size=1, max_size=40))
-def test_assign_nodes_under_ddp_mpi_places_every_rank_once(hosts):
-    places = [assign_nodes(hosts, rank, any_layout=True) for rank in range(len(hosts))]
+def test_assign_all_under_ddp_mpi_places_every_rank_once(hosts):
+    places = assign_all(hosts, any_layout=True)
     # Every (node, local rank) once; each node's local ranks are 0..its size-1; node 0 holds rank 0.
     assert len({(p.node_rank, p.local_rank) for p in places}) == len(hosts)
     for place in places:
@@ -429,7 +423,7 @@ def test_disagreement_on_trainer_settings_alone_is_not_called_two_launches():
 
 
 def _bound(claims, lists):
-    """The claims with the visible sets a launcher gave them (``srun --gpu-bind=...``, see tests/core/test_devices)."""
+    """The claims with the visible sets a launcher gave them (``srun --gpu-bind=...``, see tests/gpu/test_devices)."""
     return [
         dataclasses.replace(claim, visible_set=tuple(listed.split(",")), visible_variable="CUDA_VISIBLE_DEVICES")
         for claim, listed in zip(claims, lists, strict=True)
@@ -461,11 +455,11 @@ def test_rendezvous_refuses_two_ranks_on_one_gpu():
 
 def test_claim_with_visible_set_round_trips_and_old_claims_still_parse():
     (claim,) = _bound(_claims([0], world_size=1), ["2,3"])
-    assert Claim.from_json(claim.to_json()) == claim
+    assert read("claim", claim.to_json(), claim_of(None)) == claim
     old = json.loads(claim.to_json())
     for name in ("visible_set", "visible_variable", "device_index"):
         del old[name]
-    assert Claim.from_json(json.dumps(old)).visible_set is None
+    assert read("claim", json.dumps(old), claim_of(None)).visible_set is None
 
 
 # --- a duplicate rank 0 on another host ---------------------------------------------------------------------------

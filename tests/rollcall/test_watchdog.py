@@ -15,17 +15,12 @@ from datetime import timedelta
 import pytest
 
 from lightning_mpi_env.core.errors import StallError
-from lightning_mpi_env.core.failures import FailureKind, FailureRecorder, read_records
-from lightning_mpi_env.rollcall.watchdog import (
-    KEY,
-    Report,
-    Seen,
-    Watchdog,
-    find_stall,
-    interval_for,
-    main_thread_place,
-    observe,
-)
+from lightning_mpi_env.core.records import FailureKind, FailureRecorder
+from lightning_mpi_env.rollcall.stall import Seen, find_stall, interval_for, observe
+from lightning_mpi_env.rollcall.stall_verdict import KEY, end_step_now
+from lightning_mpi_env.rollcall.store_values import Report
+from lightning_mpi_env.rollcall.watchdog import Watchdog, main_thread_place
+from lightning_mpi_env.supervise.records import read_records
 
 # --- the rule -------------------------------------------------------------------------------------------------------
 
@@ -223,7 +218,7 @@ class _Clock:
         for key in (KEY + str(dog.rank) for dog in dogs):
             try:
                 beats.append(Report.from_json(self._store.get(key)).beat if self._store.check([key]) else 0)
-            except ValueError:  # a malformed report (wire.Malformed)
+            except ValueError:  # a malformed report (store_values.Malformed)
                 beats.append(0)
         return beats
 
@@ -613,22 +608,20 @@ def test_rank_zero_ends_the_step_after_the_verdict(store_port, tmp_path):
 
 
 def test_a_failed_end_of_the_step_is_said(capsys):
-    dog = Watchdog(lambda seconds: None, rank=0, world_size=2, host="a", timeout=1.0, exit=lambda status: None)
-    dog._end_step(("lightning-mpi-env-no-such-command", "1.0"), -1)
+    end_step_now(("lightning-mpi-env-no-such-command", "1.0"), -1)
     err = capsys.readouterr().err
     assert "lightning-mpi-env: could not end the job step with `lightning-mpi-env-no-such-command 1.0`" in err
     assert "FileNotFoundError" in err
 
 
 def test_a_command_killed_by_the_step_it_ends_is_not_a_failure(capsys):
-    # scancel --signal=KILL runs inside the step it ends: the step's SIGKILL may reach it before it exits (seen in
-    # CI as "could not end the job step ... (exit status -9)" on a step that did end). Any other exit is said.
-    dog = Watchdog(lambda seconds: None, rank=0, world_size=2, host="a", timeout=1.0, exit=lambda status: None)
-    dog._end_step(("sh", "-c", "kill -KILL $$"), -1)
+    # scancel --signal=KILL runs inside the step it ends: the step's SIGKILL may reach it before it exits. Any other
+    # exit is said.
+    end_step_now(("sh", "-c", "kill -KILL $$"), -1)
     assert "could not end the job step" not in capsys.readouterr().err
-    dog._end_step(("sh", "-c", "kill -TERM $$"), -1)
+    end_step_now(("sh", "-c", "kill -TERM $$"), -1)
     assert "could not end the job step with `sh -c kill -TERM $$` (exit status -15)" in capsys.readouterr().err
-    dog._end_step(("sh", "-c", "echo 'scancel: error: Invalid job id specified' >&2; exit 1"), -1)
+    end_step_now(("sh", "-c", "echo 'scancel: error: Invalid job id specified' >&2; exit 1"), -1)
     assert "(scancel: error: Invalid job id specified)" in capsys.readouterr().err
 
 
@@ -675,8 +668,8 @@ def test_rank_zero_says_at_the_start_what_to_add_where_nothing_would_end_the_job
     import torch.distributed as dist
 
     from lightning_mpi_env.core.layout import from_env
+    from lightning_mpi_env.rollcall.claims import Claim, NodeAssignment
     from lightning_mpi_env.rollcall.store import RendezvousResult
-    from lightning_mpi_env.rollcall.verdicts import Claim, NodeAssignment
     from lightning_mpi_env.rollcall.watchdog import watch
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no scancel here
@@ -700,8 +693,8 @@ def test_the_watchdog_ends_the_step_the_layout_read(store_port, capsys, monkeypa
     import torch.distributed as dist
 
     from lightning_mpi_env.core.layout import from_env
+    from lightning_mpi_env.rollcall.claims import Claim, NodeAssignment
     from lightning_mpi_env.rollcall.store import RendezvousResult
-    from lightning_mpi_env.rollcall.verdicts import Claim, NodeAssignment
     from lightning_mpi_env.rollcall.watchdog import watch
 
     scancel = tmp_path / "scancel"
@@ -724,8 +717,8 @@ def test_the_watchdog_ends_the_step_the_layout_read(store_port, capsys, monkeypa
 def test_the_lowest_rank_off_rank_zeros_node_stands_in(store_port):
     import torch.distributed as dist
 
+    from lightning_mpi_env.rollcall.claims import Claim, NodeAssignment
     from lightning_mpi_env.rollcall.store import RendezvousResult
-    from lightning_mpi_env.rollcall.verdicts import Claim, NodeAssignment
     from lightning_mpi_env.rollcall.watchdog import watch
 
     stand_ins = []

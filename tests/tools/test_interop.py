@@ -17,13 +17,13 @@ from lightning_mpi_env.core.errors import (
 )
 from lightning_mpi_env.core.layout import from_env
 from lightning_mpi_env.core.values import MAX_LOCAL_SIZE
+from lightning_mpi_env.gpu.devices import visible_devices
 from lightning_mpi_env.tools.interop import (
     TORCH_VARIABLES,
     device_warnings,
     jax_distributed_kwargs,
     torch_env,
     torchrun_args,
-    visible_devices,
 )
 from lightning_mpi_env.tools.simulate import simulate
 from lightning_mpi_env.tools.simulated_launch import HOST_FILE, LAUNCHER_KEYS, launch_environments

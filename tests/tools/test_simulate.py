@@ -5,7 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_mpi_env.core.errors import LayoutError
-from lightning_mpi_env.core.layout import Placement, derive_port, from_env
+from lightning_mpi_env.core.layout import from_env
+from lightning_mpi_env.core.placement import Placement
+from lightning_mpi_env.core.ports import derive_port
 from lightning_mpi_env.tools.simulate import check_table, require_ok, simulate
 from lightning_mpi_env.tools.simulated_launch import HOST_FILE, LAUNCHER_KEYS, SCHEDULERS, MapBy
 

@@ -1,6 +1,12 @@
 import pytest
 
-from lightning_mpi_env.tools.simulated_launch import MapBy, compress_nodelist, host_names, launch_environments, place
+from lightning_mpi_env.tools.simulated_launch import (
+    MapBy,
+    compress_nodelist,
+    host_names,
+    launch_environments,
+    map_slots,
+)
 
 
 @pytest.mark.parametrize(
@@ -19,7 +25,7 @@ def test_launch_environments_rejects_bad_arguments(kwargs, match):
 
 
 def test_place_fills_round_robin_unevenly():
-    slots = place(2, 3, 5, MapBy.NODE)
+    slots = map_slots(2, 3, 5, MapBy.NODE)
     assert [(slot.node, slot.local_rank, slot.local_size) for slot in slots] == [
         (0, 0, 3),
         (1, 0, 2),

