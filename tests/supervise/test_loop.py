@@ -33,6 +33,7 @@ def test_a_line_of_another_launcher_runs_nothing(tmp_path):
 
 LINE = ["srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "python", "train.py"]
 ALLOCATION = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node[1-3]"}
+RELAUNCHED_ONCE = ["launch", "failure", "excluded", "relaunch", "launch", "first_step", "done"]
 
 
 class Steps:
@@ -115,15 +116,7 @@ def test_a_frozen_node_is_left_out_and_the_relaunch_resumes_with_the_steps_lost_
     steps = Steps(frozen_on("node2", step=12), resumed(10, at=10))
     status, events, probed, shown = _supervise(tmp_path, steps)
     assert status == 0
-    assert [event["event"] for event in events] == [
-        "launch",
-        "failure",
-        "excluded",
-        "relaunch",
-        "launch",
-        "first_step",
-        "done",
-    ]
+    assert [event["event"] for event in events] == RELAUNCHED_ONCE
     assert probed == [["node1", "node3"]]  # the blamed host is not probed; the others are
     assert steps.argvs[1] == ["srun", "--exclude=node2", *LINE[1:]]
     first = events[5]
@@ -148,15 +141,7 @@ def test_the_backoff_and_the_probe_are_said_before_each_waits(tmp_path):
         "lightning-mpi-env run: step 2: relaunch: relaunch 1 of at most 3 after frozen: rank(s) 2 on node2 at step 10",
     ]
     # They are no events: the timeline's file and its lines are what they were.
-    assert [event["event"] for event in events] == [
-        "launch",
-        "failure",
-        "excluded",
-        "relaunch",
-        "launch",
-        "first_step",
-        "done",
-    ]
+    assert [event["event"] for event in events] == RELAUNCHED_ONCE
     assert len(_events_said(shown)) == len(events)
     assert len(shown) == len(events) + 2
 
