@@ -40,9 +40,6 @@ def start_gate() -> None:
 
 def stall_here(rank: int, step: int) -> None:
     """Stall this rank at this step when tamper.py asked for it (``INSTRUMENTED_STALL=STEP:block|freeze|SECONDS``)."""
-    together = os.environ.get("INSTRUMENTED_STALL_ALL")  # "STEP:SECONDS": every rank sleeps there (slow, not stalled)
-    if together is not None and int(together.split(":")[0]) == step:
-        time.sleep(float(together.split(":")[1]))
     wanted = os.environ.get("INSTRUMENTED_STALL")
     if wanted is None or int(wanted.split(":")[0]) != step:
         return

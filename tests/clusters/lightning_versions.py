@@ -203,6 +203,27 @@ def unavailable_reason(version: str = OLDEST) -> str | None:
     return _REASONS[version]
 
 
+OLDEST_PACKAGES = ("lightning.pytorch", "lightning_fabric")
+"""The namespaces a test over every namespace runs in on the oldest Lightning: a Trainer and a Fabric one, a unified
+and a standalone one. Lightning builds its standalone packages from the same source, renamed; all four run on the
+installed Lightning."""
+
+
+def in_each_namespace(packages: tuple[str, ...]) -> list[object]:
+    """``(lightning, package)`` parameters for a test module's ``lightning`` fixture (indirect; ``"installed"`` or
+    ``"oldest"``): every package on the installed Lightning, those of :data:`OLDEST_PACKAGES` also on the oldest (in
+    the whole suite only)."""
+    installed = [
+        pytest.param("installed", package, id=f"lightning-{INSTALLED.version}-{package}") for package in packages
+    ]
+    oldest = [
+        pytest.param("oldest", package, marks=pytest.mark.slow, id=f"lightning-{OLDEST}-{package}")
+        for package in packages
+        if package in OLDEST_PACKAGES
+    ]
+    return [*installed, *oldest]
+
+
 @pytest.fixture(scope="session")
 def oldest_lightning() -> Lightning:
     """Lightning :data:`OLDEST` as an overlay on this venv (installed on first use, ~7 s, once per checkout).
@@ -220,8 +241,10 @@ def oldest_lightning() -> Lightning:
 __all__ = [
     "INSTALLED",
     "OLDEST",
+    "OLDEST_PACKAGES",
     "REQUIREMENTS",
     "Lightning",
+    "in_each_namespace",
     "install",
     "oldest_lightning",
     "unavailable_reason",

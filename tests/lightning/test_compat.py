@@ -1,8 +1,9 @@
 """Every private name of Lightning in ``lightning_mpi_env.lightning.compat``, checked against the real objects.
 
 Each check runs a program in a fresh interpreter (import order and namespace matter), once on the installed
-Lightning and once on the oldest supported one (2.1.4, :mod:`tests.clusters.lightning_versions`), so a supported
-version that changes a name or the call order fails here, naming what changed. Nothing of ours is mocked: the
+Lightning and once on the oldest supported one (2.1.4, :mod:`tests.clusters.lightning_versions`; there in one Trainer
+and one Fabric namespace), so a supported version that changes a name or the call order fails here, naming what
+changed. Nothing of ours is mocked: the
 programs spy on Lightning's calls from a subclass of the environment (the rank proposals, ``validate_settings``,
 the reads of ``main_address``; the spies read the stack to *report* who called, which the package never does) and
 on torch's own ``init_process_group``, and let every call through.
@@ -36,6 +37,7 @@ from tests.clusters.lightning_versions import (  # noqa: F401  (oldest_lightning
     INSTALLED,
     OLDEST,
     Lightning,
+    in_each_namespace,
     oldest_lightning,
 )
 
@@ -304,7 +306,9 @@ def _index(events: list[dict], kind: str) -> list[int]:
     return [index for index, event in enumerate(events) if event["event"] == kind]
 
 
-@pytest.mark.parametrize("package", [*TRAINER_PACKAGES, *FABRIC_PACKAGES])
+@pytest.mark.parametrize(
+    ("lightning", "package"), in_each_namespace((*TRAINER_PACKAGES, *FABRIC_PACKAGES)), indirect=["lightning"]
+)
 def test_ddp_meets_in_the_roll_call_before_init_process_group(lightning, package, fake_srun):
     trainer = package in TRAINER_PACKAGES
     found = _probe(lightning, DDP_PROGRAM, package, path=(fake_srun,))
@@ -512,7 +516,9 @@ def _assert_met_before_init(name: str, run: dict, package: str, lightning: Light
         assert not run["deepspeed"], context
 
 
-@pytest.mark.parametrize("package", [*TRAINER_PACKAGES, *FABRIC_PACKAGES])
+@pytest.mark.parametrize(
+    ("lightning", "package"), in_each_namespace((*TRAINER_PACKAGES, *FABRIC_PACKAGES)), indirect=["lightning"]
+)
 def test_sharded_strategies_meet_in_the_roll_call_before_init_process_group(lightning, package):
     runs = _probe(lightning, SHARDED_PROGRAM, package, "fsdp,model_parallel")
     assert (runs["model_parallel"] is None) == (_version(lightning.version) < (2, 3)), "ModelParallel: 2.3+"
@@ -521,7 +527,9 @@ def test_sharded_strategies_meet_in_the_roll_call_before_init_process_group(ligh
             _assert_met_before_init(name, run, package, lightning)
 
 
-@pytest.mark.parametrize("package", [*TRAINER_PACKAGES, *FABRIC_PACKAGES])
+@pytest.mark.parametrize(
+    ("lightning", "package"), in_each_namespace((*TRAINER_PACKAGES, *FABRIC_PACKAGES)), indirect=["lightning"]
+)
 def test_real_deepspeed_meets_in_the_roll_call_before_init_distributed(lightning, package, deepspeed: DeepSpeed):
     # The real deepspeed, on its venv's Python: Lightning's DeepSpeedStrategy calls deepspeed.init_distributed,
     # which starts the process group itself (env://), on the roll call's store.

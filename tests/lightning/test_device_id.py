@@ -30,6 +30,7 @@ from tests.clusters.lightning_versions import (  # noqa: F401  (oldest_lightning
     INSTALLED,
     OLDEST,
     Lightning,
+    in_each_namespace,
     oldest_lightning,
 )
 
@@ -182,7 +183,7 @@ def _run(lightning: Lightning, package: str, strategy: str, task: dict[str, str]
     return found
 
 
-@pytest.mark.parametrize("package", PACKAGES)
+@pytest.mark.parametrize(("lightning", "package"), in_each_namespace(PACKAGES), indirect=["lightning"])
 def test_ddp_mpi_passes_its_device_as_device_id(lightning, package):
     found = _run(lightning, package, "ddp_mpi")
     # The device ddp_mpi chose: index 0 of the one GPU this task sees, not cuda:<local rank>.
@@ -197,7 +198,7 @@ def test_ddp_mpi_passes_its_device_as_device_id(lightning, package):
     assert call["module"] == f"{fabric}.utilities.distributed", found  # compat.init_dist_connection: Lightning's
 
 
-@pytest.mark.parametrize("package", PACKAGES)
+@pytest.mark.parametrize(("lightning", "package"), in_each_namespace(PACKAGES), indirect=["lightning"])
 def test_the_plugin_with_lightnings_ddp_passes_lightnings_device_from_2_5_5_only(lightning, package):
     # Lightning's own DDP decides what init_process_group gets: its root device (cuda:<local rank>) from 2.5.5 on,
     # nothing before. The one path where no device_id can be passed: the plugin warns there under torch 2.15

@@ -93,7 +93,11 @@ def _run(tmp_path: Path, package: str, settings: dict[str, str], *, use: bool = 
     return found
 
 
-@pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
+@pytest.mark.parametrize(
+    # The standalone namespace's entry point, the same factory under its own name: in the whole suite only.
+    "package",
+    ["lightning.pytorch", pytest.param("pytorch_lightning", marks=pytest.mark.slow)],
+)
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_a_program_that_never_imports_the_package_gets_exactly_lightning(tmp_path, package, setting):
     found = _run(tmp_path, package, SETTINGS[setting])

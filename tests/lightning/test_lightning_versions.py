@@ -57,10 +57,11 @@ def test_overlay_supplies_every_lightning_module(oldest):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    ("namespace", "map_by"),
-    [("lightning.pytorch", "slot"), ("pytorch_lightning", "node")],  # block and round-robin placement
+    # Each path (ddp: DDPStrategy with MPIClusterEnvironment as plugin), placement (block, round-robin) and Trainer
+    # namespace once; the oldest Lightning's private names are checked in every namespace by test_compat.py.
+    ("namespace", "map_by", "strategy"),
+    [("lightning.pytorch", "slot", "ddp"), ("pytorch_lightning", "node", "ddp_mpi")],
 )
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_mpi"])  # ddp: DDPStrategy with MPIClusterEnvironment as plugin
 def test_mpirun_trains_on_oldest_lightning(oldest, tmp_path, namespace, map_by, strategy):
     cluster = SimulatedCluster(tmp_path)
     job = [str(TRAINER_JOB), "--strategy", strategy, "--namespace", namespace, "--samples", str(SAMPLES)]

@@ -20,9 +20,11 @@ import pytest
 
 from lightning_mpi_env import MPIClusterEnvironment
 from lightning_mpi_env.core.errors import CheckpointError, CheckpointWarning, JobIdError, SettingError
-from lightning_mpi_env.core.schedulers import LSF, PBS, SGE, SLURM
+from lightning_mpi_env.core.schedulers import LSF, PBS, SGE, SLURM, scheduler_job
 from lightning_mpi_env.core.settings import Settings
+from lightning_mpi_env.lightning import checkpoints
 from lightning_mpi_env.lightning import requeue as requeue_module
+from lightning_mpi_env.lightning.checkpoints import Saved
 from lightning_mpi_env.lightning.requeue import Requeue, checkpoint_and_requeue, hpc_checkpoint, newest_checkpoint
 from lightning_mpi_env.tools.simcluster import SimulatedCluster, find_mpirun, processes_with, session_dir_arguments
 from tests.conftest import TRAINER_JOB
@@ -525,14 +527,6 @@ def assert_resumed_and_finished(output: str, results: list[dict]) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.slurm
-def test_slurm_srun_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
-    output, results = run_requeued_slurm_job(slurm_cluster, tmp_path, "slurm_srun.sbatch", signal_batch=False)
-    assert_resumed_and_finished(output, results)
-    assert {result["strategy"] for result in results} == {"DDPStrategy"}  # the plugin, under srun
-
-
-@pytest.mark.mpi
-@pytest.mark.slurm
 def test_slurm_mpirun_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
     # The example's trap passes the batch script's signal to mpirun, which forwards it to every rank.
     output, results = run_requeued_slurm_job(
@@ -553,7 +547,7 @@ GATED_SAMPLES = 256  # 96 steps of 0.3 s: a job still trains while the other one
 GATED_STEPS = 96
 
 
-def submit_gated(cluster, root, gate, *extra: str) -> str:
+def submit_gated(cluster, root, gate, *extra: str, together: str | None = None) -> str:
     """The srun example job script (2 nodes, 1 rank each), whose restart waits for the file ``gate``.
 
     Each rank writes its result to ``root/results`` as well: its RESULT line, longer than 1024 bytes after 96 steps,
@@ -567,6 +561,8 @@ def submit_gated(cluster, root, gate, *extra: str) -> str:
     train = [sys.executable, str(TRAINER_JOB), "--samples", str(GATED_SAMPLES), "--epochs", "3"]
     train += ["--step-seconds", "0.3", "--root-dir", str(root), "--result-dir", str(root / "results"), *extra]
     env = {"TRAIN": " ".join(train), "GATE": str(gate), "OMP_NUM_THREADS": "1"}
+    if together is not None:  # DIR:COUNT: no rank starts fit() before COUNT ranks reached it (tamper.start_gate)
+        env["INSTRUMENTED_START_GATE"] = together
     return cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)
 
 
@@ -589,33 +585,74 @@ def finished_after_one_restart(cluster, job, root) -> tuple[str, list[dict]]:
     return output, results
 
 
+def saved_step(root, job: str, name: str) -> int:
+    record = json.loads((root / ".lightning-mpi-env" / f"slurm-{job}.json").read_text())
+    [step] = [item["step"] for item in record["saved"] if item["file"] == name and item["size"]]
+    return step
+
+
+def cut_off_save(root, job: str) -> str:
+    """What a save that the scheduler's kill cut off leaves: the next name reserved (an empty file), recorded as
+    pending in the job's record. Lightning's own Slurm resume would take it (the highest number) and fail on it."""
+    this = scheduler_job({"SLURM_JOB_ID": job})
+    record = checkpoints.read_record(str(root), this)
+    cut = checkpoints.reserve_next(str(root))
+    checkpoints.write_record(str(root), this, record._replace(saved=(*record.saved, Saved(cut, None, 99))))
+    assert (root / cut).stat().st_size == 0
+    return cut
+
+
 @pytest.mark.mpi
 @pytest.mark.slurm
-def test_slurm_a_new_job_in_a_folder_with_another_job_s_checkpoint_is_refused(slurm_cluster, tmp_path):
+def test_slurm_jobs_in_one_folder_each_resume_only_a_checkpoint_of_their_own(slurm_cluster, tmp_path):
+    # The srun example job script, requeued for real: two jobs in one folder, each requeued once, resume their own
+    # checkpoint, the newest of one cut off (empty) and skipped; then a new job there, which has none, is refused.
     root, gate = tmp_path / "root", tmp_path / "gate"
     root.mkdir()
-    gate.touch()
-    first = submit_gated(slurm_cluster, root, gate)
+    # Both jobs start training together, before either saves: a job still starting when the other's checkpoint
+    # appears has none of its own, and hpc_checkpoint() rightly refuses to let Lightning resume the other's.
+    together = f"{tmp_path / 'started'}:4"
+    first = submit_gated(slurm_cluster, root, gate, together=together)
+    second = submit_gated(slurm_cluster, root, gate, together=together)
+    for job in (first, second):
+        wait_training(slurm_cluster, job)
+    # The second job saves hpc_ckpt_1 and is requeued; then the first saves hpc_ckpt_2, which Lightning's own Slurm
+    # resume would take for the second job too; then the second job's next save is cut off: hpc_ckpt_3, empty.
+    signal_once_training(slurm_cluster, second)
+    slurm_cluster.wait_output(second, "lightning-mpi-env: requeue: saved", timeout=SLURM_TIMEOUT)
     signal_once_training(slurm_cluster, first)
-    finished_after_one_restart(slurm_cluster, first, root)
+    for job in (first, second):
+        slurm_cluster.wait_output(job, f"GATED job={job}", timeout=SLURM_TIMEOUT)
+    cut = cut_off_save(root, second)
+    assert sorted(path.name for path in root.glob("hpc_ckpt_*")) == [f"hpc_ckpt_{n}.ckpt" for n in (1, 2, 3)]
+    gate.touch()
+    for job, own in ((second, "hpc_ckpt_1.ckpt"), (first, "hpc_ckpt_2.ckpt")):
+        output, results = finished_after_one_restart(slurm_cluster, job, root)
+        assert "the job goes back in the queue: `scontrol requeue" in output, output[-4000:]
+        assert f"lightning-mpi-env: requeue: resuming from {root / own}\n" in output, output[-4000:]
+        assert {result["first_global_step"] for result in results} == {saved_step(root, job, own)}
+        assert {result["strategy"] for result in results} == {"DDPStrategy"}  # the plugin, under srun
+    # Lightning's warning format leaves out the class (CheckpointWarning, checked in test_checkpoints.py).
+    assert f"Slurm job {second}: the checkpoint {root / cut} is skipped: it is empty" in slurm_cluster.output(second)
+    (root / cut).unlink()  # below, Lightning's own resume takes the highest number: a real checkpoint of the first
     # A new job in the same folder has no checkpoint of its own, and fit(ckpt_path=None) would let Lightning's own
-    # Slurm resume take the first job's: it stops before training, naming both jobs and the fix.
-    second = submit_gated(slurm_cluster, root, gate)
-    state = slurm_cluster.wait(second, timeout=SLURM_TIMEOUT)
-    output = slurm_cluster.output(second)
-    assert state == "FAILED", output[-4000:]
-    assert f"Slurm job {second} has no checkpoint of its own in default_root_dir={root}" in output, output[-4000:]
-    assert f"Lightning would resume {root / 'hpc_ckpt_1.ckpt'}, saved by Slurm job {first}" in output
-    assert "Give each job its own default_root_dir" in output
-    assert "FIRST_STEP" not in output
-    assert "resuming from" not in output
-    # A program that leaves the resume to Lightning (fit(model), no ckpt_path) gets the first job's checkpoint
-    # restored by Lightning itself: the callback stops it when training starts, before its first step.
-    third = submit_gated(slurm_cluster, root, gate, "--lightning-resume")
+    # Slurm resume take another job's: it stops before training, naming both jobs and the fix.
+    third = submit_gated(slurm_cluster, root, gate)
     state = slurm_cluster.wait(third, timeout=SLURM_TIMEOUT)
     output = slurm_cluster.output(third)
     assert state == "FAILED", output[-4000:]
-    assert f"Slurm job {third} resumed {root / 'hpc_ckpt_1.ckpt'}, saved by Slurm job {first}, not by this job" in (
+    assert f"Slurm job {third} has no checkpoint of its own in default_root_dir={root}" in output, output[-4000:]
+    assert f"Lightning would resume {root / 'hpc_ckpt_2.ckpt'}, saved by Slurm job {first}" in output
+    assert "Give each job its own default_root_dir" in output
+    assert "FIRST_STEP" not in output
+    assert "resuming from" not in output
+    # A program that leaves the resume to Lightning (fit(model), no ckpt_path) gets another job's checkpoint
+    # restored by Lightning itself: the callback stops it when training starts, before its first step.
+    fourth = submit_gated(slurm_cluster, root, gate, "--lightning-resume")
+    state = slurm_cluster.wait(fourth, timeout=SLURM_TIMEOUT)
+    output = slurm_cluster.output(fourth)
+    assert state == "FAILED", output[-4000:]
+    assert f"Slurm job {fourth} resumed {root / 'hpc_ckpt_2.ckpt'}, saved by Slurm job {first}, not by this job" in (
         output
     ), output[-4000:]
     assert "ckpt_path=lightning_mpi_env.hpc_checkpoint(trainer)" in output

@@ -20,7 +20,7 @@ import pytest
 from lightning_mpi_env.tools.simcluster import SimulatedCluster, processes_with
 from tests.clusters.children import wait_until_none
 from tests.clusters.hydra import free_port
-from tests.clusters.lightning_versions import INSTALLED
+from tests.clusters.lightning_versions import INSTALLED, in_each_namespace
 from tests.clusters.lightning_versions import oldest_lightning as oldest_lightning  # a fixture, requested by name
 from tests.conftest import TAMPER as TAMPER_PATH
 from tests.conftest import TRAINER_JOB
@@ -653,9 +653,11 @@ print("PROBE " + json.dumps({"events": events, "stage": ENV.stage.name}), flush=
 """
 
 
-@pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"])
-@pytest.mark.parametrize("version", ["installed", pytest.param("oldest", marks=pytest.mark.slow)])
-def test_ddp_mpi_meets_in_its_own_setup_environment(request, package, version):
+@pytest.mark.parametrize(
+    ("version", "package"),
+    in_each_namespace(("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric")),
+)
+def test_ddp_mpi_meets_in_its_own_setup_environment(request, version, package):
     lightning = INSTALLED if version == "installed" else request.getfixturevalue("oldest_lightning")
     env = lightning.environ({"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")})
     done = subprocess.run(

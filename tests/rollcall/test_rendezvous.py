@@ -26,6 +26,7 @@ from lightning_mpi_env.rollcall.store import rendezvous
 from lightning_mpi_env.rollcall.store_values import claim_of, read
 from lightning_mpi_env.rollcall.verdict import KEY_PREFIX
 from lightning_mpi_env.supervise.records import read_records
+from tests.clusters.children import process_tree
 from tests.conftest import start_gate
 
 # --- pure helpers -------------------------------------------------------------------------------------------------
@@ -501,6 +502,23 @@ def two_hosts():
         subprocess.run(["ip", "link", "del", f"{tag}va"], capture_output=True, check=False)
 
 
+CLAIMS_HANG_LIMIT = 300.0
+"""Seconds for three fresh interpreters to import torch on two busy cores and meet: only a hang takes longer."""
+
+
+def _communicate_all(processes: list[subprocess.Popen[str]], limit: float) -> list[tuple[str, str]]:
+    """Each process's (stdout, stderr); past ``limit`` seconds in all, each one's state and output, and a failure."""
+    deadline = time.monotonic() + limit
+    try:
+        return [process.communicate(timeout=max(0.0, deadline - time.monotonic())) for process in processes]
+    except subprocess.TimeoutExpired:
+        states = "\n".join(process_tree(process.pid) for process in processes)
+        for process in processes:
+            process.kill()
+        outputs = [process.communicate() for process in processes]
+        pytest.fail(f"the claimants ran past {limit} s; their processes then:\n{states}\nand their output: {outputs}")
+
+
 def test_duplicate_rank_zero_on_another_host_is_caught_at_once(two_hosts, tmp_path):
     # A world of 3 where the launcher's rank 2, on node-b, claims rank 0. It serves its own store on its own host,
     # but its store client connects to the main address: its claim lands in the real store, where the duplicate is
@@ -516,12 +534,12 @@ def test_duplicate_rank_zero_on_another_host_is_caught_at_once(two_hosts, tmp_pa
             subprocess.Popen(
                 ["ip", "netns", "exec", netns, *command],
                 stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
                 text=True,
                 env=gate,
             )
         )
-    outcomes = [json.loads(process.communicate(timeout=timeout + 30)[0]) for process in processes]
+    outcomes = [json.loads(stdout) for stdout, _ in _communicate_all(processes, CLAIMS_HANG_LIMIT)]
     for outcome in outcomes:
         assert not outcome["ok"], outcome
         # Both claimants named, in the order their claims reached the store (either may come first).
