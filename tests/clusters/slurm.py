@@ -225,6 +225,10 @@ CLIENT_HANG_LIMIT = 300.0
 """Seconds a client run with ``after`` gets to print it: a limit that only ends a hang."""
 
 
+DAEMON_LOG_LINES = 25
+"""Lines of each Slurm daemon's log that a failure message ends with."""
+
+
 class SlurmCluster:
     """A running Slurm cluster of ``nodes`` nodes (``node1``...) on this machine.
 
@@ -720,7 +724,8 @@ class SlurmCluster:
             time.sleep(0.2)
 
     def describe(self) -> str:
-        """The nodes' and jobs' states (``sinfo -N``, ``squeue``), for a failure message; never raises."""
+        """The nodes' and jobs' states (``sinfo -N``, ``squeue``) and the daemons' last log lines, for a failure
+        message; never raises."""
         parts = []
         for argv in (["sinfo", "-N", "-o", "%N %t %E"], ["squeue", "-o", "%i %j %T %R %N"]):
             try:
@@ -730,6 +735,13 @@ class SlurmCluster:
                 parts.append(f"$ {' '.join(argv)}\n{(done.stdout + done.stderr).strip()}")
             except (OSError, subprocess.SubprocessError) as error:
                 parts.append(f"$ {' '.join(argv)}\n{error}")
+        logs = sorted((self.workdir / "log").glob("slurm*.log")) if self.workdir is not None else []
+        for log in logs:  # slurmctld's and each slurmd's: a signal or a message lost on the way shows there
+            try:
+                lines = log.read_text(errors="replace").splitlines()[-DAEMON_LOG_LINES:]
+            except OSError as error:
+                lines = [str(error)]
+            parts.append(f"$ tail -n {DAEMON_LOG_LINES} {log.name}\n" + "\n".join(lines))
         return "\n".join(parts)
 
     def run(
