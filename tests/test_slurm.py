@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from lightning_mpi_env.core.ports import derive_port
+from lightning_mpi_env.core.records import FailureKind
+from lightning_mpi_env.supervise.records import read_records
 from lightning_mpi_env.tools.simcluster import find_mpirun, session_dir_arguments
 from tests.clusters.fixtures import real_launch_lock
 from tests.clusters.hydra import launcher_truth, printed_results, probe_command, read_probes, shown
@@ -212,10 +214,13 @@ STALL_TIMEOUT = 10
 def test_srun_ends_a_job_with_a_frozen_rank(slurm_cluster: SlurmCluster, tmp_path: Path):
     # srun waits for every task by default (--kill-on-bad-exit=0): the ranks that name the frozen one exit 1, and
     # srun would wait for it until the time limit. Rank 0 ends the step with `scancel --signal=KILL JOB.STEP` once
-    # every rank showed the verdict: the job ends non-zero, and no process of it is left.
+    # every rank showed the verdict: the job ends non-zero, and no process of it is left. With a state folder (as
+    # `lightning-mpi-env run` gives its step), rank 0 records the frozen rank by Slurm's node name, which the
+    # relaunch's `srun --exclude` takes.
+    state = tmp_path / "state"
     tag = f"freeze-{tmp_path.name}"
     command = [sys.executable, str(FABRIC_FREEZE), "--strategy", "ddp_mpi", "--freeze", "3:10", "--tag", tag]
-    variables = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT)}
+    variables = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT), "LIGHTNING_MPI_ENV_STATE_DIR": str(state)}
     done = slurm_cluster.run(["srun", *PLACEMENTS["block"], *command], timeout=LIGHTNING_TIMEOUT, env=variables)
     ended = time.time()
     output = done.stdout + done.stderr
@@ -236,5 +241,10 @@ def test_srun_ends_a_job_with_a_frozen_rank(slurm_cluster: SlurmCluster, tmp_pat
     assert left.stdout.strip() == "", left.stdout
     # srun's own allocation ends with it (COMPLETING a moment, while slurmd runs its epilog).
     assert slurm_cluster.wait(job_id, timeout=60) in ("FAILED", "CANCELLED", "COMPLETED")
+    (record,) = read_records(str(state))
+    assert (record.kind, record.ranks, record.hosts) == (FailureKind.FROZEN, (3,), ("node2",)), record
+    assert record.job_id == job_id, record  # SLURM_JOB_ID: the state folder's key
+    assert record.launcher == "Slurm srun", record
+    assert record.written_by == 0, record
     print(f"FIGURE srun, ddp_mpi, timeout {STALL_TIMEOUT} s: srun returned {ended - frozen_at:.1f} s after the freeze")
     print(f"VERDICT {shown_lines[0][:500]}")

@@ -669,7 +669,7 @@ print("FINISHED")  # not reached: SIGTERM ends fit()
 """
 
 
-@pytest.mark.parametrize("package", TRAINER_PACKAGES)
+@pytest.mark.parametrize(("lightning", "package"), in_each_namespace(TRAINER_PACKAGES), indirect=["lightning"])
 def test_a_trainer_ended_by_sigterm_exits_143(lightning, package):
     # Lightning (2.1 to 2.6) ends fit() on SIGTERM with SIGTERMException, a SystemExit of status 0; the callback from
     # the callbacks_factory entry point gives it status 143 in on_exception (docs/preemption.md, "Exit status").
@@ -711,7 +711,7 @@ except ValueError as error:
 """
 
 
-@pytest.mark.parametrize("package", TRAINER_PACKAGES)
+@pytest.mark.parametrize(("lightning", "package"), in_each_namespace(TRAINER_PACKAGES), indirect=["lightning"])
 def test_hpc_resume_path_is_the_file_lightning_resumes_by_itself(lightning, package):
     # Lightning's _CheckpointConnector._hpc_resume_path under SLURMEnvironment.detect(): the highest number among the
     # names holding hpc_ckpt_, outside Slurm none; a name with no ASCII digit after it fails Lightning's own reading.

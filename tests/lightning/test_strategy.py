@@ -389,11 +389,15 @@ import json, os
 os.environ.update({env})
 import lightning_mpi_env
 import {namespace} as L
-runner = L.{entry}(strategy="ddp_mpi", accelerator="cpu"{arguments}{logger})
-strategy = runner.strategy
-print(json.dumps({{"devices": len(strategy.parallel_devices), "num_nodes": strategy.num_nodes,
-                   "world_size": strategy.world_size, "global_rank": strategy.global_rank}}))
+
+
+def report(runner):
+    strategy = runner.strategy
+    print(json.dumps({{"devices": len(strategy.parallel_devices), "num_nodes": strategy.num_nodes,
+                       "world_size": strategy.world_size, "global_rank": strategy.global_rank}}))
+
 """
+ZERO_CONFIG_RUNNER = 'report(L.{entry}(strategy="ddp_mpi", accelerator="cpu"{arguments}{logger}))\n'
 
 
 def _open_mpi(rank, world_size, local_size):
@@ -407,14 +411,20 @@ def _open_mpi(rank, world_size, local_size):
     }
 
 
-def _built(namespace, entry, arguments, env):
-    code = ZERO_CONFIG_PROGRAM.format(
-        env=repr(env), namespace=namespace, entry=entry, arguments=f", {arguments}" if arguments else "",
-        logger=", logger=False" if entry == "Trainer" else "",
-    )  # fmt: skip
+def _built_each(namespace, entry, cases, env):
+    """What ``ddp_mpi`` resolved for each of ``cases`` (the Trainer's or Fabric's arguments), built in one process."""
+    code = ZERO_CONFIG_PROGRAM.format(env=repr(env), namespace=namespace)
+    logger = ", logger=False" if entry == "Trainer" else ""
+    for arguments in cases:
+        code += ZERO_CONFIG_RUNNER.format(entry=entry, arguments=f", {arguments}" if arguments else "", logger=logger)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    lines = result.stdout.strip().splitlines()[-len(cases) :]
+    return [json.loads(line) for line in lines]
+
+
+def _built(namespace, entry, arguments, env):
+    return _built_each(namespace, entry, [arguments], env)[0]
 
 
 @pytest.mark.parametrize(
@@ -426,28 +436,25 @@ def _built(namespace, entry, arguments, env):
         ("lightning_fabric", "Fabric"),
     ],
 )
-@pytest.mark.parametrize(
-    ("arguments", "expected"),
-    [
-        ("", {"devices": 3, "num_nodes": 2}),  # both from the launch: 6 ranks, 3 per node
-        ("devices=3", {"devices": 3, "num_nodes": 2}),  # num_nodes from the launch
-        ("num_nodes=2", {"devices": 3, "num_nodes": 2}),  # devices from the launch
-    ],
-)
-def test_zero_config_left_out_values_come_from_the_launch(namespace, entry, arguments, expected):
-    shape = _built(namespace, entry, arguments, _open_mpi(rank=4, world_size=6, local_size=3))
-    assert shape == {**expected, "world_size": 6, "global_rank": 4}
+def test_zero_config_left_out_values_come_from_the_launch(namespace, entry):
+    # Both from the launch (6 ranks, 3 per node), num_nodes from the launch, devices from the launch: in one process.
+    cases = ["", "devices=3", "num_nodes=2"]
+    shapes = _built_each(namespace, entry, cases, _open_mpi(rank=4, world_size=6, local_size=3))
+    expected = {"devices": 3, "num_nodes": 2, "world_size": 6, "global_rank": 4}
+    assert dict(zip(cases, shapes, strict=True)) == dict.fromkeys(cases, expected)
 
 
 def test_zero_config_given_values_stay_and_the_launch_check_still_refuses_them():
     # Given and wrong: kept as given, so that the settings check names the mismatch at launch (as before).
-    shape = _built(
-        "lightning.pytorch", "Trainer", "devices=6, num_nodes=3", _open_mpi(rank=4, world_size=6, local_size=3)
+    given, default = _built_each(
+        "lightning.pytorch",
+        "Trainer",
+        ["devices=6, num_nodes=3", "num_nodes=1"],
+        _open_mpi(rank=4, world_size=6, local_size=3),
     )
-    assert (shape["devices"], shape["num_nodes"]) == (6, 3)
+    assert (given["devices"], given["num_nodes"]) == (6, 3)
     # Lightning's setters keep no record of what was typed: the defaults' values count as left out (docs/lightning.md).
-    shape = _built("lightning.pytorch", "Trainer", "num_nodes=1", _open_mpi(rank=4, world_size=6, local_size=3))
-    assert (shape["devices"], shape["num_nodes"]) == (3, 2)
+    assert (default["devices"], default["num_nodes"]) == (3, 2)
 
 
 def test_zero_config_without_a_launcher_lightning_decides_as_usual():

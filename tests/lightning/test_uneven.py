@@ -212,14 +212,12 @@ def test_zero_config_on_the_lone_rank_of_an_uneven_slurm_step(namespace, entry):
 # --- real mpirun jobs on uneven host files -----------------------------------------------------------------------
 
 CASES = [
-    # (slots, placement, namespace, form): every host file with both placements, each host file and each placement
-    # once with the Trainer and once with Fabric, each namespace once; the unified namespace's with the recommended
-    # line (its module's MPIDDPStrategy()), the standalone one's by name. The assignment each rank gets on the others is
-    # the roll call's, which tests/rollcall/test_rendezvous.py checks over a real store for every placement.
+    # (slots, placement, namespace, form): each host file, each placement, the Trainer and Fabric, the recommended
+    # line (its module's MPIDDPStrategy()) and the name, each once. The assignment each rank gets in the other
+    # placements is the roll call's, which tests/rollcall/test_rendezvous.py checks over a real store; what each rank
+    # reads of an uneven launch, tests/core/test_placement.py checks over generated placements.
     ("3+1", "slot", "lightning.pytorch", "recommended"),
-    ("3+1", "node", "lightning.fabric", "recommended"),
-    ("2+1+1", "slot", "lightning_fabric", "name"),
-    ("2+1+1", "node", "pytorch_lightning", "name"),
+    ("2+1+1", "node", "lightning_fabric", "name"),
 ]
 
 
@@ -245,7 +243,9 @@ def test_mpirun_uneven_launch_trains_as_one_process(tmp_path, slots, map_by, nam
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    ("slots", "map_by", "namespace"), [("3+1", "slot", "lightning.pytorch"), ("2+1+1", "node", "lightning.fabric")]
+    # Fabric's refusal is the same check (test_environment.py meets it in every namespace); srun's is below.
+    ("slots", "map_by", "namespace"),
+    [("3+1", "node", "lightning.pytorch")],
 )
 def test_mpirun_uneven_launch_with_the_plugin_names_ddp_mpi(tmp_path, slots, map_by, namespace):
     # Lightning's own DDPStrategy with MPIClusterEnvironment and no devices/num_nodes, as a user would try first: it
@@ -332,26 +332,21 @@ def test_srun_three_tasks_on_two_nodes_train_as_one_process(slurm_cluster, tmp_p
 
 @pytest.mark.mpi
 @pytest.mark.slurm
-@pytest.mark.parametrize("form", ["colon", "het-group"])
-def test_srun_heterogeneous_step_trains_as_one_process(slurm_cluster, tmp_path, form):
-    # Two forms of one step over both components of a heterogeneous job (https://slurm.schedmd.com/heterogeneous_jobs.html),
+def test_srun_heterogeneous_step_trains_as_one_process(slurm_cluster, tmp_path):
+    # One step over both components of a heterogeneous job (https://slurm.schedmd.com/heterogeneous_jobs.html),
     # "combined into one MPI_COMM_WORLD with non-overlapping task IDs". Slurm exports the step's whole layout
-    # (SLURM_PROCID 0-2, SLURM_NTASKS=3, SLURM_STEP_TASKS_PER_NODE=2,1) beside SLURM_HET_SIZE (Debian's Slurm also
-    # SLURM_PACK_SIZE and SLURM_*_PACK_GROUP_<n>, the older names).
-    # - colon: `srun -N1 -n2 ... : -N1 -n1 ...` makes the job and its step at once;
-    # - het-group: `salloc -N1 -n2 -w node2 : -N1 -n1 -w node1 srun --het-group=0,1 ...` asks for the allocation
-    #   first, component 0 (ranks 0-1) on the second host: srun sorts the step's nodes by name, so the first host
-    #   it lists runs rank 2, and SLURM_NODEID counts component 0's node as 0.
+    # (SLURM_PROCID 0-2, SLURM_NTASKS=3, SLURM_STEP_TASKS_PER_NODE) beside SLURM_HET_SIZE (Debian's Slurm also
+    # SLURM_PACK_SIZE and SLURM_*_PACK_GROUP_<n>, the older names). `salloc -N1 -n2 -w node2 : -N1 -n1 -w node1 srun
+    # --het-group=0,1 ...` asks for the allocation first, component 0 (ranks 0-1) on the second host: srun sorts the
+    # step's nodes by name, so the first host it lists runs rank 2, and SLURM_NODEID counts component 0's node as 0.
+    # (`srun -N1 -n2 ... : -N1 -n1 ...`, which makes the job and its step at once, exports the same variables.)
     out = tmp_path / "probes"
     out.mkdir()
     job = [sys.executable, str(JOB), "--length", str(LENGTH), "--batch", str(BATCH), "--steps", str(STEPS)]
     command = probe_command(out, [*job, "--recommended"])
     first, second = slurm_cluster.hosts[:2]
-    if form == "colon":
-        argv, placed = ["srun", "-N1", "-n2", *command, ":", "-N1", "-n1", *command], [first, first, second]
-    else:
-        heads = ["salloc", "-N1", "-n2", "-w", second, ":", "-N1", "-n1", "-w", first]
-        argv, placed = [*heads, "srun", "--het-group=0,1", *command], [second, second, first]
+    heads = ["salloc", "-N1", "-n2", "-w", second, ":", "-N1", "-n1", "-w", first]
+    argv, placed = [*heads, "srun", "--het-group=0,1", *command], [second, second, first]
     # The job script names rank 0's host, as the core requires of a heterogeneous step.
     completed = slurm_cluster.run(argv, timeout=JOB_TIMEOUT, env={"MASTER_ADDR": placed[0]})
     records = read_probes(out)
@@ -361,10 +356,10 @@ def test_srun_heterogeneous_step_trains_as_one_process(slurm_cluster, tmp_path, 
         said = record["launcher"]
         assert (said["SLURM_HET_SIZE"], said["SLURM_NTASKS"]) == ("2", "3"), said
         # The step's counts, as srun lists them: by node name.
-        assert said["SLURM_STEP_TASKS_PER_NODE"] == ("2,1" if form == "colon" else "1,2"), said
+        assert said["SLURM_STEP_TASKS_PER_NODE"] == "1,2", said
     results = sorted(printed_results(records), key=lambda r: r["global_rank"])
     difference = assert_trained_as_one_process(results, placed, "Trainer")
-    launch = "srun -N1 -n2 : -N1 -n1" if form == "colon" else " ".join(argv[: argv.index(command[0])])
+    launch = " ".join(argv[: argv.index(command[0])])
     print(f"FIGURE {launch} (heterogeneous): max |weights - reference| = {difference:.3g}")
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from lightning_mpi_env.core.records import FailureKind
+from lightning_mpi_env.supervise.records import read_records
 from lightning_mpi_env.tools.simcluster import SimulatedCluster
 from tests.conftest import INSTRUMENTED, JOBS, TAMPER, TRAINER_JOB, start_gate
 
@@ -212,14 +214,27 @@ FAULT_CASES = [
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(("path", "fault"), FAULT_CASES)
-def test_fault_ends_the_job_with_the_cause_on_the_first_screen(cluster, path, fault):
+def test_fault_ends_the_job_with_the_cause_on_the_first_screen(cluster, path, fault, tmp_path):
     option, kind, expected = FAULTS[fault]
     if PATHS[path][1] == "ddp_mpi" and fault in DDP_MPI_FAULTS:
         kind, expected = DDP_MPI_FAULTS[fault]
     owner = PATHS[path][2]
-    job = _run(cluster, _command(path, fault=option))
+    # With a state folder (as a supervisor sets it for its step), the rank whose verdict stands records it.
+    state = tmp_path / "state"
+    job = _run(cluster, _command(path, fault=option), LIGHTNING_MPI_ENV_STATE_DIR=str(state))
     pieces = [text if isinstance(text, re.Pattern) else text.format(owner=owner) for text in expected]
     _assert_cause_on_first_screen(job, kind, pieces)
+    if fault == "missing":
+        (record,) = read_records(str(state))  # one record, however many ranks reached the verdict
+        assert record.kind is FailureKind.MISSING, record
+        # On a loaded machine a rank still importing torch may be named beside rank 3 (see FAULTS).
+        assert 3 in record.ranks, record
+        assert "127.0.0.3" in record.hosts, record
+        assert record.blames_hosts
+        assert record.launcher == "Open MPI", record
+        assert record.step is None  # before training
+        assert f"RendezvousError: rank {record.written_by} on " in job.text, job.tail()
+        assert record.problem in job.text.replace("\n", " "), job.tail()
     if fault == "duplicate":
         # Both claimants are named, in whichever order they registered.
         pattern = r"claimed by host (\S+) \(pid \d+, local rank 1\) and by host (\S+) \(pid"
@@ -246,15 +261,24 @@ seen to move again within one or two, however loaded the machine; only the stall
         ("fabric-ddp_mpi", "block", "lightning.fabric"),
     ],
 )
-def test_a_stalled_rank_is_named_while_the_job_runs(cluster, path, how, namespace):
+def test_a_stalled_rank_is_named_while_the_job_runs(cluster, path, how, namespace, tmp_path):
     # Rank 3 stalls in its third training step, alive (it sleeps) or frozen (SIGSTOP); the others wait for it in
-    # backward. Every waiting rank names it, with its host and step, and the job ends non-zero.
+    # backward. Every waiting rank names it, with its host and step, and the job ends non-zero; rank 0's watchdog,
+    # which judges, records it in the state folder.
+    state = tmp_path / "state"
     job = _run(
         cluster,
         _command(path, "--namespace", namespace, fault=["--stall", f"2:{how}"]),
         LIGHTNING_MPI_ENV_STALL_TIMEOUT=str(STALL_TIMEOUT),
+        LIGHTNING_MPI_ENV_STATE_DIR=str(state),
     )
     assert job.returncode != 0, job.tail()
+    if how == "freeze":
+        (record,) = read_records(str(state))
+        assert (record.kind, record.ranks, record.hosts) == (FailureKind.FROZEN, (3,), ("127.0.0.3",)), record
+        assert record.step == 2, record  # where ranks 0-2 wait for it
+        assert record.written_by == 0, record
+        assert "Rank 3 stalled: " in record.problem
     assert "RESULT" not in job.text
     assert f"STALL: rank 3 {'blocks' if how == 'block' else 'freezes'} at step 2\n" in job.output, job.tail()
     shown = [line for line in job.stderr if line.startswith("StallError: rank ")]
@@ -419,12 +443,20 @@ def test_fabric_trains(cluster, path, namespace):
 
 
 @pytest.mark.mpi
-def test_roll_call_adds_one_line_to_a_healthy_job(cluster):
+def test_roll_call_adds_one_line_to_a_healthy_job(cluster, tmp_path):
     # The same job with the roll call off and on: the roll call adds one summary line, on rank 0's stderr.
+    # With a state folder, a healthy job writes no failure record.
+    state = tmp_path / "state"
     jobs = {
-        roll_call: _run(cluster, _command("fabric-ddp_mpi"), LIGHTNING_MPI_ENV_ROLL_CALL=roll_call)
+        roll_call: _run(
+            cluster,
+            _command("fabric-ddp_mpi"),
+            LIGHTNING_MPI_ENV_ROLL_CALL=roll_call,
+            LIGHTNING_MPI_ENV_STATE_DIR=str(state),
+        )
         for roll_call in ("0", "1")
     }
+    assert not state.exists()
     for job in jobs.values():
         _assert_fabric_trained(job, "fabric-ddp_mpi", "lightning.fabric")
     lines = {key: [line for line in job.output if not OPEN_MPI_NOISE.match(line)] for key, job in jobs.items()}
