@@ -164,7 +164,8 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("launcher", [None, "Open MPI"])
+# The refusal under a launcher, in process: test_a_copy_in_a_process_lightning_started_under_a_launcher_is_refused.
+@pytest.mark.parametrize("launcher", [None, pytest.param("Open MPI", marks=pytest.mark.slow)])
 def test_ddp_spawn_trains_without_a_launcher_and_is_refused_under_one(tmp_path, launcher):
     (tmp_path / "job.py").write_text(SPAWN_JOB)
     env = {"PATH": os.environ["PATH"]}

@@ -204,7 +204,7 @@ def fake_srun(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
+@pytest.mark.parametrize("package", ["lightning.pytorch", pytest.param("pytorch_lightning", marks=pytest.mark.slow)])
 def test_two_trainers_and_fabric_runs_leave_the_process_as_they_found_it(package, fake_srun):
     env = INSTALLED.environ(
         {"PATH": f"{fake_srun}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "PBS_JOBID": "7.server"}

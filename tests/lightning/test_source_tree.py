@@ -165,7 +165,7 @@ def _run(tmp_path: Path, package: str, path: list[str] | None, lightning: Lightn
     return report
 
 
-@pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
+@pytest.mark.parametrize("package", ["lightning.pytorch", pytest.param("pytorch_lightning", marks=pytest.mark.slow)])
 def test_from_a_source_tree_the_strategy_adds_its_callback_and_the_plugin_says_so_once(tmp_path, source_tree, package):
     report = _run(tmp_path, package, source_tree)
     assert report["package_file"] == str(Path(source_tree[0]) / "lightning_mpi_env" / "__init__.py")
@@ -185,7 +185,7 @@ def test_from_a_source_tree_the_strategy_adds_its_callback_and_the_plugin_says_s
     assert "from lightning_mpi_env.pytorch import MPIDDPStrategy" in warning
 
 
-@pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
+@pytest.mark.parametrize("package", ["lightning.pytorch", pytest.param("pytorch_lightning", marks=pytest.mark.slow)])
 def test_installed_the_entry_point_adds_the_callback_and_the_strategy_adds_none(tmp_path, package):
     report = _run(tmp_path, package, None)
     assert (
