@@ -481,13 +481,10 @@ def wait_training(cluster, job: str) -> None:
         cluster.wait_output(job, f"FIRST_STEP rank={rank} ", timeout=SLURM_TIMEOUT)
 
 
-def run_requeued_slurm_job(
-    cluster, tmp_path, script: str, *, signal_batch: bool, train_args: tuple[str, ...] = ()
-) -> tuple[str, list[dict]]:
-    """Runs an example job script (on 2 nodes, 1 rank each) with the instrumented job; signals it once it trains.
-
-    ``signal_batch``: as ``#SBATCH --signal=B:USR1@90`` does, to the batch script only; else, as
-    ``--signal=USR1@90`` does, to the job steps.
+def run_requeued_slurm_job(cluster, tmp_path, script: str, train_args: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
+    """Runs an example job script (on 2 nodes, 1 rank each) with the instrumented job; signals it once it trains, as
+    ``#SBATCH --signal=B:USR1@90`` does: to the batch script only. (The srun example's signal to its steps is
+    ``signal_once_training``'s, below.)
     """
     root = tmp_path / "root"
     root.mkdir()
@@ -502,7 +499,7 @@ def run_requeued_slurm_job(
     }
     job = cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)
     wait_training(cluster, job)
-    signalled = cluster.signal(job, "USR1", batch=signal_batch)
+    signalled = cluster.signal(job, "USR1", batch=True)
     assert signalled.returncode == 0, signalled.stderr
     state = cluster.wait(job, timeout=SLURM_TIMEOUT)
     output = cluster.output(job)
@@ -530,7 +527,7 @@ def assert_resumed_and_finished(output: str, results: list[dict]) -> None:
 def test_slurm_mpirun_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
     # The example's trap passes the batch script's signal to mpirun, which forwards it to every rank.
     output, results = run_requeued_slurm_job(
-        slurm_cluster, tmp_path, "slurm_mpirun.sbatch", signal_batch=True, train_args=("--strategy", "ddp_mpi")
+        slurm_cluster, tmp_path, "slurm_mpirun.sbatch", train_args=("--strategy", "ddp_mpi")
     )
     assert_resumed_and_finished(output, results)
     assert {result["strategy"] for result in results} == {"MPIDDPStrategy"}
