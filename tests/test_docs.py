@@ -32,6 +32,7 @@ SYMPTOMS = [
     "A job ends with a stall line",
     "A requeued job does not resume",
     "A relaunch leaves out a healthy host",
+    "Lightning advises prepending `srun` under `srun`",
 ]
 """The headings docs/troubleshooting.md opens with, in this order, before its table of errors."""
 ERRORS = {

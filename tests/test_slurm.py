@@ -248,3 +248,85 @@ def test_srun_ends_a_job_with_a_frozen_rank(slurm_cluster: SlurmCluster, tmp_pat
     assert record.written_by == 0, record
     print(f"FIGURE srun, ddp_mpi, timeout {STALL_TIMEOUT} s: srun returned {ended - frozen_at:.1f} s after the freeze")
     print(f"VERDICT {shown_lines[0][:500]}")
+
+
+# --- a rank that blocks before its first step, a rank that never starts --------------------------------------------
+
+TAMPER = TRAINER_JOB.parent / "tamper.py"
+ROLL_CALL_TIMEOUT = 20
+GONE_LIMIT = 60
+"""Seconds a test waits at most for the processes of an ended step to go (a bound on a hang, not a guess)."""
+
+
+def _gone(tag: str) -> bool:
+    """Whether every process whose command line holds ``tag`` is gone, waiting for it up to :data:`GONE_LIMIT`."""
+    deadline = time.monotonic() + GONE_LIMIT
+    while subprocess.run(["pgrep", "-f", tag], capture_output=True).returncode == 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_srun_names_a_rank_blocked_before_its_first_step_and_ends_the_step(slurm_cluster: SlurmCluster, tmp_path: Path):
+    # The Trainer as users write it (data loader workers, a validation loop, a ModelCheckpoint): rank 3's first batch
+    # never comes, and the others wait for it in a collective after the sanity check, with more progress marks
+    # than rank 3. Every rank names rank 3 with its host, and rank 0 ends the step srun would keep up for it.
+    tag = f"blocked-{tmp_path.name}"
+    job = [str(TRAINER_JOB), "--samples", str(SAMPLES), "--workers", "2", "--validate", "--root-dir", str(tmp_path)]
+    command = [sys.executable, str(TAMPER), "--rank", "3", "--block", "loader", "--", sys.executable, *job]
+    variables = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT)}
+    started = time.time()
+    done = slurm_cluster.run(
+        ["srun", *PLACEMENTS["block"], *command, "--tag", tag], timeout=LIGHTNING_TIMEOUT, env=variables
+    )
+    ended = time.time()
+    took = ended - started
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-4000:]
+    assert "RESULT" not in output, output[-4000:]
+    assert "BLOCK: rank 3 blocks in loader " in done.stdout, output[-4000:]
+    shown_lines = [line for line in done.stderr.splitlines() if line.startswith("StallError: rank ")]
+    assert shown_lines, output[-4000:]
+    for line in shown_lines:
+        assert f"Rank 3 stalled: no rank made progress for {STALL_TIMEOUT} s while ranks 0-2 wait for it " in line
+        assert " wait for it before the first step. " in line, output[-4000:]
+        assert "rank 3 on node2 at no step yet (before its first step), alive, main thread at " in line, output[-4000:]
+    assert "lightning-mpi-env: rank 0 ends the job step: scancel --signal=KILL " in done.stderr, output[-4000:]
+    # Not asserted here: that no process is left. Rank 3's data loader worker, blocked too and orphaned when the
+    # step's SIGKILL ends its rank, outlived srun by a minute on this cluster (proctrack/linuxproc).
+    blocked_at = min(
+        float(line.rsplit("time=", 1)[1]) for line in done.stdout.splitlines() if line.startswith("BLOCK: rank 3 ")
+    )
+    print(
+        f"FIGURE srun, trainer, block before the first step, timeout {STALL_TIMEOUT} s: srun returned {took:.1f} s "
+        f"after its start, {ended - blocked_at:.1f} s after the block"
+    )
+    print(f"VERDICT {shown_lines[0][:600]}")
+
+
+def test_srun_ends_the_step_after_the_roll_call_names_a_rank_that_never_started(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+):
+    # srun waits for every task by default: a rank that never started its program (here: tamper.py stops it before
+    # it starts) is named by the roll call on every rank that came, and rank 0 then ends the step.
+    tag = f"never-{tmp_path.name}"
+    job = [str(TRAINER_JOB), "--samples", str(SAMPLES), "--strategy", "ddp_mpi", "--zero-config", "--tag", tag]
+    command = [sys.executable, str(TAMPER), "--rank", "3", "--never-start", "--", sys.executable, *job]
+    variables = {"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": str(ROLL_CALL_TIMEOUT)}
+    started = time.time()
+    done = slurm_cluster.run(["srun", *PLACEMENTS["block"], *command], timeout=LIGHTNING_TIMEOUT, env=variables)
+    took = time.time() - started
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-4000:]
+    assert "TAMPER: rank 3 never starts its program" in done.stdout, output[-4000:]
+    shown_lines = [line for line in done.stderr.splitlines() if line.startswith("RendezvousError: rank ")]
+    assert shown_lines, output[-4000:]
+    for line in shown_lines:
+        assert f"Rank 3 of 4 never arrived within the rendezvous timeout of {ROLL_CALL_TIMEOUT} s" in line, output[
+            -4000:
+        ]
+    assert "lightning-mpi-env: rank 0 ends the job step: scancel --signal=KILL " in done.stderr, output[-4000:]
+    assert "could not end the job step" not in output, output[-4000:]
+    assert _gone(tag), subprocess.run(["pgrep", "-af", tag], capture_output=True, text=True).stdout
+    print(f"FIGURE srun, a rank that never starts, roll call timeout {ROLL_CALL_TIMEOUT} s: srun returned {took:.1f} s")

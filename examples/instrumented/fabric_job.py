@@ -32,6 +32,8 @@ def main():
     parser.add_argument("--num-nodes", type=int, default=2)
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--tag", help="ignored: marks the processes of one run")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep in every training step (a long job)")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader(num_workers=...)")
     args = parser.parse_args()
     fabric_module = importlib.import_module(args.namespace)
 
@@ -55,17 +57,21 @@ def main():
     # Sample i is (i, [i, i, i, i], 2 i); Fabric gives each rank its own shard (a DistributedSampler).
     index = torch.arange(args.samples)
     x = index.float().unsqueeze(1).repeat(1, 4)
-    data = fabric.setup_dataloaders(DataLoader(TensorDataset(index, x, x.sum(dim=1, keepdim=True) * 0.5), batch_size=4))
+    dataset = TensorDataset(index, x, x.sum(dim=1, keepdim=True) * 0.5)
+    data = fabric.setup_dataloaders(DataLoader(dataset, batch_size=4, num_workers=args.workers))
     seen = []
     for step, (indices, batch_x, batch_y) in enumerate(data):
         if not seen:
             print(f"FIRST_STEP rank={fabric.global_rank} time={time.time()!r} step=0\n", end="", flush=True)
         seen += indices.tolist()
         stall_here(fabric.global_rank, step)
+        time.sleep(args.step_seconds)
         loss = torch.nn.functional.mse_loss(model(batch_x) / 100, batch_y / 100)
         if plugins:  # with the plugin, the loop tells the stall watchdog it reached backward ("ddp_mpi" does itself)
             plugins[0].progress(step)
         fabric.backward(loss)
+        if step == 0:  # "ddp_mpi" notes SIGTERM from the first backward on (lightning_mpi_env/rollcall/sigterm.py)
+            print(f"FIRST_BACKWARD rank={fabric.global_rank}\n", end="", flush=True)
         optimizer.step()
         optimizer.zero_grad()
     rank_sum = fabric.all_reduce(torch.tensor(float(fabric.global_rank)), reduce_op="sum")

@@ -1,12 +1,18 @@
-"""Fault injection under mpirun (tests, benchmarks): tamper one rank's environment, then run the real command.
+"""Fault injection under mpirun or srun (tests, benchmarks): tamper one rank's environment, then run the command.
 
-Usage: python tamper.py [--rank R (--claim C | --world-size N | --exit | --stall S:HOW)] [--torch-env] -- COMMAND...
+Usage: python tamper.py [--rank R (--claim C | --world-size N | --exit | --never-start | --stall S:HOW |
+--block PLACE)] [--torch-env] -- COMMAND...
 
-On the process whose launcher rank is R, ``--claim C`` makes it claim rank C (a duplicate), ``--world-size N`` makes
-it claim a job of N ranks (a rank that disagrees with the others), and ``--exit`` makes it exit with status 0 before
-anything starts (a rank that never arrives, while mpirun waits for the others), ``--stall S:HOW`` makes it stall at
-its training step S (``block``: it sleeps, alive; ``freeze``: it stops itself with SIGSTOP; a number of seconds: it
-works alone that long, then goes on), through the instrumented jobs' ``INSTRUMENTED_STALL`` variable.
+On the process whose launcher rank is R (Open MPI's ``OMPI_COMM_WORLD_RANK``, else srun's ``SLURM_PROCID``),
+``--claim C`` makes it claim rank C (a duplicate), ``--world-size N`` makes it claim a job of N ranks (a rank that
+disagrees with the others), and ``--exit`` makes it exit with status 0 before anything starts (a rank that never
+arrives, while the launcher waits for the others), ``--never-start`` makes it sleep, alive, instead (a node whose
+file system hangs: the launcher waits for it too), ``--stall S:HOW`` makes it stall at its training step S
+(``block``: it sleeps, alive; ``freeze``: it stops itself with SIGSTOP; a number of seconds: it works alone that
+long, then goes on), through the instrumented jobs' ``INSTRUMENTED_STALL`` variable. ``--block PLACE`` makes it
+block, alive, where a job calls ``block_here(PLACE)`` (``INSTRUMENTED_BLOCK``): ``loader``, each item its data
+loaders read (with workers, in the worker), so its first batch never comes; ``setup``, before a Fabric job sets up
+its model: before its first step, while the others wait for it in a collective.
 ``INSTRUMENTED_START_GATE=DIR:COUNT`` makes the instrumented jobs wait, just before they start training, until COUNT
 processes have reached that point (each leaves a file in DIR): a test of the rendezvous then measures the rendezvous,
 not how unevenly 4 imports of torch and Lightning share 2 busy cores (up to 23 s apart in CI).
@@ -54,6 +60,21 @@ def stall_here(rank: int, step: int) -> None:
     time.sleep(3600)
 
 
+def block_here(place: str) -> None:
+    """Block for good, alive, when tamper.py asked for it here (``INSTRUMENTED_BLOCK=RANK:PLACE``)."""
+    wanted = os.environ.get("INSTRUMENTED_BLOCK")
+    if wanted is None or wanted.split(":", 1)[1] != place:
+        return
+    rank = wanted.split(":")[0]
+    print(f"BLOCK: rank {rank} blocks in {place} pid={os.getpid()} time={time.time()!r}\n", end="", flush=True)
+    time.sleep(3600)
+
+
+def launcher_rank() -> int:
+    """This process's rank as its launcher says it: Open MPI's, else srun's."""
+    return int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID", "-1")))
+
+
 def first_time(marker: str | None) -> bool:
     """Whether a fault happens this time: always without a marker file; else only for whoever creates it."""
     if marker is None:
@@ -89,22 +110,29 @@ def main():
     fault.add_argument("--claim", type=int)
     fault.add_argument("--world-size", type=int)
     fault.add_argument("--exit", action="store_true")
+    fault.add_argument("--never-start", action="store_true", help="sleep, alive, instead of starting the command")
     fault.add_argument("--stall", help="STEP:block, STEP:freeze or STEP:SECONDS")
+    fault.add_argument("--block", choices=["loader", "setup"], help="block for good at block_here(PLACE)")
     parser.add_argument("--torch-env", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
 
-    if args.rank is not None and int(os.environ["OMPI_COMM_WORLD_RANK"]) == args.rank:
+    if args.rank is not None and launcher_rank() == args.rank:
         if args.exit:
             print(f"TAMPER: rank {args.rank} exits before the rendezvous\n", end="", flush=True)
             sys.exit(0)
+        if args.never_start:
+            print(f"TAMPER: rank {args.rank} never starts its program\n", end="", flush=True)
+            time.sleep(3600)
         if args.claim is not None:
             print(f"TAMPER: rank {args.rank} claims rank {args.claim}\n", end="", flush=True)
             os.environ["OMPI_COMM_WORLD_RANK"] = str(args.claim)
             os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(args.claim % int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"]))
         if args.stall is not None:
             os.environ["INSTRUMENTED_STALL"] = args.stall
+        if args.block is not None:
+            os.environ["INSTRUMENTED_BLOCK"] = f"{args.rank}:{args.block}"
         if args.world_size is not None:
             print(f"TAMPER: rank {args.rank} claims world size {args.world_size}\n", end="", flush=True)
             os.environ["OMPI_COMM_WORLD_SIZE"] = str(args.world_size)

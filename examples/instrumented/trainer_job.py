@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 from lightning_mpi_env import MPIClusterEnvironment, hpc_checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tamper.py, beside this file
-from tamper import fault_here, stall_here, start_gate  # noqa: E402
+from tamper import block_here, fault_here, stall_here, start_gate  # noqa: E402
 
 
 def main():
@@ -67,6 +67,15 @@ def main():
         "rank 0 in saving the checkpoint while the others wait for it (work slow for everyone, not a stall)",
     )
     parser.add_argument(
+        "--workers", type=int, default=0, help="DataLoader(num_workers=...) for training and validation"
+    )
+    parser.add_argument("--persistent-workers", action="store_true", help="DataLoader(persistent_workers=True)")
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="a job as users write it: a validation loop after each epoch and a ModelCheckpoint of the last step",
+    )
+    parser.add_argument(
         "--result-dir",
         help="also write the RESULT line's JSON to DIR/result-<job>-<rank>.json: srun forwards output in messages of "
         "at most 1024 bytes (Slurm's SLURM_IO_MAX_MSG_LEN), so a longer line of one task can be cut by another's",
@@ -79,6 +88,7 @@ def main():
             return args.samples
 
         def __getitem__(self, index):
+            block_here("loader")  # tamper.py --block loader: this rank's first batch never comes
             x = torch.full((4,), float(index))
             return index, x, x.sum(dim=0, keepdim=True) * 0.5
 
@@ -124,7 +134,7 @@ def main():
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
         def train_dataloader(self):
-            return torch.utils.data.DataLoader(Indexed(), batch_size=4)
+            return loader()
 
         def validation_step(self, batch, batch_index):
             if batch_index == 0:
@@ -134,14 +144,27 @@ def main():
             return torch.nn.functional.mse_loss(self.layer(x) / 100, y / 100)
 
         def on_save_checkpoint(self, checkpoint):
-            if self.global_rank == 0:  # rank 0 writes the file; the others wait for it in a barrier
+            # Every rank builds the checkpoint; a process that is no rank (a data loader worker) must never get here.
+            print(
+                f"SAVE rank={self.global_rank} pid={os.getpid()} step={self.trainer.global_step}\n", end="", flush=True
+            )
+            if args.slow_eval and self.global_rank == 0:  # rank 0 writes the file; the others wait for it in a barrier
                 print(f"CHECKPOINT rank=0 for {args.slow_eval} s\n", end="", flush=True)
                 time.sleep(args.slow_eval)
 
-    if args.slow_eval:
-        Model.val_dataloader = lambda self: torch.utils.data.DataLoader(Indexed(), batch_size=4)
-    else:  # no validation loop, no checkpoint hook: the job as every other test runs it
-        del Model.validation_step, Model.on_save_checkpoint
+    def loader():
+        workers = {"num_workers": args.workers, "persistent_workers": args.persistent_workers and args.workers > 0}
+        return torch.utils.data.DataLoader(Indexed(), batch_size=4, **workers)
+
+    validate = args.slow_eval or args.validate
+    if validate:
+        Model.val_dataloader = lambda self: loader()
+    else:  # no validation loop: the job as the layout tests run it
+        del Model.validation_step
+    callbacks = []
+    if args.validate:
+        checkpoints = pl.callbacks.ModelCheckpoint(save_last=True)  # under default_root_dir/checkpoints
+        callbacks.append(checkpoints)
 
     if args.strategy == "ddp_mpi":
         import lightning_mpi_env  # noqa: F401  (registers "ddp_mpi")
@@ -161,7 +184,8 @@ def main():
         max_epochs=args.epochs if args.epochs is not None else (None if args.steps else 1),
         max_steps=args.steps or -1,
         logger=False,
-        enable_checkpointing=bool(args.slow_eval),
+        enable_checkpointing=validate,
+        callbacks=callbacks,
         enable_progress_bar=False,
         enable_model_summary=False,
     )

@@ -46,6 +46,13 @@ class Scheduler(NamedTuple):
     """The ASCII regular expression each job variable must match whole before a command or file name uses it."""
     restart_count: str = ""
     """The variable counting this job's restarts (``SLURM_RESTART_COUNT``); empty: the requeue record counts."""
+    end_time: str = ""
+    """The variable holding the job's projected end, in epoch seconds; empty: the scheduler exports none."""
+    end_reason: tuple[str, ...] = ()
+    """A command printing why the job ends (``{job}``: :attr:`requeue_job`), asked on a ``SIGTERM`` where
+    :attr:`end_time` is unset; empty: none."""
+    time_limit_reason: str = ""
+    """What :attr:`end_reason` prints when the job reached its time limit."""
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
         # A row is an entry of the table: pickled by its key.
@@ -143,10 +150,17 @@ SLURM = Scheduler(
             "SLURM_ARRAY_JOB_ID": _NUMBER,
             "SLURM_ARRAY_TASK_ID": _NUMBER,
             "SLURM_RESTART_COUNT": _NUMBER,
+            "SLURM_JOB_END_TIME": _NUMBER,
         }
     ),
     # sbatch(1): the number of times the job has been restarted or requeued; kept across requeues.
     restart_count="SLURM_RESTART_COUNT",
+    # sbatch(1), Slurm 23.02 and newer: "The UNIX timestamp for a job's projected end time".
+    end_time="SLURM_JOB_END_TIME",
+    # squeue(1) %r: the reason a job is in its state; a job past its time limit is completing with "TimeLimit",
+    # one cancelled with "None" (both seen on Slurm 22.05, which exports no end time).
+    end_reason=("squeue", "--noheader", "--jobs={job}", "--format=%r"),
+    time_limit_reason="TimeLimit",
 )
 
 FLUX = Scheduler(
@@ -233,6 +247,8 @@ class SchedulerJob(NamedTuple):
     """The job as the scheduler's requeue command names it (``36_1``, ``7[3]``); ``None`` where it has none."""
     restarts: int | None
     """How often the scheduler restarted this job (``SLURM_RESTART_COUNT``); ``None`` where it exports no count."""
+    end_time: int | None = None
+    """The job's projected end in epoch seconds (``SLURM_JOB_END_TIME``); ``None`` where it exports none."""
 
     @property
     def key(self) -> str:
@@ -259,8 +275,14 @@ def scheduler_job(env: Mapping[str, str]) -> SchedulerJob | None:
     identity = job_identity(env)
     assert identity is not None  # the scheduler was detected by the same variables
     count = env.get(scheduler.restart_count, "") if scheduler.restart_count else ""
+    end = env.get(scheduler.end_time, "") if scheduler.end_time else ""
     return SchedulerJob(
-        scheduler, identity[0], identity[1], requeue_name(scheduler, env), int(count) if count else None
+        scheduler,
+        identity[0],
+        identity[1],
+        requeue_name(scheduler, env),
+        int(count) if count else None,
+        int(end) if end else None,
     )
 
 

@@ -18,11 +18,10 @@ from lightning_mpi_env.lightning.entry_point import needed
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
 from lightning_mpi_env.lightning.periodic import FitProgress
 from lightning_mpi_env.lightning.requeue import checkpoint_and_requeue, refuse_another_jobs_resume
+from lightning_mpi_env.rollcall.sigterm import SIGTERM_STATUS
+from lightning_mpi_env.rollcall.stall import BEFORE_THE_FIRST_STEP
 
 _CLASSES: dict[str, type] = {}
-
-SIGTERM_STATUS = 128 + 15
-"""The exit status of a Trainer ended by ``SIGTERM`` (the shell's status for a process the signal ended)."""
 
 
 def callback_class(package: str) -> type:
@@ -79,6 +78,34 @@ def callback_class(package: str) -> type:
             environment = _environment(trainer)
             if environment is not None:
                 environment.teardown()
+                if environment.requeue is not None:  # Lightning put back the handlers it found, ours among them
+                    environment.requeue.restore()
+
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            """Progress before the first step: the model is set up, past DDP's first broadcast of the weights.
+
+            A rank stuck after that broadcast and before this hook is behind the others, which wait in Lightning's
+            barrier before the sanity check.
+            """
+            _mark(trainer, BEFORE_THE_FIRST_STEP)
+
+        def on_validation_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+            """Progress before the first step: a sanity check batch came (no mark in validation after it).
+
+            Every rank runs as many sanity check batches; a rank whose batch never comes is behind the others, which
+            wait in the next collective (the step's, the metrics' sync, the training data's length check).
+            """
+            if trainer.sanity_checking:
+                _mark(trainer, BEFORE_THE_FIRST_STEP)
+
+        def on_validation_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+            """Progress before the first step: a sanity check batch ran (a rank stuck in its step is behind)."""
+            if trainer.sanity_checking:
+                _mark(trainer, BEFORE_THE_FIRST_STEP)
+
+        def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
+            """Progress before the first step: the sanity check ended (a rank stuck at its end is behind)."""
+            _mark(trainer, BEFORE_THE_FIRST_STEP)
 
         def on_train_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
             """Progress for the stall watchdog: the step started."""
@@ -104,11 +131,21 @@ def callback_class(package: str) -> type:
                 self._finished, trainer.strategy.reduce_boolean_decision
             ):
                 checkpoint_and_requeue(trainer, environment.requeue, environment.settings.max_requeues)
+            if environment.sigterm_due(self._finished):  # a SIGTERM to any rank: every rank stops here
+                if environment.requeue_at_time_limit(trainer.global_rank, trainer.strategy.reduce_boolean_decision):
+                    assert environment.requeue is not None
+                    limit = "SIGTERM at the time limit"
+                    checkpoint_and_requeue(trainer, environment.requeue, environment.settings.max_requeues, limit)
+                _stop_on_sigterm(trainer, environment, sigterm_exception)
             if self._fit is not None:
                 self._fit = self._fit.after_batch(trainer)
 
         def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-            """``SIGTERMException`` exits 0; make it 143: the job did not finish (a script's ``&&`` stops)."""
+            """``SIGTERMException`` exits 0; make it 143: the job did not finish (a script's ``&&`` stops).
+
+            Where the ranks agree on a step after a ``SIGTERM`` to any of them (``rollcall/sigterm.py``), the callback
+            raises it itself, with 143, at that step on every rank.
+            """
             if (
                 _environment(trainer) is not None
                 and isinstance(exception, sigterm_exception)
@@ -131,10 +168,24 @@ def _environment(trainer: Any) -> MPIClusterEnvironment | None:
 def _start_training(trainer: Any) -> None:
     environment = _environment(trainer)
     if environment is not None:
-        record_sigterm_without_collective(trainer)
+        _record_sigterm(trainer, environment)
         environment.watch_requeue_signal()  # chained to the SIGTERM handler when the requeue signal is SIGTERM
         if environment.requeue is not None:
             refuse_another_jobs_resume(trainer, environment.requeue)  # Lightning's own Slurm resume takes any job's
+
+
+def _record_sigterm(trainer: Any, environment: MPIClusterEnvironment) -> None:
+    """``SIGTERM`` noted for the ranks' stop agreement where there is one, else recorded as Lightning 2.1 does."""
+    stop = environment.sigterm_stop
+    record_sigterm_without_collective(trainer, None if stop is None else stop.note)
+
+
+def _stop_on_sigterm(trainer: Any, environment: MPIClusterEnvironment, exception: type[BaseException]) -> None:
+    """Lightning's own ``SIGTERMException`` (``exception``), with status 143, at the step every rank stops at."""
+    stop = environment.sigterm_stop
+    if stop is not None:
+        stop.say(int(trainer.global_step))
+    raise exception(SIGTERM_STATUS)
 
 
 def _mark(trainer: Any, phase: int) -> None:

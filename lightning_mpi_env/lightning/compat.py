@@ -46,7 +46,13 @@ _srun_lock = threading.Lock()
 
 
 def silence_srun_not_used() -> Callable[[], None]:
-    """Ignore Lightning's "`srun` ... not used" advice, wrong for other launchers' ranks, until the returned call."""
+    """Ignore Lightning's "`srun` ... not used" advice until the returned call: wrong for any launched rank.
+
+    Under another launcher srun is not needed; under srun in an allocation whose job name is ``interactive`` or
+    ``bash`` (``salloc``'s own), ``SLURMEnvironment.detect()`` takes the step for an interactive session and gives
+    the advice to a program that srun started. ``detect()`` runs in every ``fit()`` without ``ckpt_path`` and in
+    :func:`hpc_resume_path`; while a Trainer or Fabric is made, only where no cluster environment was given.
+    """
     global _srun_silencers, _srun_filter
     with _srun_lock:
         if _srun_silencers == 0 or _srun_filter not in warnings.filters:
@@ -143,14 +149,18 @@ def sigterm_handler_runs_collective(trainer: Any) -> bool:
     return lightning_version(trainer) >= SIGTERM_COLLECTIVE_SINCE
 
 
-def record_sigterm_without_collective(trainer: Any) -> bool:
-    """For this ``fit``, a ``SIGTERM`` handler that records the signal as Lightning 2.1's does, with no collective.
+def record_sigterm_without_collective(trainer: Any, note: Callable[[], None] | None = None) -> bool:
+    """For this ``fit``, a ``SIGTERM`` handler in the place of Lightning's ``_sigterm_notifier_fn``, with no collective.
 
-    Lightning's handler (:data:`SIGTERM_COLLECTIVE_SINCE`) broadcasts wherever the main thread is: ranks signalled a
-    moment apart enter it at different points and hang. The loop still broadcasts ``received_sigterm`` each step, and
-    Lightning's other handlers still run. Call from the main thread once Lightning registered its handlers.
+    Lightning's (:data:`SIGTERM_COLLECTIVE_SINCE`) broadcasts wherever the main thread is: ranks signalled a moment
+    apart enter it at different points and hang. Without ``note`` (Lightning 2.5.2+ only) the handler sets
+    ``received_sigterm`` as Lightning 2.1's does: the loop stops this rank after its step, and broadcasts rank 0's flag
+    each step. With ``note`` (every version) it calls ``note`` instead and leaves ``received_sigterm`` unset, so that no
+    rank stops by itself: the caller stops every rank at one step. Either way it kills the workers Lightning started
+    itself, as Lightning's does, and Lightning's other handlers still run. Call from the main thread once Lightning
+    registered its handlers; whether the handler went in.
     """
-    if not sigterm_handler_runs_collective(trainer):
+    if note is None and not sigterm_handler_runs_collective(trainer):
         return False
     connector: Any = getattr(trainer, "_signal_connector", None)
     notifier = getattr(connector, "_sigterm_notifier_fn", None)
@@ -158,13 +168,19 @@ def record_sigterm_without_collective(trainer: Any) -> bool:
     if notifier is None or not isinstance(composed, list) or notifier not in composed:
         return False
     others = [handler for handler in composed if handler != notifier and callable(handler)]
+    signalled = False
 
     def record_sigterm(signum: int, frame: FrameType | None) -> None:
-        if not connector.received_sigterm:
+        nonlocal signalled
+        if not signalled and not connector.received_sigterm:
             launcher = trainer.strategy.launcher
             if launcher is not None:  # workers Lightning started itself get the signal too
                 launcher.kill(signum)
-        connector.received_sigterm = True
+        signalled = True
+        if note is None:
+            connector.received_sigterm = True
+        else:
+            note()
         for handler in others:
             handler(signum, frame)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
-from lightning_mpi_env.core.launchers import SRUN, started_by_launcher
+from lightning_mpi_env.core.launchers import started_by_launcher
 from lightning_mpi_env.core.network import socket_ifname_exports
 from lightning_mpi_env.core.rank_layout import RankLayout
 from lightning_mpi_env.core.records import FailureRecorder
@@ -37,6 +37,7 @@ from lightning_mpi_env.lightning.interface import ClusterEnvironmentInterface
 from lightning_mpi_env.lightning.launch import LaunchMode, Stage, find_free_port, is_per_node_launch, read_launch
 from lightning_mpi_env.lightning.loop_calls import LoopCalls
 from lightning_mpi_env.lightning.process_state import Change, ProcessChanges
+from lightning_mpi_env.lightning.requeue import let_workers_end
 from lightning_mpi_env.lightning.roll_call import before_init_process_group, run_roll_call
 
 if TYPE_CHECKING:
@@ -96,8 +97,7 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
         self._recorder = FailureRecorder.plan(
             self.settings.state_dir, self._layout.launcher_name, None if identity is None else identity[0]
         )
-        launcher = self._layout.launcher
-        if launcher is not None and launcher.key != SRUN.key:
+        if self._layout.launcher is not None:  # before the Trainer or Fabric that takes this environment is made
             self.changes.add(Change.SRUN_FILTER, silence_srun_not_used())
         self._fabric = socket_ifname_exports(self.settings.ifname, env)  # checked now, exported before init
         if not self.settings.roll_call:  # with the roll call, node ranks become exact before any use
@@ -331,6 +331,8 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
             self._layout.main_address,
             rank_zero=self.global_rank() == 0,
         )
+        # Before any data loader worker forks: a worker inherits the handler, which ignores the signal there.
+        self.watch_requeue_signal()
         if not self.settings.roll_call:
             return
         outcome = run_roll_call(
@@ -358,3 +360,13 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
         if outcome.watchdog is not None:
             self._watchdog = outcome.watchdog
             self.changes.add(Change.WATCHDOG, outcome.watchdog.stop)
+            if outcome.watchdog.sigterm is not None:  # a scheduler's SIGTERM ends the data loader workers too
+                outcome.watchdog.sigterm.on_note = self._let_workers_end
+
+    def _let_workers_end(self) -> None:
+        """After a ``SIGTERM``, until the run's end: a data loader worker's end is no error in this stopping rank."""
+        if Change.WORKER_EXITS in self.changes:
+            return
+        previous = let_workers_end()
+        if previous is not None:
+            self.changes.add(Change.WORKER_EXITS, lambda: signal.signal(signal.SIGCHLD, previous))

@@ -3,17 +3,21 @@
 The handler only notes the signal; the ranks agree on one step (through the roll call's store, else a collective),
 save the HPC checkpoint there, rank 0 runs the scheduler's requeue command, and every rank exits with the
 scheduler's requeue status, or 1 past ``LIGHTNING_MPI_ENV_MAX_REQUEUES`` (a job warned after each restart would
-requeue forever). Started again, it resumes with ``trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))``.
+requeue forever), or :data:`REQUEUE_BY_JOB_SCRIPT` where the command is missing or failed. The handler goes in
+before ``init_process_group``, so that data loader workers, forked later, inherit it and ignore the signal. Started
+again, it resumes with ``trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
@@ -31,7 +35,36 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _received: dict[int, int] = {}  # signal number -> how many times it came; written by the handler only
-_replaced: dict[int, Any] = {}  # signal number -> the handler `install` replaced, for `restore`
+
+REQUEUE_BY_JOB_SCRIPT = 75
+"""Every rank's exit status where the requeue command cannot run or failed (``EX_TEMPFAIL``, sysexits.h): the
+checkpoint is saved, and the job script, outside the container, puts the job back in the queue."""
+
+
+class _Note:
+    """The requeue signal's handler: counts the signal in the process that installed it, then chains to ``previous``.
+
+    ``previous`` is the user's, submitit's or Lightning's. In a process forked since (a data loader worker: the
+    scheduler signals every process of the step) it does nothing, so the signal neither ends the worker nor saves
+    there; once restored, it behaves as ``previous`` would.
+    """
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+        self.owner = os.getpid()
+        self.active = True
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.owner:
+            return
+        if self.active:
+            _received[signum] = _received.get(signum, 0) + 1
+        elif self.previous in (signal.SIG_DFL, None):
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)  # the default action, as if this handler had never been there
+            return
+        if callable(self.previous):
+            self.previous(signum, frame)
 
 
 class Requeue(NamedTuple):
@@ -74,31 +107,43 @@ class Requeue(NamedTuple):
         if threading.current_thread() is not threading.main_thread():
             log.debug("Not in the main thread: no requeue signal handler.")
             return
-        previous = signal.getsignal(self.signum)
-        if getattr(previous, "_lightning_mpi_env", False):
-            return
-
-        def note(signum: int, frame: FrameType | None) -> None:
-            _received[signum] = _received.get(signum, 0) + 1
-            if callable(previous):  # keep the handler that was there (the user's, submitit's, Lightning's)
-                previous(signum, frame)
-
-        note._lightning_mpi_env = True  # type: ignore[attr-defined]
-        _replaced[int(self.signum)] = previous
-        signal.signal(self.signum, note)
+        current = signal.getsignal(self.signum)
+        if isinstance(current, _Note):
+            if current.active and current.owner == os.getpid():
+                return
+            current = current.previous  # one put back after restore(), or inherited through a fork
+        signal.signal(self.signum, _Note(current))
 
     def restore(self) -> None:
-        """Put back the handler :meth:`install` replaced, if this package's is still the one in place."""
-        if threading.current_thread() is not threading.main_thread() or int(self.signum) not in _replaced:
+        """Put back the handler :meth:`install` replaced, if this package's is the one in place (repeatable).
+
+        Lightning's Trainer records the handlers in place when it registers its own and puts them back after the
+        strategy's teardown: a handler restored before is put back too, inert, until the callback's teardown.
+        """
+        if threading.current_thread() is not threading.main_thread():
             return
-        previous = _replaced.pop(int(self.signum))
-        if getattr(signal.getsignal(self.signum), "_lightning_mpi_env", False):
-            signal.signal(self.signum, signal.SIG_DFL if previous is None else previous)
+        current = signal.getsignal(self.signum)
+        if isinstance(current, _Note):
+            current.active = False
+            signal.signal(self.signum, signal.SIG_DFL if current.previous is None else current.previous)
 
     @property
     def requested(self) -> bool:
         """Whether the signal came to this process."""
         return _received.get(int(self.signum), 0) > 0
+
+    def runnable(self) -> bool:
+        """Whether the requeue command is on ``PATH`` here (a container often lacks the scheduler's client)."""
+        return not self.command or shutil.which(self.command[0]) is not None
+
+    def fallback(self) -> str:
+        """What the job script adds so that a job whose ranks exit :data:`REQUEUE_BY_JOB_SCRIPT` is requeued."""
+        command = " ".join(self.command)
+        return (
+            f"every rank exits {REQUEUE_BY_JOB_SCRIPT}: in the job script, outside the container, follow the "
+            f"launch with `|| {{ s=$?; [ $s -eq {REQUEUE_BY_JOB_SCRIPT} ] && {command}; exit $s; }}` "
+            "(docs/preemption.md, 'In a container')"
+        )
 
     def agree(self, reduce_boolean_decision: Callable[..., bool]) -> bool:
         """Whether the signal came to any rank (a collective: every rank must call it, at the same step)."""
@@ -209,7 +254,7 @@ def _say(message: str) -> None:
     sys.stderr.flush()
 
 
-def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int) -> None:
+def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int, cause: str = "") -> None:
     """Save the HPC checkpoint on every rank, requeue from rank 0, and exit with the plan's status (1: over, failed)."""
     directory = str(trainer.default_root_dir)
 
@@ -222,12 +267,15 @@ def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int) -> No
     def counted(record: Record) -> Record:  # in the same write as the finished save: the requeue may end us at once
         return record._replace(requeues=record.requeues + (not over(record.requeues)))
 
+    # Rank 0's answer on every rank: one job, one exit status, also where the command is missing.
+    runnable = bool(trainer.strategy.broadcast(plan.runnable() if trainer.global_rank == 0 else None, src=0))
     saved = checkpoints.save_recorded(trainer, plan.job, finish=counted)
     path = saved.path
+    let_workers_end()
     if saved.record is None:
         # No collective after this: the scheduler ends every rank of a requeued job at once.
-        raise SystemExit(1 if over(saved.requeues) else plan.exit_code)
-    _say(f"saved {path} at step {trainer.global_step} after {plan.signum.name}")
+        raise SystemExit(1 if over(saved.requeues) else (plan.exit_code if runnable else REQUEUE_BY_JOB_SCRIPT))
+    _say(f"saved {path} at step {trainer.global_step} after {cause or plan.signum.name}")
     if over(saved.requeues):
         counter = plan.job.scheduler.restart_count or f"the job's record {checkpoints.record_path(directory, plan.job)}"
         _say(
@@ -236,10 +284,72 @@ def checkpoint_and_requeue(trainer: Any, plan: Requeue, max_requeues: int) -> No
             f"`trainer.fit(model, ckpt_path=...)`, or raise {VARIABLE['max_requeues']} (0: no limit)."
         )
         raise SystemExit(1)
+    if not runnable:
+        _say(f"`{plan.command[0]}` is not on PATH here: the checkpoint {path} is saved, and {plan.fallback()}.")
+        raise SystemExit(REQUEUE_BY_JOB_SCRIPT)
     if plan.run_command():
         raise SystemExit(plan.exit_code)
-    _say(f"the checkpoint {path} is saved: resume from it in a new job with `trainer.fit(model, ckpt_path=...)`.")
-    raise SystemExit(1)
+    _say(f"the checkpoint {path} is saved, and {plan.fallback()}.")
+    raise SystemExit(REQUEUE_BY_JOB_SCRIPT)
+
+
+END_TIME_SLACK = 60.0
+"""Seconds before the job's projected end from which a ``SIGTERM`` counts as its time limit: the controller checks
+the limits periodically and never early, so only clock skew between the nodes and the controller comes first."""
+
+
+def ended_by_time_limit(
+    job: SchedulerJob, now: float, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run
+) -> bool | None:
+    """Whether a ``SIGTERM`` to ``job`` now is its time limit (``True``) or a cancel (``False``); ``None``: unknown.
+
+    The exported end time answers where the scheduler exports one; else its reason for ending the job (Slurm's
+    ``squeue --format=%r``), which needs the scheduler's client.
+    """
+    row = job.scheduler
+    if job.end_time is not None:
+        return now >= job.end_time - END_TIME_SLACK
+    if not row.end_reason or job.requeue_name is None:
+        return None
+    command = [part.format(job=job.requeue_name) for part in row.end_reason]
+    try:
+        done = run(command, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    answer = done.stdout.strip()[:100]  # one reason word; anything else is no time limit
+    return answer == row.time_limit_reason
+
+
+def requeue_at_time_limit(plan: Requeue | None, rank: int, reduce_boolean_decision: Callable[..., bool]) -> bool:
+    """Whether the ``SIGTERM`` every rank stops on is the job's time limit, rank 0's answer on every rank.
+
+    Every rank calls it at the same step (a collective where the scheduler can tell a time limit at all). Where it
+    cannot be told, rank 0 says what the job script needs, and the ranks stop as on any ``SIGTERM``.
+    """
+    if plan is None or not (plan.job.scheduler.end_time or plan.job.scheduler.end_reason):
+        return False
+    answer = ended_by_time_limit(plan.job, time.time()) if rank == 0 else True
+    if answer is None:
+        row = plan.job.scheduler
+        _say(
+            f"not requeued: {plan.job} got SIGTERM, and neither {row.end_time} nor `{row.end_reason[0]}` says whether "
+            f"it is the time limit. Add `{row.job_script.splitlines()[0]}` to the job script: the warning signal "
+            "checkpoints and requeues before the limit."
+        )
+    return bool(reduce_boolean_decision(answer is True, all=True))
+
+
+def let_workers_end() -> Any:
+    """Let data loader workers end without a traceback; the handler replaced (``None`` outside the main thread).
+
+    For a rank that stops: past the requeue's save, or after a ``SIGTERM`` that reached the workers too. torch's
+    ``SIGCHLD`` handler would raise "DataLoader worker ... is killed by signal" wherever the rank's main thread is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def requeue_due(
@@ -262,8 +372,15 @@ def requeue_now(plan: Requeue | None, fabric: object) -> NoReturn:
             "requeue_now() was called, but this job has no scheduler that can requeue it, or requeue is off.",
             "Call it only when requeue_requested() said so.",
         )
+    runnable = bool(fabric.broadcast(plan.runnable(), src=0))  # type: ignore[attr-defined]  # rank 0's answer
     fabric.barrier("lightning_mpi_env.lightning.requeue.saved")  # type: ignore[attr-defined]  # every rank's save is done
+    let_workers_end()
     # No collective after this: the scheduler ends every rank of a requeued job at once.
+    if not runnable:
+        if fabric.global_rank == 0:  # type: ignore[attr-defined]
+            _say(f"`{plan.command[0]}` is not on PATH here: the checkpoint is saved, and {plan.fallback()}.")
+        raise SystemExit(REQUEUE_BY_JOB_SCRIPT)
     if fabric.global_rank != 0 or plan.run_command():  # type: ignore[attr-defined]
         raise SystemExit(plan.exit_code)
-    raise SystemExit(1)
+    _say(f"the checkpoint is saved, and {plan.fallback()}.")
+    raise SystemExit(REQUEUE_BY_JOB_SCRIPT)

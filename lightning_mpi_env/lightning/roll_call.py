@@ -93,7 +93,10 @@ def run_roll_call(
     requeue: Requeue | None,
     recorder: FailureRecorder | None,
 ) -> RollCallOutcome:
-    """Meet every rank (a ``RendezvousError`` names one missing, duplicate or disagreeing); rank 0 prints a summary."""
+    """Meet every rank (a ``RendezvousError`` names one missing, duplicate or disagreeing); rank 0 prints a summary.
+
+    The watchdog it starts carries the stop agreements: the requeue's, and the one after a ``SIGTERM`` to any rank.
+    """
     world_size = ranks.world_size
     claim = Claim.here(
         rank=ranks.global_rank,
@@ -115,7 +118,9 @@ def run_roll_call(
     placed = expected_node(
         layout, managed_by_lightning=managed_by_lightning, world_size=world_size, num_nodes=ranks.num_nodes
     )
-    result = rendezvous(claim, timeout=settings.rendezvous_timeout, expected_node=placed, recorder=recorder)
+    result = rendezvous(
+        claim, timeout=settings.rendezvous_timeout, expected_node=placed, recorder=recorder, launch=layout
+    )
     chosen = None
     if result.device_index is not None and (device is None or device.index is None):
         visible = claim.visible_set or ()
@@ -123,7 +128,9 @@ def run_roll_call(
     stall_watchdog = None
     if settings.stall_timeout > 0 or requeue is not None:
         signalled = None if requeue is None else (lambda: requeue.requested)
-        stall_watchdog = watch(result, settings.stall_timeout, signalled, layout, recorder, settings.stall_soft_timeout)
+        stall_watchdog = watch(
+            result, settings.stall_timeout, signalled, layout, recorder, settings.stall_soft_timeout, sigterm=True
+        )
     if claim.rank == 0 and result.summary:
         # One line per job, on stderr with the other diagnostics: stdout stays the program's.
         print(result.summary, file=sys.stderr, flush=True)

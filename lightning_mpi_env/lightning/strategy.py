@@ -23,6 +23,7 @@ from lightning_mpi_env.lightning.callbacks import attach
 from lightning_mpi_env.lightning.compat import init_dist_connection, passes_device_id, strategy_registry
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
 from lightning_mpi_env.lightning.errors import nodes_against_launch
+from lightning_mpi_env.rollcall.stall import BEFORE_THE_FIRST_STEP
 
 if TYPE_CHECKING:
     from lightning_mpi_env.core.rank_layout import RankLayout
@@ -255,11 +256,22 @@ def _build(package: str, strategies: ModuleType) -> type:
         if not trainer_side:
 
             @override
+            def setup_module(self, module: Any) -> Any:
+                # Progress before the first step, then DDP's first broadcast of the weights: a rank stuck before
+                # fabric.setup() (its data, its model) is behind the others, which wait for it in that broadcast.
+                environment = self.cluster_environment
+                if isinstance(environment, MPIClusterEnvironment):
+                    environment.mark_progress(getattr(self, "_backward_calls", 0), BEFORE_THE_FIRST_STEP)
+                return super().setup_module(module)
+
+            @override
             def backward(self, tensor: Any, module: Any, *args: Any, **kwargs: Any) -> None:
-                # Fabric has no training loop of its own: each fabric.backward() is progress for the watchdog.
+                # Fabric has no training loop of its own: each fabric.backward() is progress for the watchdog, and
+                # the step at which every rank stops after a SIGTERM to any of them, before its collectives.
                 environment = self.cluster_environment
                 if not isinstance(environment, MPIClusterEnvironment):
                     return super().backward(tensor, module, *args, **kwargs)  # type: ignore[no-any-return]
+                environment.exit_on_sigterm()
                 self._backward_calls = getattr(self, "_backward_calls", 0) + 1
                 environment.mark_progress(self._backward_calls, 2)
                 super().backward(tensor, module, *args, **kwargs)

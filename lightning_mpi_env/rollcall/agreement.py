@@ -1,12 +1,15 @@
-"""One step at which every rank stops for checkpoint-and-requeue, agreed through the store, with no collective.
+"""One step at which every rank stops, agreed through the store, with no collective.
 
-The scheduler's warning signal may reach only some ranks (``scancel --signal`` reaches a job step's ranks only), yet
-every rank must checkpoint at the same step. A collective would cost every step a round trip; instead the watchdog
-thread agrees at its own interval, and the training loop only reads two local variables per step:
+A signal may reach only some ranks (``scancel --signal`` reaches a job step's ranks only; ``kill`` one process), yet
+every rank must stop at the same step: to checkpoint and requeue on the scheduler's warning signal, or to end on
+``SIGTERM``. Each purpose is a :class:`StopKind` with keys of its own. A collective would cost every step a round
+trip; instead the watchdog thread agrees at its own interval, and the training loop only reads two local variables
+per step:
 
-1. A rank whose handler noted the signal writes ``stop/requested`` (its thread, at its next interval).
+1. A rank whose handler noted the signal writes ``<key>requested`` (its thread, at its next interval).
 2. Every rank's thread that sees it first sets :attr:`StopAgreement.seen`, then posts the step this rank will
-   certainly reach: the last step its loop finished, plus one. The store keeps the highest post (``compare_set``).
+   certainly reach: the last step its loop finished, plus one; under a ``prompt`` kind, the last step itself where
+   the loop already waits at its end. The store keeps the highest post (``compare_set``).
 3. When the last rank has posted, the highest post is the step every rank stops at.
 
 Why no rank has passed that step: the loop checks ``seen`` after each step, and the thread sets it *before* reading
@@ -20,6 +23,7 @@ from __future__ import annotations
 import enum
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lightning_mpi_env.core.errors import RendezvousError, StallError
@@ -36,6 +40,27 @@ POSTED = KEY + "posted"
 KNOWN = KEY + "known"
 
 
+@dataclass(frozen=True)
+class StopKind:
+    """What the ranks stop for: the store keys under ``key``, and the words of the error when they cannot agree."""
+
+    key: str
+    signal: str
+    """The signal, as the error names it."""
+    action: str
+    """What the ranks were to do at the step, as the error names it."""
+    missed: str
+    """What did not happen for want of an agreement (the hint's last words), or ``""``."""
+    prompt: bool = False
+    """Whether a rank that got the signal itself waits for the agreement at its next step instead of going on: where
+    something else would stop that rank alone at its next steps (Lightning's Trainer does on ``SIGTERM``), or a fast
+    loop could end before its thread's next interval."""
+
+
+REQUEUE_STOP = StopKind(KEY, "the requeue signal", "checkpoint", " The checkpoint was not taken.")
+SIGTERM_STOP = StopKind("lightning_mpi_env/sigterm/", "SIGTERM", "stop", "", prompt=True)
+
+
 class AgreementState(enum.Enum):
     """Where this rank is in the agreement."""
 
@@ -47,13 +72,19 @@ class AgreementState(enum.Enum):
 class StopAgreement:
     """This rank's part in agreeing on a step to stop at; ``signalled()`` is asked by the thread, never the handler."""
 
-    def __init__(self, *, rank: int, world_size: int, signalled: Callable[[], bool]) -> None:
-        self.rank, self.world_size = rank, world_size
+    def __init__(
+        self, *, rank: int, world_size: int, signalled: Callable[[], bool], kind: StopKind = REQUEUE_STOP
+    ) -> None:
+        self.rank, self.world_size, self.kind = rank, world_size, kind
+        self._requested, self._at, self._posted, self._known_key = (
+            kind.key + name for name in ("requested", "at", "posted", "known")
+        )
         self._signalled = signalled
         self._announced = False
         self._seen = threading.Event()
         self._known = threading.Event()
         self._finished = 0  # the last step the loop finished; written by the loop, read by the thread
+        self._waiting = False  # whether the loop waits in due() at the end of step _finished (set after it)
         self.state = AgreementState.IDLE
         self.stop_at: int | None = None
         self.failure: RendezvousError | None = None
@@ -62,20 +93,26 @@ class StopAgreement:
     def due(self, finished: int, wait: float) -> bool:
         """Whether to stop now; the loop calls it after each step with the steps finished (the same on every rank).
 
-        Once a signal was seen, it waits up to ``wait`` seconds for every rank's post.
+        Once a signal was seen, it waits up to ``wait`` seconds for every rank's post; under a ``prompt`` kind, so
+        does a rank whose own signal its thread has not announced yet (its thread does within an interval).
 
         Raises:
             StallError: Not every rank posted within ``wait`` seconds (a rank froze, or its thread ended).
             RendezvousError: The store held a malformed step (the key named).
         """
         self._finished = finished
-        if not self._seen.is_set():
+        if not self._seen.is_set() and not (self.kind.prompt and self._signalled()):
             return False
-        if not self._known.wait(wait):
+        self._waiting = True
+        try:
+            known = self._known.wait(wait)
+        finally:
+            self._waiting = False
+        if not known:
             raise StallError(
-                f"The ranks did not agree on a step to checkpoint at within {wait:g} s of the requeue signal: some "
-                "rank's watchdog thread did not answer in the store.",
-                "Look for a rank that froze, or whose host lost the network; the checkpoint was not taken.",
+                f"The ranks did not agree on a step to {self.kind.action} at within {wait:g} s of {self.kind.signal}: "
+                "some rank's watchdog thread did not answer in the store.",
+                f"Look for a rank that froze, or whose host lost the network.{self.kind.missed}",
             )
         if self.failure is not None:
             raise self.failure
@@ -102,26 +139,29 @@ class StopAgreement:
         added = 0
         if not self._announced and self._signalled():
             self._announced = True
-            store.set(REQUESTED, str(self.rank))
+            store.set(self._requested, str(self.rank))
             added = 1
-        if self.state is AgreementState.IDLE and (added or events) and store.check([REQUESTED]):
+        if self.state is AgreementState.IDLE and (added or events) and store.check([self._requested]):
             self._seen.set()  # first: the loop checks it after reading ... see the module docstring
-            self._raise_to(self._finished + 1, store)
-            if store.add(POSTED, 1) >= self.world_size:
-                store.set(KNOWN, "1")
+            # A loop waiting at the end of its step can stop right there (under a prompt kind: a SIGTERM that
+            # reached the data loader workers too leaves no batch to fetch); else the next step's end.
+            here = self.kind.prompt and self._waiting
+            self._raise_to(self._finished + (0 if here else 1), store, self._at)
+            if store.add(self._posted, 1) >= self.world_size:
+                store.set(self._known_key, "1")
             self.state = AgreementState.POSTED
-        if self.state is AgreementState.POSTED and store.check([KNOWN]):
-            self.stop_at = read(AT, store.get(AT), parse_step)
+        if self.state is AgreementState.POSTED and store.check([self._known_key]):
+            self.stop_at = read(self._at, store.get(self._at), parse_step)
             self.state = AgreementState.KNOWN
             self._known.set()
         return added
 
     @staticmethod
-    def _raise_to(step: int, store: Store) -> None:
-        """Make the stored ``AT`` at least ``step`` (``compare_set`` only writes over the value it was shown)."""
+    def _raise_to(step: int, store: Store, key: str = AT) -> None:
+        """Make the step stored under ``key`` at least ``step`` (``compare_set`` only writes over the value shown)."""
         shown = ""
         while True:
-            stored = store.compare_set(AT, shown, str(step))
-            if read(AT, stored, parse_step) >= step:
+            stored = store.compare_set(key, shown, str(step))
+            if read(key, stored, parse_step) >= step:
                 return
             shown = stored.decode("ascii")

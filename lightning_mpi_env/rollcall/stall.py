@@ -2,8 +2,10 @@
 
 Two rules, either is a stall (:func:`find_stall`): no progress anywhere for the timeout while the ranks are not
 level (some rank got further and waits in the next collective; work slow for everyone leaves them level), or one
-rank's heartbeat silent for the timeout while the others' go on, whatever the loop marks. A rank behind whose
-heartbeat stopped too is *frozen*; else *alive*, its main thread's place shown.
+rank's heartbeat silent for the timeout while the others' go on, whatever the loop marks. Marks come before the first
+step too (:data:`BEFORE_THE_FIRST_STEP`), between the collectives of setup and the sanity check, so that a rank stuck
+there is behind the others waiting in the next one. A rank behind whose heartbeat stopped too is *frozen*; else
+*alive*, its main thread's place shown.
 """
 
 from __future__ import annotations
@@ -17,9 +19,18 @@ from lightning_mpi_env.core.settings import VARIABLE
 from lightning_mpi_env.rollcall.claims import format_ranks
 from lightning_mpi_env.rollcall.store_values import Report
 
-PHASES: tuple[str, ...] = ("between steps", "in its training step", "in backward", "past backward")
+PHASES: tuple[str, ...] = (
+    "between steps",
+    "in its training step",
+    "in backward",
+    "past backward",
+    "before its first step",
+)
 """Where in a step a rank is, by its last mark: after a step (loading the next batch), after the step started,
-before backward, after backward."""
+before backward, after backward; or where the loop marks its way to the first step (setup, the sanity check)."""
+
+BEFORE_THE_FIRST_STEP = PHASES.index("before its first step")
+"""The phase of a mark before the first training step: every rank makes the same marks there, in the same order."""
 
 
 def interval_for(timeout: float, world_size: int) -> float:
@@ -91,7 +102,11 @@ def judge(
         waiting = sorted(rank for rank, entry in seen.items() if entry.report.progress == top and rank not in named)
     else:
         waiting = sorted(rank for rank in beating if rank not in named)
-    at = f" at step {seen[waiting[0]].report.step}" if marked and waiting else ""
+    stepped = marked and bool(waiting) and _stepped(seen[waiting[0]].report)
+    if stepped:
+        at = f" at step {seen[waiting[0]].report.step}"
+    else:
+        at = " before the first step" if marked and waiting else ""
     others = format_ranks(waiting) if waiting else "no other rank"
     if no_progress:
         wait = "waits" if len(waiting) == 1 else "wait"
@@ -105,7 +120,7 @@ def judge(
     lines = [_describe(rank, seen.get(rank), now, frozen_after, marked) for rank in named]
     frozen = any(rank not in seen or now - seen[rank].beat_since >= frozen_after for rank in named)
     hosts = tuple(dict.fromkeys(seen[rank].report.host for rank in named if rank in seen))
-    step = seen[waiting[0]].report.step if marked and waiting else None
+    step = seen[waiting[0]].report.step if stepped else None
     fault = Fault(FailureKind.FROZEN if frozen else FailureKind.STALLED, tuple(named), hosts, step)
     error = StallError(
         f"{format_ranks(named).capitalize()} stalled: {reason}. " + "; ".join(lines) + ".",
@@ -118,12 +133,22 @@ def judge(
     return Stall(error, fault)
 
 
+def _stepped(report: Report) -> bool:
+    """Whether ``report``'s rank made a training step's mark: its last mark is no setup or sanity check mark."""
+    return report.progress > 0 and report.phase != BEFORE_THE_FIRST_STEP
+
+
 def _describe(rank: int, entry: Seen | None, now: float, frozen_after: float, marked: bool) -> str:
     """One stalled rank: where it was by its last report, and how long ago that was when it is frozen."""
     if entry is None:
         return f"rank {rank} never reported (frozen, or stuck before its watchdog started)"
     report, quiet = entry.report, now - entry.beat_since
-    place = f"step {report.step} ({PHASES[report.phase]})" if marked else "no step (the loop marks no progress)"
+    if not marked:
+        place = "no step (the loop marks no progress)"
+    elif _stepped(report):
+        place = f"step {report.step} ({PHASES[report.phase]})"
+    else:
+        place = f"no step yet ({PHASES[BEFORE_THE_FIRST_STEP]})"
     if quiet >= frozen_after:
         return f"rank {rank} on {report.host}, frozen: its watchdog last reported {quiet:.0f} s ago, at {place}"
     return f"rank {rank} on {report.host} at {place}, alive, main thread at {report.where}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from lightning_mpi_env.rollcall.store_values import stall_verdict
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
+
+    from lightning_mpi_env.core.rank_layout import RankLayout
 
 KEY = "lightning_mpi_env/watchdog/"
 VERDICT = KEY + "verdict"
@@ -62,8 +65,30 @@ def store_silent(seconds: float, timeout: float) -> StallError:
     )
 
 
+def step_end(launch: RankLayout | None) -> tuple[tuple[str, ...], str]:
+    """The command that ends ``launch``'s step, ``()`` where there is none or it is not on PATH; and its hint.
+
+    The hint is the launcher's option that ends a step when one rank fails, for a step that outlives the command.
+    """
+    if launch is None or launch.launcher is None:
+        return (), ""
+    command = launch.end_step if launch.end_step and shutil.which(launch.end_step[0]) is not None else ()
+    return tuple(command), launch.launcher.end_hint
+
+
+END_STEP_RETRIES = 4
+"""Requests to end the step after the first, each after a wait twice the last (1, 2, 4, 8 s), while this rank, which
+runs inside the step, is still alive: the scheduler may have lost a request. Then 16 s more, and it gives up."""
+
+
 def end_at(
-    error: StallError, exit_at: float, *, rank: int, end_step: Sequence[str], exit: Callable[[int], object]
+    error: StallError,
+    exit_at: float,
+    *,
+    rank: int,
+    end_step: Sequence[str],
+    exit: Callable[[int], object],
+    end_hint: str = "",
 ) -> None:
     """Say why, then end this process at ``exit_at`` (wall clock), when every rank ends too; then ``end_step``.
 
@@ -72,7 +97,7 @@ def end_at(
     """
     text = render(error) or f"StallError: {error.one_line()}\n"
     if end_step:
-        text += f"lightning-mpi-env: rank {rank} ends the job step: {' '.join(end_step)}\n"
+        text += ending_line(rank, end_step)
     sys.stderr.write(text)
     sys.stderr.flush()
     said = -1
@@ -83,26 +108,63 @@ def end_at(
         os.dup2(silence, 2)
     time.sleep(max(0.0, min(exit_at - time.time(), 30.0)))
     if end_step:
-        end_step_now(end_step, said)
+        end_step_now(end_step, said, retries=END_STEP_RETRIES if exit is os._exit else 0, hint=end_hint)
     exit(1)
 
 
-def end_step_now(command: Sequence[str], said: int) -> None:
+def ending_line(rank: int, end_step: Sequence[str]) -> str:
+    """The line of the rank that ends the job step, said before it does."""
+    return f"lightning-mpi-env: rank {rank} ends the job step: {' '.join(end_step)}\n"
+
+
+def end_step_now(
+    command: Sequence[str],
+    said: int,
+    *,
+    retries: int = 0,
+    hint: str = "",
+    sleep: Callable[[float], object] = time.sleep,
+) -> None:
     """Run the scheduler's command that ends this step; say on ``said`` (a copy of stderr, or -1) when it failed.
 
     The command runs inside the step it ends, so the step's SIGKILL can reach it before it exits: that death is the
-    step ending, not a failure to end it.
+    step ending, not a failure to end it. A process still alive after it asks again, ``retries`` times with a
+    growing wait, then says once that the step outlived every request (``hint``: what ends it when a rank fails)
+    and returns, for the caller to exit.
     """
+    wait, waited = 1.0, 0.0
+    for attempt in range(retries + 1):
+        failure = _run_end_step(command)
+        if failure and attempt == 0:
+            _say_on(said, f"lightning-mpi-env: could not end the job step with `{' '.join(command)}` ({failure}).")
+        if retries == 0:
+            return
+        sleep(wait)
+        waited += wait
+        wait *= 2
+    instead = f"add {hint}" if hint else "end a step when one of its ranks fails"
+    _say_on(
+        said,
+        f"lightning-mpi-env: the job step still runs {waited:.0f} s after {retries + 1} requests "
+        f"`{' '.join(command)}`: the scheduler lost them or cannot end it. To end the step when a rank fails, "
+        f"{instead}; else the step runs until its time limit. This rank exits now.",
+    )
+
+
+def _run_end_step(command: Sequence[str]) -> str:
+    """Run ``command`` once: ``""`` when it ended the step (or the step's SIGKILL ended it), else why not."""
     try:
         done = subprocess.run(list(command), stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
-        ended = done.returncode in (0, -signal.SIGKILL)
-        failure = "" if ended else done.stderr.decode(errors="replace").strip()[-300:]
-        failure = failure or ("" if ended else f"exit status {done.returncode}")
     except (OSError, subprocess.TimeoutExpired) as error:
-        failure = f"{type(error).__name__}: {error}"
-    if failure:
-        line = f"lightning-mpi-env: could not end the job step with `{' '.join(command)}` ({failure}).\n"
-        if said >= 0:
-            os.write(said, line.encode())
-        else:
-            say(line.rstrip())
+        return f"{type(error).__name__}: {error}"
+    if done.returncode in (0, -signal.SIGKILL):
+        return ""
+    return done.stderr.decode(errors="replace").strip()[-300:] or f"exit status {done.returncode}"
+
+
+def _say_on(said: int, line: str) -> None:
+    """One line on ``said`` (a copy of stderr, kept while stderr itself is silenced), or on stderr when -1."""
+    if said >= 0:
+        os.write(said, (line + "\n").encode())
+    else:
+        say(line)

@@ -30,6 +30,7 @@ from lightning_mpi_env.rollcall.errors import (
 )
 from lightning_mpi_env.rollcall.network_view import NetworkView
 from lightning_mpi_env.rollcall.progress import ArrivalProgress
+from lightning_mpi_env.rollcall.stall_verdict import step_end
 from lightning_mpi_env.rollcall.store_values import RollCallVerdict, node_of, read
 from lightning_mpi_env.rollcall.verdict import (
     ARRIVED,
@@ -48,6 +49,8 @@ from lightning_mpi_env.rollcall.verdict import (
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
+
+    from lightning_mpi_env.core.rank_layout import RankLayout
 
 
 @dataclass
@@ -73,12 +76,14 @@ def rendezvous(
     expected_node: Callable[[int], int] | None = None,
     recorder: FailureRecorder | None = None,
     progress: ArrivalProgress | None = None,
+    launch: RankLayout | None = None,
 ) -> RendezvousResult:
     """Meet every other rank in rank 0's store, or raise a named error within about ``timeout`` seconds.
 
     ``expected_node`` maps a rank to the node the launcher placed it on, to say where missing ranks were expected;
     ``recorder`` writes the failure record of a verdict this rank reaches; ``progress`` prints rank 0's lines while
-    it waits (on stderr by default; other ranks print none).
+    it waits (on stderr by default; other ranks print none). After a failure verdict, rank 0 ends ``launch``'s step
+    where its launcher has a command for it (``srun``, which would wait for a rank that never came).
 
     Raises:
         RendezvousError: On a duplicate rank, a disagreement with rank 0, ranks that never arrived, an unreachable
@@ -99,7 +104,7 @@ def rendezvous(
     try:
         nodes, line, device_index, notes = roll_call.run()
     except RendezvousError:
-        roll_call.verdict.leave()
+        roll_call.verdict.leave(*step_end(launch))
         raise
     except DistError as error:  # a wait ran out (DistStoreError), or rank 0 stopped, likely for a reason it printed
         lost = lost_store(claim, roll_call.rank_zero, error)

@@ -25,7 +25,7 @@ MAX_ITEMS = 65536
 MAX_COUNT = (1 << 63) - 1
 MAX_RANKS = 1 << 24
 """The largest world size believed."""
-PHASE_COUNT = 4
+PHASE_COUNT = 5
 """Phases a watchdog report may name (:data:`lightning_mpi_env.rollcall.stall.PHASES`)."""
 
 TRUST_HINT = (

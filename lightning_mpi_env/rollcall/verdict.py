@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from lightning_mpi_env.core.errors import MpiEnvError, RendezvousError
 from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault, hosts_of
 from lightning_mpi_env.rollcall.claims import Claim, placement_holds
 from lightning_mpi_env.rollcall.errors import missing_message, never_received, with_rank_zero_view
+from lightning_mpi_env.rollcall.stall_verdict import END_STEP_RETRIES, end_step_now, ending_line, say
 from lightning_mpi_env.rollcall.store_values import (
     RollCallVerdict,
     arrived_ranks,
@@ -156,16 +157,20 @@ class VerdictKey:
         fault = Fault(FailureKind.STORE_UNREACHABLE, (0,), (self.claim.main_address,))
         return never_received(self.claim, key, self.timeout), fault
 
-    def leave(self) -> None:
+    def leave(self, end_step: Sequence[str] = (), end_hint: str = "") -> None:
         """On rank 0, keep serving the verdict at interpreter exit, until every rank read it or the deadline passed.
 
         Ranks still starting connect later; without the store they would wait out the timeout and blame rank 0.
+        Then rank 0 runs ``end_step``, the scheduler's command that ends the step (``end_hint``: what ends it where
+        the command does not): a launcher that waits for every rank (``srun``) would wait for a rank that never
+        came, alive, until the step's time limit.
         """
         if self.claim.rank != 0 or self.claim.world_size == 1:
             return
         import atexit
 
-        atexit.register(serve_verdict, self.store, self.claim.world_size, max(self.deadline, time.monotonic()))
+        deadline = max(self.deadline, time.monotonic())
+        atexit.register(serve_verdict, self.store, self.claim.world_size, deadline, tuple(end_step), end_hint)
 
 
 def wait_quietly(
@@ -189,8 +194,26 @@ def wait_quietly(
     return True
 
 
-def serve_verdict(store: TCPStore, world_size: int, deadline: float) -> None:
-    """Keep ``store`` (and the server in it) alive until every rank read the verdict, or the deadline passed."""
+def serve_verdict(
+    store: TCPStore,
+    world_size: int,
+    deadline: float,
+    end_step: tuple[str, ...] = (),
+    end_hint: str = "",
+    retries: int = END_STEP_RETRIES,
+) -> None:
+    """Keep ``store`` (and the server in it) alive until every rank read the verdict, or the deadline passed.
+
+    Then run ``end_step``, if any, the scheduler's command that ends the step, asking ``retries`` times more while
+    this process lives on (:func:`~lightning_mpi_env.rollcall.stall_verdict.end_step_now`).
+    """
+    _serve(store, world_size, deadline)
+    if end_step:
+        say(ending_line(0, end_step).rstrip())
+        end_step_now(end_step, -1, retries=retries, hint=end_hint)
+
+
+def _serve(store: TCPStore, world_size: int, deadline: float) -> None:
     minimum = time.monotonic() + 3.0  # ranks that registered read the verdict within milliseconds
     try:
         while True:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import shutil
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault
 from lightning_mpi_env.core.settings import DEFAULT_STALL_TIMEOUT, VARIABLE
 from lightning_mpi_env.rollcall.agreement import StopAgreement
 from lightning_mpi_env.rollcall.deadline import Deadline, Unanswered
+from lightning_mpi_env.rollcall.sigterm import SigtermStop
 from lightning_mpi_env.rollcall.stall import Seen, Stall, interval_for, judge, observe
 from lightning_mpi_env.rollcall.stall_verdict import (
     EVENTS,
@@ -29,6 +29,7 @@ from lightning_mpi_env.rollcall.stall_verdict import (
     VERDICT,
     end_at,
     say,
+    step_end,
     store_silent,
     stored_verdict,
     write_verdict,
@@ -69,10 +70,11 @@ class Watchdog:
     """This rank's watchdog thread. Start it with :meth:`start`; mark progress with :meth:`mark`.
 
     ``timeout``: seconds without progress anywhere, ranks not level, before the job is stopped (``0``: no stall watch;
-    the thread then only carries the requeue's stop ``agreement``). ``soft_timeout``, when below it: seconds before
-    rank 0 reports such a stall on stderr, once per stall, and lets the job go on. ``end_step``: the scheduler's
-    command that ends this launch where the launcher would wait for a frozen rank; rank 0 runs it after a stall
-    verdict, the ``stand_in`` rank when rank 0's store fell silent.
+    the thread then only carries the stop agreements: the requeue's ``agreement`` and the ``sigterm`` one).
+    ``soft_timeout``, when below it: seconds before rank 0 reports such a stall on stderr, once per stall, and lets
+    the job go on. ``end_step``: the scheduler's command that ends this launch where the launcher would wait for a
+    frozen rank; rank 0 runs it after a stall verdict, the ``stand_in`` rank when rank 0's store fell silent;
+    ``end_hint``: what ends a step the command did not end.
     """
 
     def __init__(
@@ -84,7 +86,9 @@ class Watchdog:
         host: str,
         timeout: float,
         agreement: StopAgreement | None = None,
+        sigterm: SigtermStop | None = None,
         end_step: Sequence[str] = (),
+        end_hint: str = "",
         stand_in: bool = False,
         recorder: FailureRecorder | None = None,
         main_host: str = "",
@@ -93,8 +97,8 @@ class Watchdog:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rank, self.world_size, self.host, self.timeout = rank, world_size, host, timeout
-        self.agreement = agreement
-        self.end_step, self.stand_in = tuple(end_step), stand_in
+        self.agreement, self.sigterm = agreement, sigterm
+        self.end_step, self.end_hint, self.stand_in = tuple(end_step), end_hint, stand_in
         self.recorder, self.main_host = recorder, main_host
         self.soft_timeout = soft_timeout if timeout and 0 < soft_timeout < timeout else 0.0
         self.interval = interval_for(self.soft_timeout or timeout or DEFAULT_STALL_TIMEOUT, world_size)
@@ -208,8 +212,9 @@ class Watchdog:
             verdict = self._parsed(VERDICT, store.get(VERDICT), stored_verdict)
             if verdict is not None:
                 return verdict
-        if self.agreement is not None and self.agreement.poll(store, events):
-            store.add(EVENTS, 1)
+        for agreement in (self.agreement, None if self.sigterm is None else self.sigterm.agreement):
+            if agreement is not None and agreement.poll(store, events):
+                store.add(EVENTS, 1)
         if self.rank == 0 and self.timeout:
             self._judge(store, seen, started)
         return None
@@ -269,7 +274,8 @@ class Watchdog:
     def _conclude(self, error: StallError, exit_at: float, *, ends_step: bool = False) -> None:
         """Show ``error`` and end this process at ``exit_at``; the rank that ``ends_step`` runs :attr:`end_step`."""
         self.verdict = error.one_line()
-        end_at(error, exit_at, rank=self.rank, end_step=self.end_step if ends_step else (), exit=self._exit)
+        end_step = self.end_step if ends_step else ()
+        end_at(error, exit_at, rank=self.rank, end_step=end_step, exit=self._exit, end_hint=self.end_hint)
 
 
 _Parsed = TypeVar("_Parsed")
@@ -282,19 +288,19 @@ def watch(
     launch: RankLayout | None = None,
     recorder: FailureRecorder | None = None,
     soft_timeout: float = 0.0,
+    sigterm: bool = False,
 ) -> Watchdog:
     """This rank's watchdog thread, on the roll call's own client of its store, which the roll call is done with.
 
-    ``signalled`` says whether this rank's requeue signal came (``None``: no stop agreement). ``launch`` says how to
-    end the step where the launcher would wait for a frozen rank; where nothing would, rank 0 says what to add.
+    ``signalled`` says whether this rank's requeue signal came (``None``: no stop agreement for it); ``sigterm``: the
+    thread also carries the stop after a ``SIGTERM`` to any rank. ``launch`` says how to end the step where the
+    launcher would wait for a frozen rank; where nothing would, rank 0 says what to add.
     """
     from datetime import timedelta
 
     claim, nodes = result.claim, result.nodes
     launcher = None if launch is None else launch.launcher
-    end_step = () if launch is None else launch.end_step
-    if end_step and shutil.which(end_step[0]) is None:
-        end_step = ()
+    end_step, end_hint = step_end(launch)
     if claim.rank == 0 and timeout and launcher is not None and not launcher.ends_on_failure and not end_step:
         add = launcher.end_hint or "your launcher's option that ends every rank when one exits non-zero"
         say(
@@ -309,6 +315,7 @@ def watch(
     agreement = None
     if signalled is not None:
         agreement = StopAgreement(rank=claim.rank, world_size=claim.world_size, signalled=signalled)
+    stop_on_sigterm = SigtermStop(rank=claim.rank, world_size=claim.world_size) if sigterm else None
     # When rank 0 is silent, the lowest rank off its node ends the step (on one node: rank 1).
     stand_in = (nodes.node_rank == 1 and nodes.local_rank == 0) if nodes.num_nodes > 1 else claim.rank == 1
     return Watchdog(
@@ -318,7 +325,9 @@ def watch(
         host=claim.host,
         timeout=timeout,
         agreement=agreement,
+        sigterm=stop_on_sigterm,
         end_step=end_step,
+        end_hint=end_hint,
         stand_in=stand_in,
         recorder=recorder,
         main_host=claim.main_address,

@@ -679,15 +679,15 @@ def test_a_trainer_ended_by_sigterm_exits_143(lightning, package):
     )
     assert result.returncode == 143, f"{lightning}: {result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     assert "FINISHED" not in result.stdout
-    # During training, on Lightning 2.5.2+ (SIGTERM_COLLECTIVE_SINCE: the release of Lightning-AI/pytorch-lightning
-    # #20825, whose handler broadcasts), the handler records the signal without that broadcast (a collective inside a
-    # signal handler hangs ranks signalled a moment apart); on older ones Lightning's own handler, which records the
-    # signal only, stays. The program's own handler still runs, once.
+    # During training the handler is this package's on every version: it notes the signal for the ranks' stop
+    # agreement, carried by the watchdog's thread, with no collective (Lightning 2.5.2+'s own broadcasts: a collective
+    # inside a signal handler hangs ranks signalled a moment apart, SIGTERM_COLLECTIVE_SINCE), and every rank stops
+    # at the agreed step. The program's own handler still runs, once.
     runs_collective = _version(lightning.version) >= compat.SIGTERM_COLLECTIVE_SINCE
     assert runs_collective == (lightning is INSTALLED), "2.6.6 broadcasts in its handler, 2.1.4 does not"
-    handler = "record_sigterm_without_collective.<locals>.record_sigterm" if runs_collective else "_HandlersCompose"
-    assert f"HANDLER {handler}\n" in result.stdout, result.stdout
+    assert "HANDLER record_sigterm_without_collective.<locals>.record_sigterm\n" in result.stdout, result.stdout
     assert result.stdout.count("USER HANDLER\n") == 1, result.stdout
+    assert "lightning-mpi-env: SIGTERM: rank 0 stops after step " in result.stderr, result.stderr[-4000:]
     assert "Traceback" not in result.stderr, result.stderr[-4000:]
 
 

@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from lightning_mpi_env.core.launchers import OPEN_MPI, SRUN
 from lightning_mpi_env.core.network import local_interfaces
 from lightning_mpi_env.gpu.devices import DeviceBasis, DeviceChoice
 from lightning_mpi_env.lightning import environment as environment_module
+from lightning_mpi_env.lightning.compat import SRUN_NOT_USED
 from lightning_mpi_env.lightning.roll_call import RollCallOutcome
 from tests.layouts import launcher_env
 
@@ -475,3 +477,99 @@ def test_rank_zero_warns_when_the_main_host_is_off_the_fabric_interface():
             assert environment.main_address == address
     finally:
         environment.teardown()
+
+
+# --- Lightning's srun advice under srun in an allocation named as salloc names it ------------------------------------
+
+SRUN_JOB = Path(__file__).parents[1] / "jobs" / "srun_advice.py"
+
+
+def interactive_srun_task(fake_srun: Path, port: int) -> dict[str, str]:
+    """Task 0 of a one-task `srun` step in an allocation named ``interactive``, with ``srun`` on ``PATH``.
+
+    ``SLURMEnvironment.detect()`` takes such a step for an interactive session (its job name), so Lightning advises
+    prepending `srun` to a program that srun started.
+    """
+    env = launcher_env(SRUN, rank=0, world_size=1, local_rank=0, local_size=1, node=0, num_nodes=1)
+    return {
+        **env,
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NAME": "interactive",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "PATH": f"{fake_srun}{os.pathsep}{os.environ['PATH']}",
+    }
+
+
+@pytest.fixture
+def fake_srun(tmp_path: Path) -> Path:
+    """A directory holding an executable ``srun`` (never run: Lightning only looks for it on ``PATH``)."""
+    directory = tmp_path / "bin"
+    directory.mkdir()
+    (directory / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (directory / "srun").chmod(0o755)
+    return directory
+
+
+ADVICE_PROGRAM = """
+import warnings
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning_mpi_env import MPIClusterEnvironment
+from lightning_mpi_env.lightning.compat import SRUN_NOT_USED
+
+def advice(caught):
+    seen = len(caught)
+    SLURMEnvironment.detect()  # what fit() and hpc_checkpoint() call
+    return sum(str(warning.message).startswith(SRUN_NOT_USED) for warning in caught[seen:])
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")  # every time, not once: the package's filter goes in front of this one
+    alone = advice(caught)  # a program that does not use the package: Lightning's own warning
+    environment = MPIClusterEnvironment()
+    during = advice(caught)
+    environment.teardown()  # the end of the run
+    after = advice(caught)
+print("ADVICE", alone, during, after)
+"""
+
+
+def test_the_srun_advice_is_lightning_s_until_an_environment_is_made_and_again_after_its_run(fake_srun: Path):
+    # In a fresh interpreter: an environment made and never ended elsewhere (another test) holds the shared filter.
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("OMPI_", "PMI", "SLURM_"))}
+    env.update(interactive_srun_task(fake_srun, 29500))
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    done = subprocess.run(
+        [sys.executable, "-c", ADVICE_PROGRAM], env=env, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ADVICE 1 0 1" in done.stdout, done.stdout + done.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("api", "setup"),
+    [("trainer", "instance"), ("fabric", "instance"), pytest.param("trainer", "plugin", marks=pytest.mark.slow)],
+)
+def test_a_run_under_srun_in_an_interactive_allocation_gets_no_srun_advice(
+    tmp_path: Path, fake_srun: Path, api: str, setup: str
+):
+    # The Trainer's fit() asks SLURMEnvironment.detect() before any hook of a run: the environment, made with the
+    # strategy or as the plugin before the Trainer, silences it from then on. No other warning of Lightning is hidden.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("OMPI_", "PMI", "SLURM_"))}
+    env.update(interactive_srun_task(fake_srun, port))
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    done = subprocess.run(
+        [sys.executable, str(SRUN_JOB), "--api", api, "--setup", setup],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"DONE rank=0 setup={setup}" in done.stdout, done.stdout[-2000:]
+    assert SRUN_NOT_USED not in done.stderr, done.stderr[-3000:]

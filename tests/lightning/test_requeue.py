@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +35,8 @@ from tests.conftest import TRAINER_JOB
 EXAMPLES_JOBS = TRAINER_JOB.parents[1] / "jobs"
 SLURM_TIMEOUT = 300  # two runs of a Lightning job on two (maybe busy) cores, and the requeue between them
 HANG_LIMIT = 150  # one run of a Lightning job under mpirun on two (maybe busy) cores: only a hang takes longer
+USER_JOB = ("--workers", "2", "--validate")
+"""The instrumented job as users write theirs: data loader workers, a validation loop, a ``ModelCheckpoint``."""
 
 # --- the plan ---------------------------------------------------------------------------------------------------------
 
@@ -122,6 +127,46 @@ def test_checkpoint_numbering_by_name(tmp_path):
     (tmp_path / f"hpc_ckpt_{'7' * 200}.ckpt").write_text("")
     (tmp_path / f"hpc_ckpt_{chr(0x663) * 2}.ckpt").write_text("")  # int() reads 33; no hpc_ckpt_33.ckpt exists
     assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "hpc_ckpt_10.ckpt")
+
+
+# --- a SIGTERM at the time limit, or a cancel ----------------------------------------------------------------------
+
+
+def test_the_exported_end_time_tells_a_time_limit_from_a_cancel():
+    # sbatch(1), Slurm 23.02 and newer: SLURM_JOB_END_TIME, "the UNIX timestamp for a job's projected end time".
+    job = scheduler_job({"SLURM_JOB_ID": "12", "SLURM_JOB_END_TIME": "1000000"})
+    never = lambda *args, **kwargs: pytest.fail("no command where the end time is exported")  # noqa: E731
+    assert requeue_module.ended_by_time_limit(job, 1_000_005.0, run=never) is True
+    assert requeue_module.ended_by_time_limit(job, 1_000_000.0 - requeue_module.END_TIME_SLACK, run=never) is True
+    assert requeue_module.ended_by_time_limit(job, 1_000_000.0 - 3600, run=never) is False  # an hour early: cancelled
+    with pytest.raises(JobIdError, match=r"SLURM_JOB_END_TIME='soon' is not in Slurm's syntax"):
+        scheduler_job({"SLURM_JOB_ID": "12", "SLURM_JOB_END_TIME": "soon"})
+
+
+@pytest.mark.parametrize(
+    ("status", "printed", "expected"),
+    [(0, "TimeLimit\n", True), (0, "None\n", False), (1, "", None), (0, "TimeLimit" + "x" * 200, False)],
+    ids=["time-limit", "cancelled", "squeue-failed", "garbled"],
+)
+def test_without_an_end_time_slurm_s_reason_tells_them_apart(status, printed, expected):
+    # Slurm 22.05 exports no end time: squeue's %r says TimeLimit at the limit, None after scancel (seen for real).
+    calls = []
+
+    def squeue(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, status, printed, "")
+
+    job = scheduler_job({"SLURM_JOB_ID": "37", "SLURM_ARRAY_JOB_ID": "36", "SLURM_ARRAY_TASK_ID": "1"})
+    assert requeue_module.ended_by_time_limit(job, 0.0, run=squeue) is expected
+    assert calls == [["squeue", "--noheader", "--jobs=36_1", "--format=%r"]]  # the array task by its array id
+
+
+def test_without_the_client_or_on_another_scheduler_it_cannot_be_told():
+    def missing(command, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", command[0])
+
+    assert requeue_module.ended_by_time_limit(scheduler_job({"SLURM_JOB_ID": "12"}), 0.0, run=missing) is None
+    assert requeue_module.ended_by_time_limit(scheduler_job({"PBS_JOBID": "1.pbs"}), 0.0, run=missing) is None
 
 
 # --- the checkpoint, the record and the cap, in one process --------------------------------------------------------
@@ -292,6 +337,54 @@ def test_the_handler_notes_the_signal_and_keeps_the_previous_one():
     assert result.stdout.strip() == "True [10]", result.stderr
 
 
+def test_a_forked_worker_ignores_the_signal_and_a_handler_put_back_after_restore_is_inert():
+    # A data loader worker is forked from its rank: the scheduler's signal reaches it too (every process of the
+    # step). It must neither die of it nor act on it. Lightning's Trainer puts back the handlers it found when it
+    # registered its own, ours among them, after our restore: that one must behave as what was there before.
+    program = textwrap.dedent(
+        """
+        import os, signal, sys
+        from lightning_mpi_env.lightning.requeue import Requeue
+        seen = []
+        signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(os.getpid()))
+        plan = Requeue.plan({"SLURM_JOB_ID": "5"}, enabled=True, requeue_signal=None, command=None)
+        plan.install()
+        read, write = os.pipe()
+        worker = os.fork()
+        if worker == 0:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os.write(write, f"{plan.requested} {seen}".encode())
+            os._exit(0)
+        os.close(write)
+        print("worker:", os.read(read, 100).decode(), os.waitpid(worker, 0)[1])
+        print("rank:", plan.requested, seen)
+        ours = signal.getsignal(signal.SIGUSR1)
+        plan.restore()
+        print("restored:", signal.getsignal(signal.SIGUSR1) is not ours)
+        signal.signal(signal.SIGUSR1, ours)  # as Lightning's signal connector does at its teardown
+        os.kill(os.getpid(), signal.SIGUSR1)
+        print("inert:", len(seen))  # chained to what was there, not counted
+        plan.restore()  # the callback's teardown, after Lightning's: what was there before is back
+        print("again:", signal.getsignal(signal.SIGUSR1) is not ours)
+        # A handler put back over the default action acts as the default action: the process ends of the signal.
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        plan.install()
+        ours = signal.getsignal(signal.SIGUSR1)
+        plan.restore()
+        signal.signal(signal.SIGUSR1, ours)
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        print("not reached")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == -signal.SIGUSR1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "worker: False [] 0", result.stderr  # not counted, not chained, not ended
+    assert lines[1] == "rank: False []", result.stderr  # the worker's signal is not the rank's
+    assert lines[2:] == ["restored: True", "inert: 1", "again: True"], result.stderr
+
+
 # --- for real, under mpirun ---------------------------------------------------------------------------------------
 
 STAND_IN = """#!/bin/sh
@@ -329,7 +422,7 @@ def requeue_job(tmp_path):
             "OMP_NUM_THREADS": "1",
         }
         job = [sys.executable, str(TRAINER_JOB), "--strategy", strategy, "--devices", "1", "--num-nodes", "2"]
-        job += ["--samples", "160", "--step-seconds", "0.3", "--root-dir", str(root)]
+        job += ["--samples", "160", "--step-seconds", "0.3", "--root-dir", str(root), *USER_JOB]
         process = subprocess.Popen(
             cluster.mpirun(job, np=2, map_by="node", export=export),
             stdout=subprocess.PIPE,
@@ -481,17 +574,25 @@ def wait_training(cluster, job: str) -> None:
         cluster.wait_output(job, f"FIRST_STEP rank={rank} ", timeout=SLURM_TIMEOUT)
 
 
-def run_requeued_slurm_job(cluster, tmp_path, script: str, train_args: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
+def run_requeued_slurm_job(
+    cluster,
+    tmp_path,
+    script: str,
+    train_args: tuple[str, ...] = (),
+    *,
+    batch: bool = True,
+    prefix: tuple[str, ...] = (),
+) -> tuple[str, list[dict]]:
     """Runs an example job script (on 2 nodes, 1 rank each) with the instrumented job; signals it once it trains, as
-    ``#SBATCH --signal=B:USR1@90`` does: to the batch script only. (The srun example's signal to its steps is
-    ``signal_once_training``'s, below.)
+    ``#SBATCH --signal=B:USR1@90`` does (``batch``): to the batch script only; else as ``--signal=USR1@90`` does: to
+    every process of every step, data loader workers included. ``prefix`` goes before the training command.
     """
     root = tmp_path / "root"
     root.mkdir()
     text = (EXAMPLES_JOBS / script).read_text()
     text = "\n".join(line for line in text.splitlines() if "--gpus-per-node" not in line)  # no GPUs here
-    train = [sys.executable, str(TRAINER_JOB), "--samples", "64", "--epochs", "3", "--step-seconds", "0.3"]
-    train += ["--root-dir", str(root), *train_args]
+    train = [*prefix, sys.executable, str(TRAINER_JOB), "--samples", "64", "--epochs", "3", "--step-seconds", "0.3"]
+    train += ["--root-dir", str(root), *USER_JOB, *train_args]
     env = {
         "TRAIN": " ".join(train),
         "MPIRUN": " ".join([find_mpirun(), "--allow-run-as-root", *session_dir_arguments(tmp_path / "prte")]),
@@ -499,7 +600,7 @@ def run_requeued_slurm_job(cluster, tmp_path, script: str, train_args: tuple[str
     }
     job = cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)
     wait_training(cluster, job)
-    signalled = cluster.signal(job, "USR1", batch=True)
+    signalled = cluster.signal(job, "USR1", batch=batch)
     assert signalled.returncode == 0, signalled.stderr
     state = cluster.wait(job, timeout=SLURM_TIMEOUT)
     output = cluster.output(job)
@@ -510,9 +611,9 @@ def run_requeued_slurm_job(cluster, tmp_path, script: str, train_args: tuple[str
     return output, results
 
 
-def assert_resumed_and_finished(output: str, results: list[dict]) -> None:
+def assert_resumed_and_finished(output: str, results: list[dict], *, requeued_by_rank: bool = True) -> None:
     assert "lightning-mpi-env: requeue: saved" in output
-    assert "the job goes back in the queue: `scontrol requeue" in output
+    assert ("the job goes back in the queue: `scontrol requeue" in output) is requeued_by_rank
     assert "lightning-mpi-env: requeue: resuming from" in output
     # Only the restarted run finished: both ranks, past step 0, to the last step, with the same weights.
     assert sorted(result["global_rank"] for result in results) == [0, 1], output[-4000:]
@@ -527,10 +628,64 @@ def assert_resumed_and_finished(output: str, results: list[dict]) -> None:
 def test_slurm_mpirun_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
     # The example's trap passes the batch script's signal to mpirun, which forwards it to every rank.
     output, results = run_requeued_slurm_job(
-        slurm_cluster, tmp_path, "slurm_mpirun.sbatch", train_args=("--strategy", "ddp_mpi")
+        slurm_cluster, tmp_path, "slurm_mpirun.sbatch", train_args=("--strategy", "ddp_mpi", "--persistent-workers")
     )
     assert_resumed_and_finished(output, results)
     assert {result["strategy"] for result in results} == {"MPIDDPStrategy"}
+
+
+def saved_only_by_ranks(output: str) -> list[str]:
+    """The SAVE lines of ``output`` (one per rank and checkpoint), each checked to come from a rank's process."""
+    ranks = {line.split("pid=", 1)[1].split()[0] for line in output.splitlines() if line.startswith("FIT pid=")}
+    saves = [line for line in output.splitlines() if line.startswith("SAVE ")]
+    workers = [line for line in saves if line.split("pid=", 1)[1].split()[0] not in ranks]
+    assert not workers, f"saved by a process that is no rank (a data loader worker): {workers}"
+    return saves
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+@pytest.mark.parametrize(
+    ("script", "persistent", "strategy"),
+    [("slurm_srun.sbatch", True, "ddp_mpi"), ("slurm_mpirun.sbatch", False, "ddp")],
+    ids=["srun-persistent", "mpirun-in-sbatch"],
+)
+def test_a_job_with_data_loader_workers_checkpoints_requeues_and_resumes(
+    slurm_cluster, tmp_path, script, persistent, strategy
+):
+    # Lightning #20280: `--signal=USR1@N` signals every process of an srun step, the loader workers too. They
+    # neither die of it nor save; each rank saves once at one step, the job requeues and resumes there. (mpirun's
+    # job script takes `--signal=B:USR1@N` and passes it on to mpirun: its steps are Open MPI's daemons.)
+    args = ("--strategy", strategy, *(("--persistent-workers",) if persistent else ()))
+    batch = script == "slurm_mpirun.sbatch"
+    output, results = run_requeued_slurm_job(slurm_cluster, tmp_path, script, train_args=args, batch=batch)
+    assert_resumed_and_finished(output, results)
+    assert "killed by signal" not in output, output[-4000:]
+    assert "Traceback" not in output, output[-4000:]
+    saves = saved_only_by_ranks(output)
+    hpc = [line for line in saves if int(line.rsplit("step=", 1)[1]) == results[0]["first_global_step"]]
+    assert sorted(line.split()[1] for line in hpc) == ["rank=0", "rank=1"], saves
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_ranks_without_scontrol_exit_75_and_the_job_script_requeues(slurm_cluster, tmp_path):
+    # Lightning #21404: the ranks run where Slurm's client is not (a container). The checkpoint is saved, every rank
+    # exits 75 alike, and the example job script, outside the container, requeues the job; it resumes.
+    no_client = ("env", f"PATH={tmp_path / 'empty'}")  # no scontrol on the ranks' PATH
+    args = ("--strategy", "ddp_mpi", "--persistent-workers")
+    output, results = run_requeued_slurm_job(
+        slurm_cluster, tmp_path, "slurm_srun.sbatch", args, batch=False, prefix=no_client
+    )
+    assert "`scontrol` is not on PATH here: the checkpoint" in output, output[-4000:]
+    assert "every rank exits 75" in output
+    assert "the job goes back in the queue" not in output  # no rank ran it
+    first_run = output.split("resuming from", 1)[0]
+    assert sorted(re.findall(r"srun: error: (node\d): task \d: Exited with exit code 75", first_run)) == [
+        "node1",
+        "node2",
+    ], first_run[-4000:]
+    assert_resumed_and_finished(output, results, requeued_by_rank=False)
 
 
 # --- for real on Slurm: whose checkpoint a requeued job resumes ------------------------------------------------------
@@ -544,7 +699,7 @@ GATED_SAMPLES = 256  # 96 steps of 0.3 s: a job still trains while the other one
 GATED_STEPS = 96
 
 
-def submit_gated(cluster, root, gate, *extra: str, together: str | None = None) -> str:
+def submit_gated(cluster, root, gate, *extra: str, together: str | None = None, time_limit: str | None = None) -> str:
     """The srun example job script (2 nodes, 1 rank each), whose restart waits for the file ``gate``.
 
     Each rank writes its result to ``root/results`` as well: its RESULT line, longer than 1024 bytes after 96 steps,
@@ -554,13 +709,17 @@ def submit_gated(cluster, root, gate, *extra: str, together: str | None = None) 
     (root / "results").mkdir(exist_ok=True)
     text = (EXAMPLES_JOBS / "slurm_srun.sbatch").read_text()
     text = "\n".join(line for line in text.splitlines() if "--gpus-per-node" not in line)
+    if time_limit is not None:  # a job that asks for no warning signal: Slurm's SIGTERM at the limit is all it gets
+        text = "\n".join(line for line in text.splitlines() if "--signal=" not in line and "--time=" not in line)
     text = text.replace("set -eu\n", "set -eu\n" + GATE)
     train = [sys.executable, str(TRAINER_JOB), "--samples", str(GATED_SAMPLES), "--epochs", "3"]
-    train += ["--step-seconds", "0.3", "--root-dir", str(root), "--result-dir", str(root / "results"), *extra]
+    train += ["--step-seconds", "0.3", "--root-dir", str(root), "--result-dir", str(root / "results"), *USER_JOB]
+    train += extra
     env = {"TRAIN": " ".join(train), "GATE": str(gate), "OMP_NUM_THREADS": "1"}
     if together is not None:  # DIR:COUNT: no rank starts fit() before COUNT ranks reached it (tamper.start_gate)
         env["INSTRUMENTED_START_GATE"] = together
-    return cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1"], env=env)
+    limit = [] if time_limit is None else [f"--time={time_limit}"]
+    return cluster.sbatch(text, ["--nodes=2", "--ntasks-per-node=1", *limit], env=env)
 
 
 def signal_once_training(cluster, job) -> None:
@@ -656,6 +815,144 @@ def test_slurm_jobs_in_one_folder_each_resume_only_a_checkpoint_of_their_own(slu
     assert "FIRST_STEP" not in output
 
 
+# --- for real on Slurm: a time limit with SIGTERM only, and a cancel --------------------------------------------------
+
+LIMITED_STEPS = 400  # 0.3 s a step: training outlasts the one-minute limit, which the controller finds within 30 s
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_a_time_limit_s_sigterm_checkpoints_and_requeues_and_a_cancel_does_not(slurm_cluster, tmp_path):
+    # Lightning #20542: `--time` and `--requeue`, no `--signal`. At the limit Slurm sends SIGTERM to every process of
+    # the step (the loader workers too), then SIGKILL after KillWait: every rank saves at one step and the job is
+    # requeued. Slurm 22.05 exports no end time: `squeue`'s reason (TimeLimit) tells it from a cancel.
+    root, gate = tmp_path / "root", tmp_path / "gate"
+    root.mkdir()
+    steps = ("--strategy", "ddp_mpi", "--persistent-workers", "--epochs", "1000", "--steps", str(LIMITED_STEPS))
+    job = submit_gated(slurm_cluster, root, gate, *steps, time_limit="1")
+    wait_training(slurm_cluster, job)
+    slurm_cluster.wait_output(job, f"GATED job={job}", timeout=SLURM_TIMEOUT)  # requeued: held before it trains
+    first_run = slurm_cluster.output(job)
+    assert "DUE TO TIME LIMIT" in first_run, first_run[-4000:]
+    assert "requeue: saved" in first_run, first_run[-4000:]
+    assert "after SIGTERM at the time limit" in first_run, first_run[-4000:]
+    assert "the job goes back in the queue: `scontrol requeue" in first_run
+    assert "Traceback" not in first_run, first_run[-4000:]
+    assert "killed by signal" not in first_run, first_run[-4000:]
+    saved_only_by_ranks(first_run)  # no data loader worker saved
+    after = first_run.split("DUE TO TIME LIMIT", 1)[1]  # the HPC save; no validation or ModelCheckpoint after it
+    saved = [line for line in after.splitlines() if line.startswith("SAVE ")]
+    assert sorted(line.split()[1] for line in saved) == ["rank=0", "rank=1"], saved  # one save a rank, one step
+    assert len({line.rsplit("step=", 1)[1] for line in saved}) == 1, saved
+    updated = slurm_cluster.run(["scontrol", "update", f"JobId={job}", "TimeLimit=30"], timeout=15)
+    assert updated.returncode == 0, updated.stderr  # the restart gets the time to finish
+    gate.touch()
+    state = slurm_cluster.wait(job, timeout=SLURM_TIMEOUT)
+    output = slurm_cluster.output(job)
+    assert state == "COMPLETED", output[-4000:]
+    [info] = slurm_cluster.job_info(job)
+    assert info["Restarts"] == "1", output[-4000:]
+    results = [json.loads(path.read_text()) for path in (root / "results").glob(f"result-{job}-*.json")]
+    assert sorted(result["global_rank"] for result in results) == [0, 1], output[-4000:]
+    step = int(saved[0].rsplit("step=", 1)[1])
+    assert {result["first_global_step"] for result in results} == {step}, results  # resumed at the saved step
+    assert {result["global_step"] for result in results} == {LIMITED_STEPS}
+    # The same job cancelled by a person: every rank stops at one step with 143, nothing saved, nothing requeued.
+    elsewhere = tmp_path / "cancelled"  # its own default_root_dir: the first job's checkpoint is not its own
+    elsewhere.mkdir()
+    cancelled = submit_gated(slurm_cluster, elsewhere, gate, *steps, time_limit="30")
+    wait_training(slurm_cluster, cancelled)
+    assert slurm_cluster.cancel(cancelled).returncode == 0
+    assert slurm_cluster.wait(cancelled, timeout=SLURM_TIMEOUT) == "CANCELLED"
+    output = slurm_cluster.output(cancelled)
+    stops = re.findall(r"SIGTERM: rank (\d) stops after step (\d+)", output)
+    assert sorted(rank for rank, _ in stops) == ["0", "1"], output[-4000:]
+    assert len({at for _, at in stops}) == 1, output[-4000:]
+    assert "requeue: saved" not in output, output[-4000:]
+    assert "Traceback" not in output, output[-4000:]
+    assert slurm_cluster.job_info(cancelled)[0]["Restarts"] == "0"
+
+
+FABRIC_EXAMPLE = TRAINER_JOB.parents[1] / "fabric_train.py"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("ends_in", "limit"), [(-10, True), (3600, False)], ids=["time-limit", "cancelled"])
+def test_a_fabric_loop_requeues_on_the_time_limit_s_sigterm_and_stops_on_a_cancel(tmp_path, ends_in, limit):
+    # The Fabric example under mpirun on two simulated nodes, in a Slurm job whose exported end time (Slurm 23.02+:
+    # SLURM_JOB_END_TIME) has passed, or is an hour away: SIGTERM to every rank, as the time limit or scancel sends it.
+    bin_dir, root = tmp_path / "bin", tmp_path / "root"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(STAND_IN)
+    (bin_dir / "scontrol").chmod(0o755)
+    export = {
+        "SLURM_JOB_ID": "5150",
+        "SLURM_JOB_END_TIME": str(int(time.time()) + ends_in),
+        "MASTER_ADDR": "127.0.0.2",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "REQUEUE_RECORD": str(tmp_path / "record"),
+        "REQUEUE_ROOT": str(root),
+        "OMP_NUM_THREADS": "1",
+    }
+    command = [
+        sys.executable,
+        str(FABRIC_EXAMPLE),
+        "--steps",
+        "10000000",
+        "--save-every",
+        "100",
+        "--root-dir",
+        str(root),
+    ]
+    process = subprocess.Popen(
+        SimulatedCluster(tmp_path).mpirun(command, np=2, map_by="node", export=export),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    training = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if line.startswith("saved "):  # rank 0 saved after 100 steps: both ranks train
+                training.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert training.wait(HANG_LIMIT), _hung("no save", lines, root)
+        ranks = [int(line.split()[0]) for line in processes_with(str(root)) if "fabric_train.py" in line]
+        ranks = [pid for pid in ranks if b"OMPI_COMM_WORLD_RANK=" in Path(f"/proc/{pid}/environ").read_bytes()]
+        assert len(ranks) == 2, processes_with(str(root))
+        for pid in ranks:
+            os.kill(pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=HANG_LIMIT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(_hung("the job did not end", lines, root))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    reader.join(HANG_LIMIT)
+    output = "".join(lines)
+    assert "Traceback" not in output, output[-4000:]
+    assert "RESULT" not in output, output[-4000:]
+    stops = re.findall(r"SIGTERM: rank (\d) stops after step (\d+)", output)
+    if limit:  # the loop saved at the agreed step; rank 0 requeued; every rank exits 0
+        assert process.returncode == 0, output[-4000:]
+        assert (tmp_path / "record").read_text().splitlines() == ["scontrol requeue 5150 checkpoints=0"], output
+        assert "after SIGTERM at the time limit" not in output  # the loop saves: its own line, "saved ..."
+        assert not stops, output[-4000:]
+    else:  # scancel: every rank stops at one step with 143, nothing requeued
+        assert process.returncode == 143, output[-4000:]
+        assert not (tmp_path / "record").exists(), output[-4000:]
+        assert sorted(rank for rank, _ in stops) == ["0", "1"], output[-4000:]
+        assert len({at for _, at in stops}) == 1, output[-4000:]
+
+
 # --- Fabric: the signal and the requeue, the checkpoint left to the loop ------------------------------------------
 
 FABRIC_LOOP = """
@@ -674,6 +971,57 @@ for step in range(100):
         print(f"CHECKPOINT at step {step}", flush=True)
         environment.requeue_now(fabric)
 """
+
+
+FABRIC_LOOP_WITH_WORKERS = """
+import os, signal, sys
+import torch
+import lightning.fabric as F
+from lightning_mpi_env import MPIClusterEnvironment
+
+environment = MPIClusterEnvironment()
+fabric = F.Fabric(accelerator="cpu", devices=1, plugins=[environment])
+fabric.launch()
+data = torch.utils.data.DataLoader(range(64), batch_size=4, num_workers=2, persistent_workers=sys.argv[2] == "1")
+data = fabric.setup_dataloaders(data)
+for step, batch in enumerate(data):  # the workers fork here, before the loop's first requeue_requested()
+    if step == 3:
+        os.killpg(0, signal.SIGUSR1)  # as the scheduler does: every process of the step, the workers too
+    if environment.requeue_requested(fabric):
+        fabric.save(os.path.join(sys.argv[1], "state.ckpt"), {"step": step, "pid": os.getpid()})
+        print(f"CHECKPOINT at step {step}", flush=True)
+        environment.requeue_now(fabric)
+"""
+
+
+@pytest.mark.parametrize("persistent", ["1", "0"], ids=["persistent", "not-persistent"])
+def test_fabric_loop_with_data_loader_workers_checkpoints_and_requeues(tmp_path, persistent):
+    # Lightning #20280: the scheduler's signal reaches the loader workers too; they neither die of it nor save.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(STAND_IN)
+    (bin_dir / "scontrol").chmod(0o755)
+    (tmp_path / "loop.py").write_text(FABRIC_LOOP_WITH_WORKERS)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_ID": "31",
+        "REQUEUE_RECORD": str(tmp_path / "record"),
+        "REQUEUE_ROOT": str(tmp_path),
+    }
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "loop.py"), str(tmp_path), persistent],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        start_new_session=True,  # its own process group, for killpg(0)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["CHECKPOINT at step 3"], result.stderr[-3000:]
+    assert "killed by signal" not in result.stderr, result.stderr[-3000:]
+    assert (tmp_path / "record").read_text().splitlines() == ["scontrol requeue 31 checkpoints=0"]
 
 
 def test_fabric_loop_checkpoints_and_requeues(tmp_path):

@@ -158,3 +158,27 @@ def test_a_malformed_stop_step_is_raised_by_the_loop_naming_the_key(store_port):
     with pytest.raises(RendezvousError, match="malformed value under 'lightning_mpi_env/stop/at': it is not JSON"):
         agreement.due(3, wait=60)
     assert agreement.poll(_client(store_port), events=1) == 0  # and stays so, without another request
+
+
+@pytest.mark.parametrize(("waiting", "expected"), [(True, 7), (False, 8)], ids=["waiting", "in-its-step"])
+def test_under_a_prompt_kind_a_loop_waiting_at_the_end_of_its_step_stops_right_there(store_port, waiting, expected):
+    # A SIGTERM from the scheduler reaches every process of the step, the data loader workers too: a rank that ran
+    # one more step would fetch a batch from workers that are gone. The loop already waits at the end of step 7
+    # when its thread posts: the step to stop at is 7. A thread that posts while its loop is still in step 8 posts 8.
+    from lightning_mpi_env.rollcall.agreement import SIGTERM_STOP
+
+    client = _client(store_port)
+    agreement = StopAgreement(rank=0, world_size=1, signalled=lambda: True, kind=SIGTERM_STOP)
+    answers: list[bool] = []
+    if waiting:
+        loop = threading.Thread(target=lambda: answers.append(agreement.due(7, wait=HANG)))
+        loop.start()
+        assert _wait_for(lambda: agreement._waiting)  # the loop waits in due() at the end of step 7
+        agreement.poll(client, events=0)  # the thread's interval: announce, post, and the step is known
+        loop.join(HANG)
+    else:
+        agreement._finished = 7  # the loop finished step 7 and is in step 8 when the thread posts
+        agreement.poll(client, events=0)
+        answers += [agreement.due(7, wait=HANG), agreement.due(8, wait=HANG)]
+    assert agreement.stop_at == expected
+    assert answers == ([True] if waiting else [False, True])

@@ -266,9 +266,10 @@ def test_a_stalled_rank_is_named_while_the_job_runs(cluster, path, how, namespac
     # backward. Every waiting rank names it, with its host and step, and the job ends non-zero; rank 0's watchdog,
     # which judges, records it in the state folder.
     state = tmp_path / "state"
+    users = ("--workers", "2", "--validate") if path.startswith("trainer") else ()  # as users write a Trainer job
     job = _run(
         cluster,
-        _command(path, "--namespace", namespace, fault=["--stall", f"2:{how}"]),
+        _command(path, "--namespace", namespace, *users, fault=["--stall", f"2:{how}"]),
         LIGHTNING_MPI_ENV_STALL_TIMEOUT=str(STALL_TIMEOUT),
         LIGHTNING_MPI_ENV_STATE_DIR=str(state),
     )
@@ -306,6 +307,58 @@ def test_a_stalled_rank_is_named_while_the_job_runs(cluster, path, how, namespac
     assert "Traceback (most recent call last)" not in others, job.tail()
     traceback_at = job.text.find("Traceback")
     assert traceback_at == -1 or job.text.index("StallError: rank ") < traceback_at, job.tail()
+
+
+FABRIC_BLOCKED = JOBS / "fabric_blocked.py"
+# A rank that blocks before its first step, while the others wait for it in a collective after marks it never made.
+# The Trainer as users write it (data loader workers, a validation loop, a ModelCheckpoint): rank 3's first batch,
+# the sanity check's, never comes; the others mark the sanity check's batches and its end, then wait in Lightning's
+# check of the training data loader's length on every rank. Fabric under "ddp_mpi": rank 3 blocks before
+# fabric.setup(), the others mark the setup and wait in DDP's first broadcast of the weights. Fabric with the plugin
+# marks nothing before its loop's first environment.progress(): that case stays unnamed (docs/roll-call.md).
+BLOCKED_JOBS = {
+    "trainer-plugin": (["--workers", "2", "--validate"], "loader"),
+    "fabric-ddp_mpi": ([str(FABRIC_BLOCKED), "--strategy", "ddp_mpi"], "setup"),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", list(BLOCKED_JOBS))
+def test_a_rank_blocked_before_its_first_step_is_named(cluster, path, tmp_path):
+    # Ranks 0-2 made more marks before the first step than rank 3 and wait for it: every rank names rank 3, alive,
+    # with its host, and the job ends non-zero; rank 0 records it.
+    options, place = BLOCKED_JOBS[path]
+    tampered = [str(TAMPER), "--rank", "3", "--block", place, "--", sys.executable]
+    if path.startswith("trainer"):
+        command = [*tampered, *_command(path, *options, "--root-dir", str(tmp_path))]
+    else:
+        command = [*tampered, *options]
+    state = tmp_path / "state"
+    job = _run(
+        cluster,
+        command,
+        LIGHTNING_MPI_ENV_STALL_TIMEOUT=str(STALL_TIMEOUT),
+        LIGHTNING_MPI_ENV_STATE_DIR=str(state),
+    )
+    assert job.returncode != 0, job.tail()
+    assert "RESULT" not in job.text, job.tail()
+    assert "DONE rank=" not in job.text, job.tail()
+    blocked = [seconds for seconds, _, line in job.lines if line.startswith(f"BLOCK: rank 3 blocks in {place} ")]
+    assert blocked, job.tail()
+    shown = [(seconds, line) for seconds, _, line in job.lines if line.startswith("StallError: rank ")]
+    assert shown, job.tail()
+    assert {line.split(":", 2)[1] for _, line in shown} - {" rank 3 on 127.0.0.3"}, job.tail()
+    for _, line in shown:
+        assert f": Rank 3 stalled: no rank made progress for {STALL_TIMEOUT} s while ranks 0-2 wait for it " in line
+        assert " wait for it before the first step. " in line, job.tail()
+        assert "rank 3 on 127.0.0.3 at no step yet (before its first step), alive, main thread at " in line, job.tail()
+        assert "HINT: Look at the stalled rank's host" in line
+    (record,) = read_records(str(state))
+    assert (record.kind, record.ranks, record.hosts) == (FailureKind.STALLED, (3,), ("127.0.0.3",)), record
+    assert record.step is None, record  # no rank made a step
+    assert record.written_by == 0, record
+    named_after = min(seconds for seconds, _ in shown) - min(blocked)
+    print(f"FIGURE {path}, timeout {STALL_TIMEOUT} s: rank 3 named {named_after:.1f} s after it blocked")
 
 
 FABRIC_FREEZE = JOBS / "fabric_freeze.py"

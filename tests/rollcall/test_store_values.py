@@ -117,7 +117,7 @@ MALFORMED = {
         json.dumps({**json.loads(REPORT.to_json()), "step": 1.5}),
         "step is 1.5, not an integer",
     ),
-    "report unknown phase": (report_of(2), json.dumps({**json.loads(REPORT.to_json()), "phase": 4}), "phase=4"),
+    "report unknown phase": (report_of(2), json.dumps({**json.loads(REPORT.to_json()), "phase": 5}), "phase=5"),
     "report left not a flag": (
         report_of(2),
         json.dumps({**json.loads(REPORT.to_json()), "left": "yes"}),

@@ -16,7 +16,7 @@ import pytest
 
 from lightning_mpi_env.core.errors import StallError
 from lightning_mpi_env.core.records import FailureKind, FailureRecorder
-from lightning_mpi_env.rollcall.stall import Seen, find_stall, interval_for, observe
+from lightning_mpi_env.rollcall.stall import BEFORE_THE_FIRST_STEP, Seen, find_stall, interval_for, judge, observe
 from lightning_mpi_env.rollcall.stall_verdict import KEY, end_step_now
 from lightning_mpi_env.rollcall.store_values import Report
 from lightning_mpi_env.rollcall.watchdog import Watchdog, main_thread_place
@@ -282,7 +282,7 @@ def test_a_blocked_rank_is_named_alive_by_every_rank(store_port, tmp_path):
     (verdict,) = verdicts
     assert "Rank 2 stalled" in verdict
     assert "ranks 0-1 wait for it" in verdict
-    assert "rank 2 on node1 at step 0 (between steps), alive, main thread at " in verdict
+    assert "rank 2 on node1 at no step yet (before its first step), alive, main thread at " in verdict
     # Rank 0 found it and wrote the one record: rank 2, alive, on node1, while the others reached step 5.
     (record,) = read_records(str(tmp_path))
     assert (record.kind, record.ranks, record.hosts, record.step) == (FailureKind.STALLED, (2,), ("node1",), 5)
@@ -338,7 +338,7 @@ def test_the_soft_report_line_names_the_rank_and_the_hard_timeout(store_port, ca
     err.append(capfd.readouterr().err)
     (line,) = [line for line in "".join(err).splitlines() if "stall watchdog: Rank 1 stalled" in line]  # once
     assert line.startswith("lightning-mpi-env: stall watchdog: Rank 1 stalled: no rank made progress for 1 s")
-    assert "rank 1 on node0 at step 0 (between steps), alive, main thread at " in line
+    assert "rank 1 on node0 at no step yet (before its first step), alive, main thread at " in line
     assert line.endswith(
         "The job goes on; it ends if no rank makes progress for 60 s (LIGHTNING_MPI_ENV_STALL_TIMEOUT)."
     )
@@ -397,7 +397,7 @@ def test_a_frozen_rank_is_named_frozen(store_port, tmp_path):
         assert rank_zero.verdict is not None
         assert "Rank 1 stalled: " in rank_zero.verdict
         assert "rank 1 on nodeb, frozen: its watchdog last reported " in rank_zero.verdict
-        assert "s ago, at step 0 (between steps)" in rank_zero.verdict
+        assert "s ago, at no step yet (before its first step)" in rank_zero.verdict
         (record,) = read_records(str(tmp_path))
         assert (record.kind, record.ranks, record.hosts, record.step) == (FailureKind.FROZEN, (1,), ("nodeb",), 7)
     finally:
@@ -732,3 +732,147 @@ def test_the_lowest_rank_off_rank_zeros_node_stands_in(store_port):
         dog.stop()
         stand_ins.append(dog.stand_in)
     assert stand_ins == [False, True, False]
+
+
+# --- before the first progress mark ---------------------------------------------------------------------------------
+
+
+def first_marks(rank: int, marks: int, beat: int = 1) -> Report:
+    """A report after ``marks`` marks before the first step (setup, the sanity check), and none in a step."""
+    where = "data.py:3 in load" if marks < 3 else "distributed_c10d.py:9 in all_reduce"
+    phase = BEFORE_THE_FIRST_STEP if marks else 0
+    return Report(rank, f"node{rank // 2}", marks, 0, phase, beat, where)
+
+
+def test_every_rank_slow_before_the_first_step_is_no_stall():
+    # Every rank loads its data (or validates in the sanity check) for far longer than the timeout, at the same mark.
+    for marks in (0, 2):
+        seen = {rank: Seen(first_marks(rank, marks), 0.0, 999.0) for rank in range(4)}
+        assert find_stall(seen, now=1_000.0, timeout=20, frozen_after=3, world_size=4) is None
+
+
+def test_rank_zero_alone_in_prepare_data_is_no_stall():
+    # Rank 0 prepares the data while the others wait in Lightning's barrier: before the first mark of any rank.
+    seen = {rank: Seen(first_marks(rank, 0, beat=400), 0.0, 999.0) for rank in range(4)}
+    assert find_stall(seen, now=1_000.0, timeout=20, frozen_after=3, world_size=4) is None
+
+
+def test_a_rank_behind_before_the_first_step_is_named_before_the_first_step():
+    # Ranks 0-2 passed the sanity check (3 marks) and wait in the next collective; rank 3's first batch never came.
+    seen = {rank: Seen(first_marks(rank, 3), 80.0, 99.0) for rank in range(3)}
+    seen[3] = Seen(first_marks(3, 1), 0.0, 99.0)
+    assert find_stall(seen, now=99.0, timeout=20, frozen_after=3, world_size=4) is None  # 19 s only
+    stall = judge(seen, now=100.0, timeout=20, frozen_after=3, world_size=4)
+    assert stall is not None
+    assert stall.error.problem == (
+        "Rank 3 stalled: no rank made progress for 20 s while ranks 0-2 wait for it before the first step. "
+        "rank 3 on node1 at no step yet (before its first step), alive, main thread at data.py:3 in load."
+    )
+    assert (stall.fault.kind, stall.fault.ranks, stall.fault.hosts, stall.fault.step) == (
+        FailureKind.STALLED,
+        (3,),
+        ("node1",),
+        None,
+    )
+
+
+def test_a_rank_before_its_first_step_while_the_others_train_is_named_at_their_step():
+    seen = {rank: Seen(dataclasses.replace(report(rank, 9), step=2, phase=1), 0.0, 99.0) for rank in range(3)}
+    seen[3] = Seen(first_marks(3, 2), 0.0, 99.0)
+    stall = judge(seen, now=100.0, timeout=20, frozen_after=3, world_size=4)
+    assert stall is not None
+    assert "ranks 0-2 wait for it at step 2. rank 3 on node1 at no step yet (before its first step)," in (
+        stall.error.problem
+    )
+    assert stall.fault.step == 2
+
+
+def test_after_the_first_step_a_rank_alone_outside_a_collective_is_no_stall():
+    # Rank 0 writes a checkpoint for longer than the timeout while the others wait for it in Lightning's barrier:
+    # a barrier marks nothing, so the ranks stay level.
+    seen = {rank: Seen(report(rank, 40), 0.0, 999.0) for rank in range(4)}
+    assert find_stall(seen, now=1_000.0, timeout=20, frozen_after=3, world_size=4) is None
+
+
+def test_a_report_of_a_mark_before_the_first_step_round_trips():
+    marked = first_marks(1, 4)
+    assert Report.from_json(marked.to_json()) == marked
+
+
+def test_a_rank_that_stops_marking_before_the_first_step_is_named_over_a_real_store(store_port, tmp_path):
+    # Real watchdogs on one store: every rank marks setup's end; ranks 0-2 mark the sanity check's batches and its
+    # end, then wait in the next collective; rank 3's first batch never comes. Every rank names rank 3.
+    exits: list[tuple[int, int]] = []
+    recorder = FailureRecorder(str(tmp_path), "srun", "42")
+    clock = _Clock(store_port)
+    dogs = _watchdogs(store_port, 4, timeout=2.0, exits=exits, recorder=recorder, clock=clock)
+    for dog in dogs:
+        dog.start()
+    for dog in dogs:
+        dog.mark(0, BEFORE_THE_FIRST_STEP)  # on_fit_start
+    clock.advance(dogs, dogs[0].interval)
+    for dog in dogs[:3]:
+        for _ in range(3):  # a batch's start and end, the sanity check's end
+            dog.mark(0, BEFORE_THE_FIRST_STEP)
+    assert clock.advance(dogs, 10 * dogs[0].timeout, until=lambda: any(dog.verdict for dog in dogs))
+    assert _wait_for(lambda: len(exits) == 4, HANG), exits
+    assert sorted(exits) == [(rank, 1) for rank in range(4)]
+    for dog in dogs:
+        assert dog.verdict is not None
+        assert "Rank 3 stalled: no rank made progress for 2 s while ranks 0-2 wait for it before the first step." in (
+            dog.verdict
+        )
+        assert "rank 3 on node1 at no step yet (before its first step), alive, main thread at " in dog.verdict
+    (record,) = read_records(str(tmp_path))
+    assert (record.kind, record.ranks, record.step) == (FailureKind.STALLED, (3,), None), record
+
+
+def test_every_rank_marking_alike_before_the_first_step_is_no_stall_over_a_real_store(store_port):
+    # Real watchdogs, the same marks on every rank, then six timeouts of slow work everywhere: no verdict.
+    exits: list[tuple[int, int]] = []
+    clock = _Clock(store_port)
+    dogs = _watchdogs(store_port, 4, timeout=2.0, exits=exits, clock=clock)
+    for dog in dogs:
+        dog.start()
+    try:
+        for dog in dogs:
+            for _ in range(3):
+                dog.mark(0, BEFORE_THE_FIRST_STEP)
+        assert not clock.advance(dogs, 6 * dogs[0].timeout, until=lambda: bool(exits))
+    finally:
+        for dog in dogs:
+            dog.stop()
+    assert exits == []
+    assert all(dog.verdict is None for dog in dogs)
+
+
+# --- the end of the step, asked again -------------------------------------------------------------------------------
+
+
+def test_a_rank_alive_after_ending_the_step_asks_again_then_says_what_ends_it(tmp_path, capsys):
+    ran = tmp_path / "ran"
+    command = (sys.executable, "-c", f"open({str(ran)!r}, 'a').write('x')")
+    waits: list[float] = []
+    end_step_now(command, -1, retries=3, hint="`srun --kill-on-bad-exit=1`", sleep=waits.append)
+    assert ran.read_text() == "xxxx"  # the first request and 3 more
+    assert waits == [1.0, 2.0, 4.0, 8.0]  # each wait twice the last; the last, for the last request to act
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("lightning-mpi-env: the job step still runs 15 s after 4 requests `")
+    assert "To end the step when a rank fails, add `srun --kill-on-bad-exit=1`; else the step runs until its time " in (
+        line
+    )
+
+
+def test_rank_zero_ends_the_step_once_the_roll_calls_verdict_was_read(store_port, tmp_path, capsys):
+    import torch.distributed as dist
+
+    from lightning_mpi_env.rollcall.verdict import READ, REGISTERED, serve_verdict
+
+    ended = tmp_path / "ended"
+    command = (sys.executable, "-c", f"open({str(ended)!r}, 'a').write('ended\\n')")
+    client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+    client.add(REGISTERED, 3)
+    client.add(READ, 3)  # rank 3 never came: the 3 ranks that did have read the verdict
+    serve_verdict(client, 4, time.monotonic(), command, "`srun --kill-on-bad-exit=1`", retries=0)
+    assert ended.read_text() == "ended\n"  # once: this process outlives the command, which ends no real step
+    assert "lightning-mpi-env: rank 0 ends the job step: " in capsys.readouterr().err

@@ -18,7 +18,7 @@ import pytest
 
 from lightning_mpi_env.tools.simcluster import find_mpirun, session_dir_arguments
 from tests.clusters.slurm import SlurmCluster
-from tests.supervise.test_relaunch_slurm import EVERY, STEPS, _results, _train
+from tests.supervise.test_relaunch_slurm import EVERY, STEPS, _results, _train, _validated_to_the_end
 from tests.supervise.test_relaunch_slurm import _supervised as supervised_in_salloc
 from tests.test_slurm import FABRIC_FREEZE
 
@@ -55,7 +55,7 @@ def _relaunched_through_a_host_file(output: str, status: int, events: list[dict]
 def test_an_mpirun_trainer_step_is_relaunched_on_the_spare_and_resumes(
     slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
 ):
-    train = _train(tmp_path, "--freeze", "2:10")
+    train = _train(tmp_path, "--freeze", "2:10", persistent_workers=True)
     output, status, events = _supervised(slurm_cluster_with_spare, tmp_path, train)
     _relaunched_through_a_host_file(output, status, events, tmp_path)
     results = _results(tmp_path)
@@ -64,6 +64,7 @@ def test_an_mpirun_trainer_step_is_relaunched_on_the_spare_and_resumes(
     assert {min(result["steps"]) for result in results} == {10}, results  # resumed at the step-10 checkpoint
     first = [event for event in events if event["event"] == "first_step" and event["step"] == 2]
     assert [event["resumed_step"] for event in first] == [10], events
+    _validated_to_the_end(tmp_path)
 
 
 def test_an_mpirun_fabric_loop_under_ddp_mpi_is_relaunched_on_the_spare_and_resumes_its_own_checkpoint(
@@ -113,3 +114,4 @@ def test_an_mpich_step_whose_rank_zero_node_failed_is_relaunched_with_rank_zero_
     assert next(result["hostname"] for result in results if result["global_rank"] == 0) == "node2", results
     assert {result["global_step"] for result in results} == {STEPS}, results
     assert {min(result["steps"]) for result in results} == {10}, results  # resumed at the step-10 checkpoint
+    _validated_to_the_end(tmp_path)

@@ -33,10 +33,16 @@ EVERY = 5
 STEP = ["srun", "-N2", "-n4", "--ntasks-per-node=2"]
 
 
-def _train(tmp_path: Path, *fault: str) -> list[str]:
+def _train(tmp_path: Path, *fault: str, persistent_workers: bool = False) -> list[str]:
+    """trainer_job.py as users write a job: 2 data loader workers, a validation loop and a ModelCheckpoint.
+
+    Validation adds no global steps; ModelCheckpoint's files go to ``root/checkpoints``, beside the HPC checkpoints
+    the relaunch resumes from.
+    """
     (tmp_path / "results").mkdir(exist_ok=True)
     train = [sys.executable, str(TRAINER_JOB), "--strategy", "ddp_mpi", "--zero-config", "--steps", str(STEPS)]
     train += ["--root-dir", str(tmp_path / "root"), "--result-dir", str(tmp_path / "results")]
+    train += ["--workers", "2", "--validate", *(["--persistent-workers"] if persistent_workers else [])]
     return [*train, "--freeze-once", str(tmp_path / "fault-once"), "--tag", f"relaunch-{tmp_path.name}", *fault]
 
 
@@ -72,6 +78,14 @@ def _results(tmp_path: Path) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted((tmp_path / "results").glob("result-*.json"))]
 
 
+def _validated_to_the_end(tmp_path: Path) -> None:
+    """The validation loop ran to the last step: ModelCheckpoint's files, and only they, under ``root/checkpoints``."""
+    names = sorted(path.name for path in (tmp_path / "root" / "checkpoints").iterdir())
+    assert "last.ckpt" in names, names
+    assert any(name.endswith(f"-step={STEPS}.ckpt") for name in names), names
+    assert not [name for name in names if name.startswith("hpc_ckpt_")], names
+
+
 def _kinds(events: list[dict]) -> list[str]:
     return [event["event"] for event in events]
 
@@ -104,6 +118,7 @@ def _relaunched_and_resumed(output: str, status: int, events: list[dict], tmp_pa
     assert len(first) == 1, events
     assert first[0]["resumed_step"] == resumed, events
     assert first[0]["resumed_from"].startswith("hpc_ckpt_"), first
+    _validated_to_the_end(tmp_path)
     frozen_at = min(
         float(line.rsplit("time=", 1)[1]) for line in output.splitlines() if line.startswith(("FREEZE", "KILL"))
     )
@@ -128,7 +143,7 @@ def test_a_killed_rank_on_node2_is_relaunched_on_the_spare_and_resumes(
     slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
 ):
     output, status, events = _supervised(
-        slurm_cluster_with_spare, tmp_path, [*STEP, *_train(tmp_path, "--kill", "3:10")]
+        slurm_cluster_with_spare, tmp_path, [*STEP, *_train(tmp_path, "--kill", "3:10", persistent_workers=True)]
     )
     # The killed rank's host, from the watchdog's verdict or from srun's "node2: task 3: Killed".
     _relaunched_and_resumed(output, status, events, tmp_path, "")
@@ -191,7 +206,7 @@ def test_the_probe_leaves_out_a_hung_spare_and_a_step_that_needs_it_stops_saying
 ):
     # node3's slurmd stops once the supervisor runs (inside the allocation), as a spare that hangs during the job.
     # Stopped before salloc, Slurm could find it not responding and never grant the allocation.
-    step = [*STEP, *_train(tmp_path, "--freeze", "2:10")]
+    step = [*STEP, *_train(tmp_path, "--freeze", "2:10", persistent_workers=True)]
     with _once_file_exists(tmp_path / "state", _hung(slurm_cluster_with_spare, "node3")):
         output, status, events = _supervised(slurm_cluster_with_spare, tmp_path, step)
     assert status != 0, output[-8000:]
@@ -225,6 +240,7 @@ def test_without_a_spare_a_ddp_mpi_step_of_one_to_two_nodes_goes_on_on_one(
     assert sorted(result["hostname"] for result in relaunched) == ["node1", "node1"], relaunched
     assert {result["global_step"] for result in relaunched} == {STEPS}, relaunched
     assert {result["world_size"] for result in relaunched} == {2}, relaunched
+    _validated_to_the_end(tmp_path)
 
 
 def test_a_program_that_dies_on_every_host_stops_after_two_tries(
@@ -255,7 +271,7 @@ def test_a_frozen_rank_0_leaves_its_host_out_and_the_relaunch_meets_on_the_next_
     output, status, events = _supervised(
         slurm_cluster_with_spare,
         tmp_path,
-        [*STEP, *_train(tmp_path, "--freeze", "0:10")],
+        [*STEP, *_train(tmp_path, "--freeze", "0:10", persistent_workers=True)],
         exported={"MASTER_ADDR": "node1"},
     )
     assert status == 0, output[-8000:]
@@ -273,3 +289,4 @@ def test_a_frozen_rank_0_leaves_its_host_out_and_the_relaunch_meets_on_the_next_
     # rank was told is asserted.
     assert {result["main_address"] for result in relaunched} == {"node2"}, relaunched
     assert {result["global_step"] for result in relaunched} == {STEPS}, relaunched
+    _validated_to_the_end(tmp_path)

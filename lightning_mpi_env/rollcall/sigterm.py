@@ -1,0 +1,97 @@
+"""Every rank stops at one step after a ``SIGTERM`` that reached any of them, agreed with no collective.
+
+``kill -TERM`` of one process, or a node's own shutdown, signals some ranks only. A rank that stops by itself leaves
+the others in their next collective with a peer that is gone: they end on the backend's error ("Connection closed by
+peer"), status 1. So a handler only notes the signal (:meth:`SigtermStop.note`); the watchdog's thread agrees with
+the other ranks' threads on a step through the store (a stop agreement under keys of its own); at that step every
+rank stops with status 143 and runs no collective after it. The loop asks after each step: the Trainer's callback,
+``"ddp_mpi"``'s ``backward`` under Fabric, or a Fabric loop with the plugin (``environment.exit_on_sigterm()``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NoReturn
+
+from lightning_mpi_env.rollcall.agreement import SIGTERM_STOP, StopAgreement
+
+SIGTERM_STATUS = 128 + signal.SIGTERM.value
+"""The exit status of every rank stopped by ``SIGTERM`` (the shell's status for a process the signal ended)."""
+
+
+class SigtermStop:
+    """This rank's part: the signals noted, the agreement the watchdog's thread advances, and the loop's question."""
+
+    def __init__(self, *, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self._noted = 0  # written by a handler (it may only count), read by the watchdog's thread and the loop
+        self.on_note: Callable[[], object] | None = None
+        """Called by the handler after it noted the signal (in the main thread, where Python runs handlers)."""
+        self.stopped = False
+        """Whether this rank reached the agreed step (and stops there)."""
+        self.agreement = StopAgreement(rank=rank, world_size=world_size, signalled=self.noted, kind=SIGTERM_STOP)
+        self._handler: Any = None  # the handler :meth:`install` put in, and the one it replaced
+        self._replaced: Any = None
+
+    def note(self) -> None:
+        """A ``SIGTERM`` came to this process (called by a signal handler: a count, then :attr:`on_note`)."""
+        self._noted += 1
+        if self.on_note is not None:
+            self.on_note()
+
+    def noted(self) -> bool:
+        """Whether a ``SIGTERM`` came to this process."""
+        return self._noted > 0
+
+    def due(self, finished: int, wait: float) -> bool:
+        """Whether every rank stops now, after its ``finished``-th step (all ranks ask after each step, one count).
+
+        Two local reads until a signal comes, then a wait of about one interval of the watchdog; a ``StallError``
+        where not every rank answered within ``wait`` seconds.
+        """
+        if self.agreement.due(finished, wait):
+            self.stopped = True
+        return self.stopped
+
+    def install(self) -> bool:
+        """Put in a ``SIGTERM`` handler that notes the signal, chained to the one in place; whether it went in.
+
+        For a Fabric loop (a Trainer's callback replaces Lightning's handler instead); from the main thread, once.
+        """
+        if self._handler is not None or threading.current_thread() is not threading.main_thread():
+            return False
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def note(signum: int, frame: FrameType | None) -> None:
+            self.note()
+            if callable(previous):  # the program's own handler still runs
+                previous(signum, frame)
+
+        self._handler, self._replaced = note, previous
+        signal.signal(signal.SIGTERM, note)
+        return True
+
+    def uninstall(self) -> None:
+        """Put back the handler from before :meth:`install`; a ``SIGTERM`` noted and never stopped for goes to it."""
+        handler, self._handler = self._handler, None
+        if handler is None or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._replaced is None else self._replaced)
+        if self.noted() and not self.stopped:  # the loop ended before the agreed step: the signal still ends it
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def say(self, step: int) -> None:
+        """One line on stderr, in one write (several ranks share the launcher's output): this rank stops."""
+        sys.stderr.write(f"lightning-mpi-env: SIGTERM: rank {self.rank} stops after step {step}, as every rank does\n")
+        sys.stderr.flush()
+
+    def exit(self, step: int) -> NoReturn:
+        """Say so, and end this rank with status 143 (a ``SystemExit``: exit hooks run, no traceback)."""
+        self.say(step)
+        raise SystemExit(SIGTERM_STATUS)
