@@ -15,7 +15,7 @@ from tests.clusters.lanes import lane_of
 JOBS = Path(__file__).parent / "jobs"
 """Programs only the tests run (a single rendezvous claim)."""
 INSTRUMENTED = Path(__file__).parents[1] / "examples" / "instrumented"
-"""The instrumented Lightning job and the fault injector, shared with the demo and the benchmarks."""
+"""The instrumented Lightning job and the fault injector, shared with the benchmarks."""
 TRAINER_JOB = INSTRUMENTED / "trainer_job.py"
 TAMPER = INSTRUMENTED / "tamper.py"
 
@@ -42,6 +42,31 @@ settings.load_profile("suite")
 INSTALLING_FIXTURES = frozenset({"deepspeed", "hydra_cluster", "jax_python", "oldest_lightning"})
 """Fixtures that install a launcher or a venv on first use (minutes on a fresh machine): whole suite only."""
 
+SMOKE = (
+    "tests/core/test_layout.py",  # every launcher's variables read into a layout, and the errors for bad ones
+    "tests/core/test_launchers.py",
+    "tests/core/test_placement.py",
+    "tests/core/test_schedulers.py",
+    "tests/core/test_settings.py",
+    "tests/tools/test_cli.py",  # show, simulate, exec, torchrun-args, doctor through the command line
+    "tests/tools/test_simulate.py",
+    "tests/test_docs.py",
+    "tests/test_examples.py::test_the_demo_trains_with_the_readme_line",
+    "tests/test_examples.py::test_each_demo_step_title_says_what_it_runs",
+)
+"""The first check, ``pytest -m smoke``, besides the real jobs marked ``smoke`` in their modules: these modules (or
+tests), less their hypothesis properties, their real launcher jobs and what :data:`SMOKE_LEAVES_OUT` names.
+
+The default run runs all of them too; the smoke set only picks a fast, representative part of it.
+"""
+SMOKE_LEAVES_OUT = frozenset(
+    {
+        "tests/test_docs.py::test_runnable_snippets_run",  # a fresh interpreter each, which imports Lightning
+        "tests/test_docs.py::test_the_smoke_tier_is_a_fast_first_check_of_each_layer",  # a pytest of its own
+    }
+)
+"""Tests of a :data:`SMOKE` module left out of the smoke set: each starts a slow process of its own."""
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
@@ -64,17 +89,20 @@ def is_slow(item: pytest.Item) -> bool:
     return not INSTALLING_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
 
 
+def in_smoke_table(item: pytest.Item) -> bool:
+    """Whether :data:`SMOKE` names the test's module or the test, and :data:`SMOKE_LEAVES_OUT` does not name it."""
+    module, _, rest = item.nodeid.partition("::")
+    test = f"{module}::{getattr(item, 'originalname', rest)}"  # without its parameters
+    if test in SMOKE_LEAVES_OUT or (module not in SMOKE and test not in SMOKE):
+        return False
+    return not getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Before xdist starts its workers, so that they, and every process they start, inherit it (the module says why).
+    # The markers are registered in pyproject.toml.
     if not os.environ.get("LMPI_TEST_PLAIN_GC") and str(LEAN_SITE) not in os.environ.get("PYTHONPATH", ""):
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LEAN_SITE), os.environ.get("PYTHONPATH")]))
-    config.addinivalue_line(
-        "markers", "mpi: runs a real launcher job (mpirun, mpiexec, srun); in CI (CI set) a skip of it is a failure"
-    )
-    config.addinivalue_line("markers", "slurm: runs jobs on the real two-node Slurm cluster (tests/clusters/slurm.py)")
-    config.addinivalue_line("markers", "hydra: runs MPICH's or Intel MPI's real mpiexec (tests/clusters/hydra.py)")
-    config.addinivalue_line("markers", "slow: runs only in the whole suite (pytest --runslow)")
-    config.addinivalue_line("markers", "smoke: a real launcher job (mpi) that also runs in the default run")
 
 
 def python_path(*first: Path) -> str:
@@ -89,9 +117,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     slow = [item for item in items if is_slow(item)]
     for item in slow:
         item.add_marker(pytest.mark.slow)
+    # The first check, `pytest -m smoke`: the table's tests, marked here (after the tiers were decided, so that the
+    # mark brings no real launcher job into the default run), before pytest's own `-m` selection.
+    leaving = set(map(id, slow))
+    for item in items:
+        if id(item) not in leaving and item.get_closest_marker("mpi") is None and in_smoke_table(item):
+            item.add_marker(pytest.mark.smoke)
     if not config.getoption("--runslow") and slow:
         config.hook.pytest_deselected(items=slow)
-        leaving = set(map(id, slow))
         items[:] = [item for item in items if id(item) not in leaving]
     # Real launcher jobs (4 ranks each) run in lanes: one xdist group each, one job at a time within a lane, the
     # lanes side by side. Much of a real job is waiting (a roll call's timeout, a stall's, a scheduler's requeue),

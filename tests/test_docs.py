@@ -128,6 +128,60 @@ def test_user_pages_cite_no_issue_numbers_or_design_notes(page):
     assert "notes/" not in text, f"{page.name} links a design note"
 
 
+HISTORY_PAGES = [page for page in PAGES if page.name not in {"development.md", "benchmarks.md"}]
+"""Pages that describe the package as it is: the story of how it got there stays in git and the CHANGELOG."""
+HISTORY = re.compile(
+    r"\b(earlier|previous|older|former) (versions?|releases?)\b|\bwas called\b|\bwere called\b|\bused to\b"
+    r"|\bno longer\b|\bold name\b|\bformerly\b|\brenamed from\b|\bnow (?:is|are|takes|does)\b",
+    flags=re.IGNORECASE,
+)
+"""Phrases that tell the package's history (``used to``, ``no longer``, ``was called``, ``earlier versions``)."""
+JARGON = {"verdict": r"\bverdict\b", "level": r"\branks (?:are )?(?:not )?level\b"}
+"""Our own words a newcomer cannot look up, with how they appear: glossed in plain words where they first appear."""
+
+
+def _prose(text: str) -> str:
+    """A page without its code blocks and code spans (quoted messages and code may say anything)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    return re.sub(r"``.+?``|`[^`\n]+`", "`code`", text)
+
+
+@pytest.mark.parametrize("page", HISTORY_PAGES, ids=lambda page: page.name)
+def test_user_pages_tell_no_history(page):
+    found = [match.group(0) for match in HISTORY.finditer(_prose(page.read_text()))]
+    assert not found, f"{page.name}: say what the package does, not what it did: {found}"
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda page: page.name)
+def test_user_pages_name_no_test_files(page):
+    # A user cannot run or read the tests of an installed package: say what is checked, not where.
+    found = re.findall(r"(?<![\w.-])tests/[\w/.-]*", page.read_text())
+    assert not found, f"{page.name}: {found}"
+
+
+def _reading_order() -> list[Path]:
+    """The user pages as a reader meets them: the README, then the pages in the order it first links them."""
+    readme = ROOT / "README.md"
+    linked = re.findall(r"\]\(docs/([\w.-]+\.md)", readme.read_text())
+    order = dict.fromkeys([readme, *(ROOT / "docs" / name for name in linked), *USER_PAGES])
+    return [page for page in order if page in USER_PAGES]
+
+
+@pytest.mark.parametrize("term", list(JARGON))
+def test_jargon_is_glossed_where_a_reader_first_meets_it(term):
+    pages = _reading_order()
+    assert len(pages) == len(USER_PAGES)
+    for page in pages:
+        text = _prose(page.read_text())
+        match = re.search(JARGON[term], text, flags=re.IGNORECASE)
+        if match:
+            # A gloss: a parenthesis or a colon right after the word, saying it in plain words.
+            after = text[match.end() : match.end() + 200]
+            assert re.match(r"\**\s*[(:]\s*\w", after), f"{page.name}: {term!r} without a gloss: {after[:80]!r}"
+            return
+    pytest.fail(f"no user page says {term!r}: drop it from JARGON")
+
+
 def _table_rows(text: str, header: str) -> list[list[str]]:
     """The cells of each row of the table whose header row starts with ``header``."""
     lines = text.splitlines()
@@ -286,3 +340,44 @@ def test_every_example_is_documented_and_exists():
 def test_no_figure_is_left_to_fill_in():
     for page in PAGES:
         assert not re.search(r"\bFIGURES-[A-Z-]+\b|\bSUITE-TIME\b", page.read_text()), page.name
+
+
+def test_the_development_page_says_what_its_times_assume_and_where_to_start():
+    text = " ".join((ROOT / "docs" / "development.md").read_text().split())
+    # A newcomer on shared cores measured twice the figure: the page says what the figure assumes.
+    for words in ("idle machine with 2 cores", "`CI=true`", "`-n 4`", "already installed", "shared"):
+        assert words in text, words
+    assert "pytest -m smoke" in text
+    assert "smoke" in (ROOT / "pyproject.toml").read_text().split("markers = [", 1)[1].split("]", 1)[0]
+
+
+def test_the_smoke_tier_is_a_fast_first_check_of_each_layer():
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "smoke", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    files = {node_id.split("::")[0] for node_id in ids}
+    for module in ("tests/core/test_layout.py", "tests/tools/test_cli.py", "tests/test_docs.py"):
+        assert module in files, module
+    assert "tests/test_examples.py::test_each_demo_step_title_says_what_it_runs" in ids
+    assert any(node_id.startswith("tests/rollcall/test_fail_fast.py::") for node_id in ids), "a real roll call job"
+    # Nothing that starts Lightning per test, no hypothesis property, nothing of the whole suite only.
+    assert not [node_id for node_id in ids if "test_runnable_snippets_run" in node_id or "test_property_" in node_id]
+    assert "tests/test_packaging.py" not in files
+    assert 100 < len(ids) < 1000, len(ids)
+
+
+def test_the_changelog_s_unreleased_entries_speak_to_users():
+    # Internal moves and the project's own development are in git and docs/development.md, not in users' notes.
+    text = (ROOT / "CHANGELOG.md").read_text()
+    unreleased = text.split("## [Unreleased]", 1)[1].split("\n## [", 1)[0]
+    entries = [line for line in unreleased.splitlines() if line.startswith("- ")]
+    assert entries
+    internal = [entry for entry in entries if re.match(r"- (Internal|Development|Tests?|Refactor)\b", entry)]
+    assert not internal, internal

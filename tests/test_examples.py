@@ -86,6 +86,159 @@ def test_job_scripts_ask_their_scheduler_for_the_requeue(script, lines):
     assert [line for line in lines if line not in text] == []
 
 
+# --- the demo: the README's line, from the package, titles that say what runs -------------------------------------
+
+DEMO_JOB = ROOT / "lightning_mpi_env" / "demo_job.py"
+
+
+def _code(path: Path) -> str:
+    """A module's code without its docstrings (which may name what the code avoids)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
+            body[0] = ast.Pass()
+    return ast.unparse(tree)
+
+
+def test_the_demo_trains_with_the_readme_line():
+    readme = README.read_text()
+    for line in ("from lightning_mpi_env.pytorch import MPIDDPStrategy", "Trainer(strategy=MPIDDPStrategy()"):
+        assert line in readme
+        assert line in DEMO_JOB.read_text()
+    code = _code(DEMO_JOB)
+    # Nothing the README's line leaves out: no devices, no num_nodes, no plugin, no top-level import of the package.
+    for absent in (
+        r"\bdevices=",
+        r"\bnum_nodes=",
+        r"\bplugins=",
+        r"\bMPIClusterEnvironment\b",
+        r"\bDDPStrategy\(",
+        r"from lightning_mpi_env import",
+    ):
+        assert not re.search(absent, code), absent
+    from lightning_mpi_env.tools import demo
+
+    assert {step.command for step in demo.steps()[1:]} == {("-m", "lightning_mpi_env.demo_job")}
+    assert demo.JOB == "lightning_mpi_env.demo_job"
+
+
+def test_the_example_demo_calls_the_package_demo():
+    # What an installed wheel runs (`lightning-mpi-env demo`) and what the README's `python examples/demo.py` runs
+    # are one program: the example only calls it.
+    code = _code(EXAMPLES / "demo.py")
+    assert "from lightning_mpi_env.tools.demo import main" in code
+    assert len(code.splitlines()) <= 8, code
+
+
+def _canned(map_by: str, command) -> subprocess.CompletedProcess:
+    """What the simulated cluster's 4 ranks print for a step: `show --json` lines, or the demo job's RESULT lines."""
+    hosts = ["127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"] if map_by == "slot" else ["127.0.0.2", "127.0.0.3"] * 2
+    lines = []
+    for rank, host in enumerate(hosts):
+        node = ["127.0.0.2", "127.0.0.3"].index(host)
+        if "show" in command:
+            source = "OMPI_COMM_WORLD_RANK // OMPI_COMM_WORLD_LOCAL_SIZE (assumed block placement)"
+            row = {"global_rank": rank, "node_rank": node, "node_rank_exact": False, "local_rank": rank % 2}
+            row |= {"host": host, "sources": {"node_rank": source}}
+            lines.append(json.dumps(row))
+        else:
+            row = {"hostname": host, "global_rank": rank, "node_rank": node, "local_rank": rank // 2, "world_size": 4}
+            row |= {"strategy": "MPIDDPStrategy", "seen": list(range(16 * rank, 16 * rank + 16)), "weights": [0.25]}
+            lines.append("RESULT " + json.dumps(row))
+    return subprocess.CompletedProcess(["mpirun"], 0, "Lightning says something\n" + "\n".join(lines) + "\n", "")
+
+
+def test_each_demo_step_title_says_what_it_runs(capsys):
+    from lightning_mpi_env.tools import demo
+
+    ran = []
+
+    def run(map_by, command):
+        ran.append((map_by, tuple(command)))
+        return _canned(map_by, command)
+
+    assert demo.run_demo(run) == 0
+    out = capsys.readouterr().out
+    steps = demo.steps()
+    assert ran == [(step.map_by, step.command) for step in steps]
+    for number, step in enumerate(steps, start=1):
+        title, first, second = out.split(f"\nStep {number} of {len(steps)}: ", 1)[1].splitlines()[:3]
+        # The command printed is the one run, and the title names it.
+        assert first.startswith("$ lightning-mpi-env simcluster --nodes 2 --per-node 2 ")
+        assert f"--map-by {step.map_by} " in first
+        assert second.strip() == "python " + " ".join(step.command)
+        if step.command[-2:] == ("show", "--json"):
+            assert "`show --json` on each rank, one table row per rank" in title
+        else:
+            assert "`Trainer(strategy=MPIDDPStrategy())`" in title
+            assert f"(--map-by {step.map_by})" in title
+    assert out.count("  ok: unique ranks, node ranks match the hosts, disjoint shards, identical weights") == 2
+    assert max(map(len, out.splitlines())) <= 120
+
+
+def test_the_demo_fails_on_a_wrong_rank_table(capsys):
+    from lightning_mpi_env.tools import demo
+
+    def run(map_by, command):
+        completed = _canned(map_by, command)
+        if "show" in command:
+            return completed
+        # Node ranks that disagree with the hosts, as under `--map-by node` with block arithmetic.
+        lines = [line.replace('"127.0.0.2"', '"127.0.0.9"') for line in completed.stdout.splitlines()]
+        return subprocess.CompletedProcess(completed.args, 0, "\n".join(lines), "")
+
+    assert demo.run_demo(run) == 1
+    out = capsys.readouterr().out
+    assert out.count("Step ") == 2  # it stops at the first wrong table
+    assert out.splitlines()[-1] == "  PROBLEMS: a node rank does not match its host"
+    rows = demo._json_lines(_canned("slot", ("-m", demo.JOB)).stdout)
+    assert demo.check(rows[:3]) == ["3 ranks reported, not 4"]
+    assert demo.check([{**row, "seen": [0]} for row in rows]) == ["data shards overlap"]
+
+
+def test_the_demo_names_what_is_missing_in_one_line(tmp_path):
+    # A Python with no Open MPI beside it or on PATH, and no torch or Lightning (no site-packages): one line, the
+    # extra to install, exit 127, no traceback.
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.symlink_to(os.path.realpath(sys.executable))
+    env = {"PATH": str(python.parent), "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
+    result = subprocess.run(
+        [python, "-S", "-m", "lightning_mpi_env.tools.demo"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (127, ""), result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("lightning-mpi-env demo: error: The demo needs Open MPI's mpirun, torch and Lightning: ")
+    assert "No `mpirun` found" in line
+    assert "torch and lightning cannot be imported" in line
+    assert (
+        'HINT: Install the demo extra into this Python\'s environment: `pip install "lightning-mpi-env[demo]"`' in line
+    )
+
+
+def test_the_demo_refuses_a_bad_timeout_in_one_line(capsys):
+    from lightning_mpi_env.tools import demo
+
+    assert demo.main(["--timeout", "nan"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --timeout: 'nan' is not a number of seconds above 0" in err
+    assert "Traceback" not in err
+
+
 def _one_process_environment(job: str) -> dict[str, str]:
     """One process, no launcher, in Grid Engine job ``job``: its warning signal (SIGUSR2) checkpoints, then exit 99."""
     return {

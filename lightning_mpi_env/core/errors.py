@@ -5,11 +5,40 @@ from __future__ import annotations
 from typing import Any
 
 
+def escaped(text: str, *, lines: bool = False) -> str:
+    r"""``text`` as one line (``lines``: its ``\n`` kept), with every other character that is not printable escaped.
+
+    A line break echoed from a variable would forge a line of the output, a carriage return or a terminal escape
+    overwrite one: a ``\n`` becomes a blank (kept where ``lines``: a message written in several lines on purpose), and
+    any other character that is not printable is written as Python writes it in a string (``\r``, ``\x1b``).
+
+    >>> escaped("ib0\nHINT: fine\r\x1b[2K")
+    'ib0 HINT: fine\\r\\x1b[2K'
+    """
+    if text.isprintable():
+        return text
+    return "".join(
+        character
+        if character.isprintable()
+        else ("\n" if lines else " ")
+        if character == "\n"
+        else repr(character)[1:-1]
+        for character in text
+    )
+
+
 class Explained(Exception):
-    """The data behind an error or a warning (``problem``: what is wrong; ``hint``: the fix), and its rendering."""
+    """The data behind an error or a warning (``problem``: what is wrong; ``hint``: the fix), and its rendering.
+
+    Problem and hint are kept with every character that is not printable escaped (:func:`escaped`), so a name or value
+    echoed into them cannot forge another line wherever they are shown: ``str()``, :meth:`one_line`, ``doctor``.
+    """
 
     separator = "\n"
     """What stands between the problem and ``HINT:`` in ``str()``: errors take a line of their own for the hint."""
+
+    multiline = False
+    """Whether the problem is written in several lines on purpose (its ``\n`` kept); else it is one line."""
 
     def __init__(
         self,
@@ -20,6 +49,7 @@ class Explained(Exception):
         value: str | None = None,
         launcher: str | None = None,
     ) -> None:
+        problem, hint = escaped(problem, lines=self.multiline), escaped(hint)
         super().__init__(problem, hint)
         self.problem = problem
         self.hint = hint
@@ -71,6 +101,8 @@ class StallError(MpiEnvError, RuntimeError):
 class MixedImportError(MpiEnvError, TypeError):
     """Objects from both Lightning namespaces meet, or the namespaces cannot be unified."""
 
+    multiline = True  # one line per object
+
 
 class StrategyImportError(MpiEnvError, ImportError):
     """``lightning_mpi_env.MPIDDPStrategy`` asked for while no, or both, Lightning namespaces are imported."""
@@ -112,6 +144,8 @@ class FabricWarning(LayoutWarning):
 
 class MixedImportWarning(Explained, UserWarning):
     """Both Lightning namespaces are imported in one process (the problem names the importer of each)."""
+
+    multiline = True  # one line per namespace
 
 
 class AddressError(LayoutError):

@@ -52,6 +52,8 @@ class Launcher(NamedTuple):
     """The command that ends this launch's step at once, frozen ranks included, where the launcher would wait."""
     end_hint: str = ""
     """What to add to the launch so that it ends with a frozen rank, where nothing above ends it."""
+    rank_twin: str | None = None
+    """Another variable this launcher sets to the same rank; both set and different, one was set after the launch."""
 
     @property
     def variables(self) -> tuple[str, ...]:
@@ -93,6 +95,7 @@ OPEN_MPI = Launcher(
     local_size="OMPI_COMM_WORLD_LOCAL_SIZE",
     # OMPI_COMM_WORLD_NODE_RANK is the rank on the node across *all* jobs, not the node index: never read it.
     job_identity=("PMIX_NAMESPACE",),  # Open MPI 5 (PRRTE): one per mpirun
+    rank_twin="PMIX_RANK",  # PRRTE's PMIx server gives each process of the job its world rank there too
     flavours=MappingProxyType(
         {"openmpi": MappingProxyType({"PMIX_RANK": "{rank}", "PMIX_NAMESPACE": "prterun-{first_host}-{job}@1"})}
     ),

@@ -157,6 +157,7 @@ class _LayoutParser:
         row = self.launcher
         self._require_complete_row()
         rank = self._integer(row.rank, "rank")
+        self._check_rank_twin(rank)
         world_size = self._integer(row.world_size, "world_size", minimum=1, maximum=MAX_WORLD_SIZE)
         local_rank = self._integer(row.local_rank, "local_rank")
         local_size = self._local_size(world_size)
@@ -289,6 +290,23 @@ class _LayoutParser:
             num_nodes = None
         self.sources["num_nodes"] = num_nodes_source(row, self.sources["local_size"], world_size, local_size)
         return node, num_nodes, Placement.LAUNCHER
+
+    def _check_rank_twin(self, rank: int) -> None:
+        row = self.launcher
+        twin = row.rank_twin
+        if twin is None or twin not in self.env or as_count(self.env[twin]) == rank:
+            return
+        value = self.env[twin]
+        raise LayoutError(
+            f"{row.rank}={rank} but {twin}={shown(value)}, which {row.name} sets to the same rank: one of them was "
+            "set after the launch.",
+            "A wrapper or job script that exports a rank gives every process the same one: two processes claim it, "
+            f"and where none claims rank 0 nothing serves the roll call. Do not set {row.rank} (or {twin}) in a "
+            f"wrapper or job script. {row.launch_hint}",
+            variable=row.rank,
+            value=str(rank),
+            launcher=row.name,
+        )
 
     def _check_stale_torch_variables(self, resolved: Mapping[str, int]) -> None:
         for variable, field_name in STALE_TORCH_VARIABLES:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from lightning_mpi_env.core.errors import SettingError
+from lightning_mpi_env.core.values import shown
 
 SOCKET_IFNAME_VARIABLES: tuple[str, ...] = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 """The variables through which gloo and NCCL take the interface to use (both read only the environment)."""
@@ -146,6 +147,25 @@ def host_of_fabric_name(template: str, name: str) -> str:
     return name
 
 
+def contradicting_ifname(ifname: str, env: Mapping[str, str], variable: str) -> SettingError | None:
+    """The error where ``GLOO_SOCKET_IFNAME`` or ``NCCL_SOCKET_IFNAME`` names another interface than ``ifname``.
+
+    NCCL reads its value as prefixes, ``=ib0`` as exactly ib0: the same interface. ``variable`` is the setting's name.
+    """
+    for name in SOCKET_IFNAME_VARIABLES if ifname else ():
+        given = env.get(name, "")
+        if given and given.removeprefix("=") != ifname:
+            return SettingError(
+                f"{variable}={shown(ifname)} asks gloo and NCCL to use interface {ifname}, but {name}={shown(given)} "
+                "is set to another: the two settings contradict each other.",
+                f"Set one of them: unset {name} (then {variable} sets it), or unset {variable}, or give both the "
+                "same interface.",
+                variable=variable,
+                value=ifname,
+            )
+    return None
+
+
 def socket_ifname_exports(
     ifname: str,
     env: Mapping[str, str],
@@ -155,22 +175,13 @@ def socket_ifname_exports(
     if not ifname:
         return {}
     variable = "LIGHTNING_MPI_ENV_IFNAME"
-    for name in SOCKET_IFNAME_VARIABLES:
-        given = env.get(name, "")
-        # NCCL reads its value as prefixes, `=ib0` as exactly ib0: the same interface.
-        if given and given.removeprefix("=") != ifname:
-            raise SettingError(
-                f"{variable}={ifname!r} asks gloo and NCCL to use interface {ifname}, but {name}={given!r} is set "
-                "to another: the two settings contradict each other.",
-                f"Set one of them: unset {name} (then {variable} sets it), or unset {variable}, or give both the "
-                "same interface.",
-                variable=name,
-                value=given,
-            )
+    contradiction = contradicting_ifname(ifname, env, variable)
+    if contradiction is not None:
+        raise contradiction
     found = interfaces()
     if ifname not in {interface.name for interface in found}:
         raise SettingError(
-            f"{variable}={ifname!r}, but host {socket.gethostname()} has no interface {ifname} (it has "
+            f"{variable}={shown(ifname)}, but host {socket.gethostname()} has no interface {ifname} (it has "
             f"{describe_interfaces(found)}).",
             f"Set {variable} to the fabric's interface on every node (`ip -brief addr` lists them: InfiniBand is "
             "often ib0, Slingshot hsn0), or unset it.",

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 DEFAULT_MAIN_PORT = 29500
 """The main port when neither ``MASTER_PORT`` nor a job identity is available (PyTorch's own default)."""
 
+DEFAULT_PORT_SOURCE = "default"
+"""The source recorded for :data:`DEFAULT_MAIN_PORT`: without a launcher the port is then picked free on this host."""
+
 DERIVED_PORT_RANGE = range(20000, 30000)
 """Ports derived from a job's identity fall in here: below Linux's ephemeral range (32768 and up)."""
 
@@ -126,7 +129,7 @@ def main_port(env: Mapping[str, str], launcher: Launcher | None) -> tuple[int, s
     job = job_identity(env)
     if job is not None:
         return derive_port(job[0]), f"derived from {'+'.join(job[1])}"
-    return DEFAULT_MAIN_PORT, "default"
+    return DEFAULT_MAIN_PORT, DEFAULT_PORT_SOURCE
 
 
 def derive_port(identity: str) -> int:

@@ -11,14 +11,21 @@ from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 from lightning_mpi_env.core.errors import Explained, SettingError
+from lightning_mpi_env.core.launchers import detect_launcher
+from lightning_mpi_env.core.network import apply_host_template, contradicting_ifname
+from lightning_mpi_env.core.ports import host_syntax_problem
+from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.core.values import (
     MAX_CHECKPOINT_EVERY,
     SHOWN_CHARACTERS,
+    SHOWN_NAME_CHARACTERS,
+    as_count,
     count_or_off,
     folder,
     seconds,
     seconds_or_off,
     shown,
+    shown_name,
     switch,
 )
 
@@ -109,6 +116,9 @@ DEFAULT_STALL_TIMEOUT = 300.0
 DEFAULT_STALL_SOFT_TIMEOUT = 60.0
 """A report ends nothing, so it comes early: a fifth of the hard timeout."""
 
+OFF = {"stall_timeout": "no watchdog", "stall_soft_timeout": "no report"}
+"""What ``0`` or ``off`` does for each timeout that takes them; its error for any other value says so."""
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -136,9 +146,9 @@ class Settings:
     def with_arguments(self, **arguments: object) -> Settings:
         """These settings with the constructor arguments that were given (not ``None``) taking precedence."""
         given = {name: value for name, value in arguments.items() if value is not None}
-        for name in ("stall_timeout", "stall_soft_timeout"):
+        for name, off in OFF.items():
             if name in given:
-                given[name] = seconds_or_off(given[name], {}, name, 0.0)  # type: ignore[arg-type]
+                given[name] = seconds_or_off(given[name], {}, name, 0.0, off=off)  # type: ignore[arg-type]
         if "rendezvous_timeout" in given:
             given["rendezvous_timeout"] = seconds(given["rendezvous_timeout"], {}, "rendezvous_timeout", 0.0)  # type: ignore[arg-type]
         unknown = set(given) - {field.name for field in fields(self)}
@@ -165,36 +175,87 @@ class UnknownSettingWarning(Explained, UserWarning):
 
 
 def unknown_settings(env: Mapping[str, str]) -> list[UnknownSettingWarning]:
-    """A warning for each ``LIGHTNING_MPI_ENV_*`` name of ``env`` not in :data:`SETTINGS`, with the nearest known."""
+    """A warning for each name of ``env`` under :data:`PREFIX`, in any case, not in :data:`SETTINGS`, with the nearest.
+
+    A setting's name in the wrong case (``lightning_mpi_env_stall_timeout``) is unknown too: the environment's names
+    are case-sensitive, so it would be ignored; the warning names the setting it spells.
+    """
     known, found = list(VARIABLE.values()), []
-    suffixes = [variable[len(PREFIX) :] for variable in known]
     for name in sorted(env):
-        if name.startswith(PREFIX) and name not in known:
-            # Compared after the prefix they share; difflib's time goes with the product of the lengths.
-            near = difflib.get_close_matches(name[len(PREFIX) :], suffixes, n=1) if len(name) <= 100 else []
-            near = [PREFIX + suffix for suffix in near]
+        if name not in known and name.upper().startswith(PREFIX):
+            near = _nearest_setting(name)
+            case = " (the names of settings are upper case)" if near == name.upper() else ""
             found.append(
                 UnknownSettingWarning(
-                    f"{name if len(name) <= 100 else shown(name)} is not a setting of this package and is ignored"
-                    + (f": did you mean {near[0]}?" if near else "."),
-                    f"Rename it to {near[0]}." if near else f"Unset it; the settings are {', '.join(known)}.",
-                    variable=name[:100],
+                    f"{shown_name(name)} is not a setting of this package and is ignored"
+                    + (f": did you mean {near}?{case}" if near else "."),
+                    f"Rename it to {near}." if near else f"Unset it; the settings are {', '.join(known)}.",
+                    variable=name[:SHOWN_NAME_CHARACTERS],
                     value=env[name][:SHOWN_CHARACTERS],
                 )
             )
     return found
 
 
+def _nearest_setting(name: str) -> str | None:
+    """The setting ``name`` spells in another case, else the closest one by :mod:`difflib`, else ``None``."""
+    folded = name.upper()
+    if folded in VARIABLE.values():
+        return folded
+    if len(name) > SHOWN_NAME_CHARACTERS:  # difflib's time goes with the product of the lengths
+        return None
+    # Compared after the prefix they share, in one case.
+    suffixes = [variable[len(PREFIX) :] for variable in VARIABLE.values()]
+    near = difflib.get_close_matches(folded[len(PREFIX) :], suffixes, n=1)
+    return PREFIX + near[0] if near else None
+
+
 _WARNED: set[str] = set()
 """The unknown names warned about in this process: each once."""
 
+WARNED_FROM = "<environment>"
+"""Where the warning about an unknown name says it comes from: the environment, no line of this package's or
+Lightning's code (a ``stacklevel`` cannot reach the user's line through Lightning's frames)."""
+
 
 def warn_unknown_settings(env: Mapping[str, str]) -> None:
-    """Warn (:class:`UnknownSettingWarning`) about each unknown ``LIGHTNING_MPI_ENV_*`` name, once per process."""
+    """Warn (:class:`UnknownSettingWarning`) about each unknown ``LIGHTNING_MPI_ENV_*`` name: once per job.
+
+    Every rank inherits the same environment, so only the process that speaks for the job warns
+    (:func:`speaks_for_the_job`), each name once. The line reads ``<environment>:0: UnknownSettingWarning: ...``
+    whatever ``warnings.formatwarning`` is in place; the filters apply as to any warning.
+    """
+    if not speaks_for_the_job(env):
+        return
     for warning in unknown_settings(env):
         if warning.variable not in _WARNED:
             _WARNED.add(str(warning.variable))
-            warnings.warn(warning, stacklevel=3)
+            _warn(warning)
+
+
+def speaks_for_the_job(env: Mapping[str, str]) -> bool:
+    """Whether this process is rank 0 of its job, or one whose rank no variable gives (a single process).
+
+    The rank is the launcher row's (:func:`~.core.launchers.detect_launcher`), else torch's ``RANK``; a process that
+    Lightning started beside the launcher's on a node has a ``LOCAL_RANK`` above 0 and does not speak either.
+    """
+    launcher = detect_launcher(env)
+    for variable in (launcher.rank if launcher is not None else TORCH.rank, TORCH.local_rank):
+        count = as_count(env.get(variable, "").strip())
+        if count is not None and count > 0:
+            return False
+    return True
+
+
+def _warn(warning: UnknownSettingWarning) -> None:
+    category = type(warning)
+    named = f"{category.__name__}: "
+    # Lightning's formatwarning leaves the class out for a file whose absolute path holds "lightning" (the working
+    # folder's may): then the message names it, so that the line reads as the docs quote it either way.
+    if named not in warnings.formatwarning(warning, category, WARNED_FROM, 0, ""):
+        fields = {"variable": warning.variable, "value": warning.value}
+        warning = category(named + warning.problem, warning.hint, **fields)
+    warnings.warn_explicit(warning, category, WARNED_FROM, 0, module=__name__)
 
 
 def mixed_import_mode(env: Mapping[str, str]) -> MixedImportMode:
@@ -222,20 +283,48 @@ _INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # Linux: at most 15 c
 _HOST_TEMPLATE = re.compile(r"^[A-Za-z0-9._-]*\{host\}[A-Za-z0-9._-]*$")
 
 
+_HOST_EXAMPLE = (
+    "the fabric's name of a host, e.g. `{host}i` (JSC: `jwb0001` -> `jwb0001i`) or `{host}-ib`, or unset it."
+)
+
+SAMPLE_HOST = "a"
+"""The shortest host name: a template that makes no host name of it makes none of any host (the launch's check)."""
+
+
 def host_template(env: Mapping[str, str]) -> str:
-    """``LIGHTNING_MPI_ENV_MAIN_HOST``: a host name around one ``{host}``, or empty when unset."""
-    return _word(
+    """``LIGHTNING_MPI_ENV_MAIN_HOST``: a host name around one ``{host}``, or empty when unset.
+
+    The launch checks the main host's name the template gives (:func:`~.core.ports.host_syntax_problem`); a template
+    that gives no host name whatever the host (``-{host}``, ``{host}..ib``) is refused here, where ``doctor`` reads it.
+    """
+    template = _word(
         env,
         "main_host",
         _HOST_TEMPLATE,
         "a host name template: it needs `{host}` once, with letters, digits, dots, dashes or underscores around it",
-        "the fabric's name of a host, e.g. `{host}i` (JSC: `jwb0001` -> `jwb0001i`) or `{host}-ib`, or unset it.",
+        _HOST_EXAMPLE,
     )
+    sample = apply_host_template(template, SAMPLE_HOST)
+    problem = host_syntax_problem(sample) if template else None
+    if problem is not None:
+        variable = VARIABLE["main_host"]
+        raise SettingError(
+            f"{variable}={shown(template)} is not a host name template"
+            + f" that gives a host name: host {SAMPLE_HOST} becomes {shown(sample)}, and {problem}.",
+            f"Set {variable} to {_HOST_EXAMPLE}",
+            variable=variable,
+            value=template[:SHOWN_CHARACTERS],
+        )
+    return template
 
 
 def interface_name(env: Mapping[str, str]) -> str:
-    """``LIGHTNING_MPI_ENV_IFNAME``: one interface's name (lists go to gloo and NCCL directly), or empty when unset."""
-    return _word(
+    """``LIGHTNING_MPI_ENV_IFNAME``: one interface's name (lists go to gloo and NCCL directly), or empty when unset.
+
+    Refused too where ``GLOO_SOCKET_IFNAME`` or ``NCCL_SOCKET_IFNAME`` names another interface (NCCL reads ``=ib0``
+    as exactly ib0): the launch would export one and find the other.
+    """
+    ifname = _word(
         env,
         "ifname",
         _INTERFACE_NAME,
@@ -243,6 +332,10 @@ def interface_name(env: Mapping[str, str]) -> str:
         "one interface such as ib0 or hsn0 (`ip -brief addr` lists them); for lists or prefixes, set "
         "GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME yourself.",
     )
+    contradiction = contradicting_ifname(ifname, env, VARIABLE["ifname"])
+    if contradiction is not None:
+        raise contradiction
+    return ifname
 
 
 def _word(env: Mapping[str, str], field: str, form: re.Pattern[str], what: str, example: str) -> str:
@@ -263,8 +356,12 @@ _READERS: dict[str, Callable[[Mapping[str, str]], object]] = {
     "roll_call": lambda env: switch(env, VARIABLE["roll_call"], default=True),
     "rendezvous_timeout": lambda env: seconds(None, env, VARIABLE["rendezvous_timeout"], DEFAULT_RENDEZVOUS_TIMEOUT),
     "requeue": lambda env: switch(env, VARIABLE["requeue"], default=True),
-    "stall_timeout": lambda env: seconds_or_off(None, env, VARIABLE["stall_timeout"], DEFAULT_STALL_TIMEOUT),
-    "stall_soft_timeout": lambda e: seconds_or_off(None, e, VARIABLE["stall_soft_timeout"], DEFAULT_STALL_SOFT_TIMEOUT),
+    "stall_timeout": lambda env: seconds_or_off(
+        None, env, VARIABLE["stall_timeout"], DEFAULT_STALL_TIMEOUT, off=OFF["stall_timeout"]
+    ),
+    "stall_soft_timeout": lambda env: seconds_or_off(
+        None, env, VARIABLE["stall_soft_timeout"], DEFAULT_STALL_SOFT_TIMEOUT, off=OFF["stall_soft_timeout"]
+    ),
     "max_requeues": lambda env: count_or_off(env, VARIABLE["max_requeues"], DEFAULT_MAX_REQUEUES),
     "debug": lambda env: switch(env, VARIABLE["debug"], default=False),
     "mixed_imports": mixed_import_mode,

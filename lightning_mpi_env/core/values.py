@@ -32,14 +32,38 @@ SHOWN_CHARACTERS = 40
 
 
 def shown(value: str) -> str:
-    """A value as a message repeats it: quoted, and cut after :data:`SHOWN_CHARACTERS` characters.
+    r"""A value as a message repeats it: quoted, what is not printable escaped, cut after :data:`SHOWN_CHARACTERS`.
+
+    The one way a variable's value is echoed, so that a line break or a terminal escape in it cannot forge a line.
 
     >>> shown("9" * 5000)
     "'9999999999999999999999999999999999999999'... (5000 characters)"
+    >>> shown("0\nHINT: x")
+    "'0\\nHINT: x'"
     """
     if len(value) <= SHOWN_CHARACTERS:
         return repr(value)
     return f"{value[:SHOWN_CHARACTERS]!r}... ({len(value)} characters)"
+
+
+SHOWN_NAME_CHARACTERS = 100
+"""The longest variable name echoed whole (the longest setting's name is 36 characters)."""
+
+
+def shown_name(name: str) -> str:
+    r"""A variable's name as a message repeats it: as it is when plain, else as :func:`shown` writes a value.
+
+    A name with a blank, a character that is not printable ASCII, or over :data:`SHOWN_NAME_CHARACTERS` characters
+    is quoted, escaped and cut, so that it reads as one name and forges no line.
+
+    >>> shown_name("LIGHTNING_MPI_ENV_DEBGU"), shown_name("X\nY")
+    ('LIGHTNING_MPI_ENV_DEBGU', "'X\\nY'")
+    """
+    if name and len(name) <= SHOWN_NAME_CHARACTERS and name.isascii() and name.isprintable() and " " not in name:
+        return name
+    if len(name) <= SHOWN_NAME_CHARACTERS:
+        return repr(name)
+    return shown(name)
 
 
 def as_count(text: str) -> int | None:
@@ -123,10 +147,11 @@ def parse_switch(raw: str, *, variable: str, default: bool, hint: str) -> bool:
     return value
 
 
-def parse_seconds(raw: str | float, *, variable: str, hint: str) -> float:
+def parse_seconds(raw: str | float, *, variable: str, hint: str, off: str = "") -> float:
     """Seconds from :data:`MIN_SECONDS` to :data:`MAX_SECONDS` in plain decimal digits; else a :class:`SettingError`.
 
     ``float()`` would also take ``1e18`` (which overflows a ``timedelta`` later), ``1_0``, ``٣``, ``inf`` and ``nan``.
+    ``off``: what ``0`` or ``off`` does where the caller takes them (:func:`seconds_or_off`), said in the error.
     """
     if isinstance(raw, str):
         whole, _, fraction = raw.strip().partition(".")
@@ -139,7 +164,7 @@ def parse_seconds(raw: str | float, *, variable: str, hint: str) -> float:
     if not MIN_SECONDS <= seconds <= MAX_SECONDS:  # also false for nan
         raise SettingError(
             f"{variable}={shown(str(raw))} is not a positive, finite number of seconds in plain digits, from "
-            f"{MIN_SECONDS:g} to {MAX_SECONDS:.0f}.",
+            f"{MIN_SECONDS:g} to {MAX_SECONDS:.0f}" + (f", nor 0 or off ({off})." if off else "."),
             hint,
             variable=variable,
             value=str(raw)[:SHOWN_CHARACTERS],
@@ -149,28 +174,32 @@ def parse_seconds(raw: str | float, *, variable: str, hint: str) -> float:
 
 def switch(env: Mapping[str, str], variable: str, *, default: bool) -> bool:
     """An on/off variable (:func:`parse_switch`); ``default`` when unset."""
-    return parse_switch(
-        env.get(variable, ""), variable=variable, default=default, hint=f"Unset {variable}, or set it to 1 or 0."
-    )
+    hint = f"Unset {variable}, or set it to 1 (on) or 0 (off)."
+    return parse_switch(env.get(variable, ""), variable=variable, default=default, hint=hint)
 
 
-def seconds(value: float | None, env: Mapping[str, str], variable: str, default: float) -> float:
+def seconds(value: float | None, env: Mapping[str, str], variable: str, default: float, *, off: str = "") -> float:
     """A timeout: ``value`` if given, else ``variable`` of ``env``, else ``default`` (:func:`parse_seconds`)."""
     if value is None and variable not in env:
         return default
     raw = value if value is not None else env[variable]
-    hint = f"Set {variable} to a number of seconds, e.g. {default or 60:g}."
-    return parse_seconds(raw, variable=variable, hint=hint)
+    hint = f"Set {variable} to a number of seconds, e.g. {default or 60:g}" + (
+        f", or to 0 or off: {off}." if off else "."
+    )
+    return parse_seconds(raw, variable=variable, hint=hint, off=off)
 
 
-def seconds_or_off(value: float | None, env: Mapping[str, str], variable: str, default: float) -> float:
-    """:func:`seconds`, where ``0`` (or ``off``, any switch's off word) turns the feature off and reads as ``0.0``."""
+def seconds_or_off(value: float | None, env: Mapping[str, str], variable: str, default: float, *, off: str) -> float:
+    """:func:`seconds`, where ``0`` (or ``off``, any switch's off word) turns the feature off and reads as ``0.0``.
+
+    ``off`` says what that does (``"no watchdog"``); the error for any other value says that 0 and off are taken.
+    """
     raw = value if value is not None else env.get(variable)
     if isinstance(raw, str) and (switch_word(raw) is False or raw.strip() in ("0.0", "0.")):
         return 0.0
     if raw is not None and not isinstance(raw, str) and raw == 0:
         return 0.0
-    return seconds(value, env, variable, default)
+    return seconds(value, env, variable, default, off=off)
 
 
 MAX_REQUEUES = 1_000_000

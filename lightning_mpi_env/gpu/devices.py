@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import overload
 
 from lightning_mpi_env.core.errors import LayoutError, RendezvousError
+from lightning_mpi_env.core.values import MAX_DIGITS, MAX_LOCAL_SIZE, SHOWN_CHARACTERS, is_count, shown
 
 VISIBLE_DEVICE_VARIABLES: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 """Variables that restrict which accelerators a process sees, in the order we consult them."""
@@ -19,12 +21,42 @@ BINDING_HINT = (
 )
 
 
+_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z/-]{1,100}")
+"""A device's UUID (``GPU-8c6f...``; a MIG instance's ``MIG-...``), or the start of one, as CUDA and ROCm take it."""
+
+
 def visible_devices(env: Mapping[str, str]) -> tuple[str, list[str]] | None:
-    """The variable restricting this process's accelerators and the devices it lists, or ``None`` if unset."""
+    """The variable restricting this process's accelerators and the devices it lists, or ``None`` if unset.
+
+    Set but listing no device (:func:`listed_devices`: ``""``, ``-1``, ``NoDevFiles``) is an empty list: no GPU.
+    """
     for variable in VISIBLE_DEVICE_VARIABLES:
         if variable in env:
-            return variable, [device.strip() for device in env[variable].split(",") if device.strip()]
+            return variable, listed_devices(env[variable])
     return None
+
+
+def listed_devices(value: str) -> list[str]:
+    """The devices a ``*_VISIBLE_DEVICES`` value shows, read as CUDA reads ``CUDA_VISIBLE_DEVICES``.
+
+    CUDA shows the devices listed before the first entry that names none (CUDA C Programming Guide, "CUDA
+    Environment Variables"): an entry is an index in plain digits or a UUID (``GPU-...``, ``MIG-...``). So an empty
+    value, ``-1`` (the usual way to hide every GPU) and ``NoDevFiles`` (Grid Engine's value where a job has no GPU)
+    show none, never device 0. Blank entries are skipped; past :data:`~.core.values.MAX_LOCAL_SIZE` entries, none is
+    read.
+
+    >>> listed_devices("2, 3"), listed_devices("-1"), listed_devices("NoDevFiles"), listed_devices("0,-1,1")
+    (['2', '3'], [], [], ['0'])
+    """
+    devices = []
+    for entry in value.split(",", MAX_LOCAL_SIZE)[:MAX_LOCAL_SIZE]:
+        device = entry.strip()
+        if not device:
+            continue
+        if not ((is_count(device) and len(device) <= MAX_DIGITS) or _UUID.fullmatch(device)):
+            break
+        devices.append(device)
+    return devices
 
 
 class PhysicalDevices(Sequence[str]):
@@ -101,7 +133,7 @@ class DeviceChoice:
     def seen(self) -> str:
         """``"CUDA_VISIBLE_DEVICES='2,3'"`` or ``"4 device(s), no CUDA_VISIBLE_DEVICES"``, for messages."""
         if self.variable:
-            return f"{self.variable}={','.join(self.visible)!r}"
+            return f"{self.variable}={shown(','.join(self.visible))}"
         return f"{len(self.visible)} device(s), no {VISIBLE_DEVICE_VARIABLES[0]}"
 
 
@@ -154,13 +186,13 @@ def unknown_device(
     else:
         remedy = "Let the launcher start one process per rank, so the roll call can find each rank's device."
     return LayoutError(
-        f"{choice.variable or 'the device list'}={listed!r} lists {len(choice.visible)} devices, but this process "
+        f"{choice.variable or 'the device list'}={shown(listed)} lists {len(choice.visible)} devices, but this process "
         f"has local rank {local_rank} of {local_size} ({launcher}), so which of them is its own cannot be known "
         "from its own variables (the launcher binds a subset of the node's GPUs to each task, or the node has fewer "
         "GPUs than ranks).",
         f"{remedy} Or show every local rank all of the node's devices, or exactly one each (`srun --gpus-per-task=1`).",
         variable=choice.variable or None,
-        value=listed,
+        value=listed[:SHOWN_CHARACTERS],
         launcher=launcher,
     )
 
@@ -214,16 +246,18 @@ def shared_device(first: DeviceView, second: DeviceView, device: str) -> Rendezv
 
     def seen(view: DeviceView) -> str:
         listed = ",".join(view.visible)
-        return f"{view.variable}={listed!r}" if view.variable else f"all {len(view.visible)} devices (no {variable})"
+        return (
+            f"{view.variable}={shown(listed)}" if view.variable else f"all {len(view.visible)} devices (no {variable})"
+        )
 
     return RendezvousError(
-        f"Ranks {first.rank} and {second.rank} on host {second.host} would both drive device {device!r}: rank "
+        f"Ranks {first.rank} and {second.rank} on host {second.host} would both drive device {shown(device)}: rank "
         f"{first.rank} (local rank {first.local_rank}) sees {seen(first)}, rank {second.rank} (local rank "
         f"{second.local_rank}) sees {seen(second)}, and no other device is free for either. Two processes on one "
         "GPU run out of memory or deadlock in NCCL.",
         f"{BINDING_HINT} `--gpu-bind=single:<n>` with n > 1 puts n tasks on each GPU.",
         variable=variable,
-        value=device,
+        value=device[:SHOWN_CHARACTERS],
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import logging
 import re
 import signal
 import sys
@@ -27,6 +28,38 @@ HPC_CHECKPOINT = re.compile(r"^hpc_ckpt_([0-9]+)\.ckpt$")
 
 SRUN_NOT_USED = "The `srun` command is available on your system but is not used"
 """The start of Lightning's warning from ``SLURMEnvironment._validate_srun_used`` (Lightning 2.1+)."""
+
+
+ENTRY_POINT_LOGGERS = ("lightning.fabric.utilities.registry", "lightning_fabric.utilities.registry")
+"""The loggers of Lightning's ``_load_external_callbacks`` (2.1+), which logs ``Adding N callbacks from entry point
+'NAME': ...`` at INFO in every Trainer a ``callbacks_factory`` entry point adds callbacks to."""
+
+ENTRY_POINT_NAME = "lightning_mpi_env"
+"""This package's ``callbacks_factory`` entry points' name (``pyproject.toml``), as that line quotes it."""
+
+
+class _OwnEntryPointLine(logging.Filter):
+    """Drops the line that says Lightning added this package's callbacks, and no other."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f" from entry point '{ENTRY_POINT_NAME}'" not in record.getMessage()
+
+
+def quiet_entry_point_line() -> Callable[[], None]:
+    """Leave out Lightning's line about this package's entry point until the returned call (a rank other than 0's).
+
+    Each rank's Trainer logs it, and Lightning knows no rank yet when it does: under ``mpirun`` every rank says it.
+    """
+    quiet = _OwnEntryPointLine()
+    loggers = [logging.getLogger(name) for name in ENTRY_POINT_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(quiet)
+
+    def restore() -> None:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+    return restore
 
 
 def strategy_registry(strategies: ModuleType) -> Any:
@@ -200,6 +233,8 @@ def hpc_resume_path(trainer: Any) -> str | None:
 
 __all__ = [
     "DEVICE_ID_SINCE",
+    "ENTRY_POINT_LOGGERS",
+    "ENTRY_POINT_NAME",
     "HPC_CHECKPOINT",
     "SETTLE_SECONDS",
     "SIGTERM_COLLECTIVE_SINCE",
@@ -209,6 +244,7 @@ __all__ = [
     "lightning_version",
     "package_version",
     "passes_device_id",
+    "quiet_entry_point_line",
     "record_sigterm_without_collective",
     "release_collectives_at_exit",
     "settle_collectives_at_exit",

@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from lightning_mpi_env.core.launchers import started_by_launcher
 from lightning_mpi_env.core.network import socket_ifname_exports
+from lightning_mpi_env.core.ports import DEFAULT_PORT_SOURCE
 from lightning_mpi_env.core.rank_layout import RankLayout
 from lightning_mpi_env.core.records import FailureRecorder
 from lightning_mpi_env.core.report import restore_excepthook, shows_errors_briefly
@@ -29,10 +30,15 @@ from lightning_mpi_env.gpu.devices import (
     unknown_device,
     visible_devices,
 )
-from lightning_mpi_env.lightning.compat import silence_srun_not_used
+from lightning_mpi_env.lightning.compat import quiet_entry_point_line, silence_srun_not_used
 from lightning_mpi_env.lightning.device_id import warn_unbound_device
 from lightning_mpi_env.lightning.entry_point import warn_without_callback
-from lightning_mpi_env.lightning.errors import settings_error, started_by_lightning_under_launcher, world_mismatch
+from lightning_mpi_env.lightning.errors import (
+    nodes_without_launcher,
+    settings_error,
+    started_by_lightning_under_launcher,
+    world_mismatch,
+)
 from lightning_mpi_env.lightning.interface import ClusterEnvironmentInterface
 from lightning_mpi_env.lightning.launch import LaunchMode, Stage, find_free_port, is_per_node_launch, read_launch
 from lightning_mpi_env.lightning.loop_calls import LoopCalls
@@ -99,6 +105,8 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
         )
         if self._layout.launcher is not None:  # before the Trainer or Fabric that takes this environment is made
             self.changes.add(Change.SRUN_FILTER, silence_srun_not_used())
+            if self._ranks.global_rank != 0:  # rank 0 says it for the job
+                self.changes.add(Change.ENTRY_POINT_LINE, quiet_entry_point_line())
         self._fabric = socket_ifname_exports(self.settings.ifname, env)  # checked now, exported before init
         if not self.settings.roll_call:  # with the roll call, node ranks become exact before any use
             for warning in self._layout.warnings:
@@ -175,7 +183,7 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
         return self._port()
 
     def _port(self) -> int:
-        if self._layout.launcher is None and self._layout.sources.get("main_port") == "default":
+        if self._layout.launcher is None and self._layout.sources.get("main_port") == DEFAULT_PORT_SOURCE:
             # Like LightningEnvironment: several jobs may share a workstation. The workers inherit it as MASTER_PORT.
             if self._free_port is None:
                 self._free_port = find_free_port()
@@ -280,6 +288,12 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
         """Raise a ``LayoutError`` at once when ``devices`` x ``num_nodes`` does not fit the launch."""
         self._expected = (num_devices, num_nodes)
         layout = self._layout
+        if self._mode is LaunchMode.NO_LAUNCHER and num_nodes > 1:
+            sources = layout.sources  # no other node can find a loopback address or the port picked here at random
+            unreachable = [TORCH.master_addr] if sources["main_address"] != TORCH.master_addr else []
+            unreachable += [TORCH.master_port] if sources["main_port"] == DEFAULT_PORT_SOURCE else []
+            if unreachable:  # the other nodes' ranks could never find this one: say so now, not at the timeout
+                raise nodes_without_launcher(self.api, num_devices, num_nodes, unreachable)
         if layout.launcher is None or self._mode is LaunchMode.PER_NODE:
             return
         if is_per_node_launch(layout, num_devices, num_nodes):

@@ -71,19 +71,25 @@ def settings_mismatch(
         relaunch = (
             f", or launch {wanted} ranks with {num_devices} per node ({even_launch(layout, wanted, num_devices)})"
         )
-    guessed, maybe_uneven = "", ""
+    guessed, maybe_uneven, fits_if_even = "", "", ""
     if not layout.num_nodes_is_exact:
         guessed = f" ({layout.launcher.name} exports no node count: the node count assumes every node runs as many.)"
         maybe_uneven = (
-            " If nodes run different numbers of ranks (an uneven launch), no devices/num_nodes fits: use "
+            "If nodes run different numbers of ranks (an uneven launch), no devices/num_nodes fits: use "
             'strategy="ddp_mpi" and pass neither.'
+        )
+        fits_if_even = (
+            f" If every node runs {layout.local_size}: {api}(devices={layout.local_size}, num_nodes={layout.num_nodes})"
         )
     return LayoutError(
         f"{layout.launcher.name} launched {layout.describe_world()} ({layout.num_nodes} node(s); "
         f"{layout.sources['world_size']}={layout.world_size}, {layout.sources['local_size']}="
         f"{layout.local_size}), but {api}(devices={num_devices}, num_nodes={num_nodes}) expects "
         f"{num_devices * num_nodes} ranks, {num_devices} per node.{guessed}",
-        f"Use {api}(devices={layout.local_size}, num_nodes={layout.num_nodes}){relaunch}.{maybe_uneven}{bound}",
+        # Where the node count is a guess, the fix that holds for an uneven launch too comes first.
+        f"{maybe_uneven}{fits_if_even}{relaunch}.{bound}"
+        if maybe_uneven
+        else f"Use {api}(devices={layout.local_size}, num_nodes={layout.num_nodes}){relaunch}.{bound}",
         variable=layout.sources["world_size"],
         value=str(layout.world_size),
         launcher=layout.launcher.name,
@@ -128,6 +134,21 @@ def nodes_against_launch(layout: RankLayout, api: str, given: int, found: int, s
         f'Leave num_nodes out: strategy="ddp_mpi" takes it from the launch (or pass num_nodes={found}).',
         value=str(given),
         launcher=layout.launcher_name,
+    )
+
+
+def nodes_without_launcher(api: str, num_devices: int, num_nodes: int, unset: list[str]) -> LayoutError:
+    """``num_nodes`` > 1 where no launcher started this process and no other node could find it (``unset``)."""
+    return LayoutError(
+        f"No launcher started this process (no srun, mpirun, mpiexec, flux run or jsrun), and {api}(devices="
+        f"{num_devices}, num_nodes={num_nodes}) asks for {num_devices * num_nodes} ranks on {num_nodes} nodes: this "
+        f"command starts the {num_devices} of this node only, and the others could never join it "
+        f"({' and '.join(unset)} unset).",
+        f"Start one process per device with the cluster's launcher and pass neither devices nor num_nodes, e.g. "
+        f"`srun --nodes={num_nodes} --ntasks-per-node={num_devices} python train.py` or "
+        f"`mpirun -np {num_devices * num_nodes} --map-by ppr:{num_devices}:node python train.py`. To start each node "
+        "by hand instead, run the command on every node with MASTER_ADDR, MASTER_PORT and NODE_RANK set.",
+        variable=unset[0],
     )
 
 

@@ -15,6 +15,7 @@ class Change(Enum):
     """A process-wide change the environment can make, undone at the end of the run."""
 
     SRUN_FILTER = "filter for Lightning's srun advice"
+    ENTRY_POINT_LINE = "filter for Lightning's line about this package's entry point, on ranks other than 0"
     FABRIC_EXPORTS = "GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME"
     WATCHDOG = "the stall watchdog's thread"
     SETTLE_AT_EXIT = "the exit hook that settles collectives"

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from lightning_mpi_env.core.errors import CheckpointError, SettingError
-from lightning_mpi_env.core.schedulers import Scheduler, SchedulerJob, detect_scheduler, scheduler_job
+from lightning_mpi_env.core.schedulers import SCHEDULERS, Scheduler, SchedulerJob, detect_scheduler, scheduler_job
 from lightning_mpi_env.core.settings import VARIABLE
 from lightning_mpi_env.lightning import checkpoints
 from lightning_mpi_env.lightning.checkpoints import Record
@@ -166,15 +166,23 @@ class Requeue(NamedTuple):
         return True
 
 
+OUTSIDE_A_JOB = "last"
+"""What :func:`hpc_checkpoint` gives outside a scheduler: Lightning's ``ckpt_path`` for the newest last checkpoint."""
+
+
 def hpc_checkpoint(trainer: Any) -> str | None:
     """This job's own newest complete HPC checkpoint, for ``trainer.fit(model, ckpt_path=...)`` on every scheduler.
 
-    ``None`` on the first run and outside a scheduler; a ``CheckpointError`` where the job has none and Lightning would
-    resume another job's file by itself.
+    ``None`` on a job's first run; a ``CheckpointError`` where the job has none and Lightning would resume another
+    job's file by itself. Outside a scheduler there is no job to own a checkpoint: ``"last"``, Lightning's own resume
+    of the newest ``last.ckpt`` of the Trainer's ``ModelCheckpoint`` callbacks (none yet: it starts afresh).
     """
     job = scheduler_job(os.environ)
     if job is None:
-        return None
+        if trainer.global_rank == 0:
+            unset = ", ".join(name for row in SCHEDULERS for name in row.job_id)
+            _say(f"no scheduler job here ({unset} unset): resuming as ckpt_path='last' does")
+        return OUTSIDE_A_JOB
     directory = str(trainer.default_root_dir)
     path = checkpoints.resumable(directory, checkpoints.read_record(directory, job), report=trainer.global_rank == 0)
     if path is None:

@@ -77,6 +77,22 @@ def loaded_strategy_class() -> type:
     )
 
 
+def strategy_repr(package: str) -> str:
+    """``package``'s ``MPIDDPStrategy`` as Lightning shows a strategy it refuses, with the import for the other API.
+
+    >>> print(strategy_repr("lightning.fabric"))
+    <MPIDDPStrategy of lightning_mpi_env.fabric, for Fabric; the Trainer takes lightning_mpi_env.pytorch.MPIDDPStrategy>
+    """
+    namespace = of_trainer_package(package)
+    trainer_side = package == namespace.trainer
+    other = namespace.fabric if trainer_side else namespace.trainer
+    user, other_user = ("the Trainer", "Fabric") if trainer_side else ("Fabric", "the Trainer")
+    return (
+        f"<MPIDDPStrategy of {public_module(package)}, for {user}; {other_user} takes "
+        f"{public_module(other)}.MPIDDPStrategy>"
+    )
+
+
 def _build(package: str, strategies: ModuleType) -> type:
     """Subclass ``package``'s ``DDPStrategy``."""
     base: Any = strategies.DDPStrategy
@@ -113,6 +129,10 @@ def _build(package: str, strategies: ModuleType) -> type:
             self._backend_given: str | None = kwargs.get("process_group_backend")
             self._collective_timeout = kwargs.get("timeout")
             super().__init__(cluster_environment=cluster_environment, **kwargs)
+
+        def __repr__(self) -> str:
+            # Given to the other of Trainer and Fabric, Lightning's own error shows this: it names the right import.
+            return strategy_repr(package)
 
         @override
         @shows_errors_briefly

@@ -181,17 +181,29 @@ def collisions(claims: Sequence[Claim]) -> RendezvousError | None:
 
 
 def unreachable_error(
-    claim: Claim, timeout: float, error: BaseException, view: NetworkView, last_attempt: str
+    claim: Claim, timeout: float, error: BaseException, view: NetworkView, last_attempt: str, *, refused: bool = False
 ) -> RendezvousError:
-    """A rank other than 0 never reached rank 0's store: what it resolved, what it tried, its interfaces."""
+    """A rank other than 0 never reached rank 0's store: what it resolved, what it tried, its interfaces.
+
+    ``refused``: the main host answered, but nothing listened on the port, so rank 0 never served there; the hint then
+    leads with the causes that are not the network.
+    """
     address = f"{claim.main_address}:{claim.main_port}"
     tried = f"; the last attempt failed: {last_attempt}" if last_attempt else ""
     kind = "TimeoutError" if isinstance(error, TimeoutError) else type(error).__name__
+    no_rank_zero = ""
+    if refused:
+        no_rank_zero = (
+            f"Nothing listens at {address}: rank 0 never served the roll call there. Either it failed before "
+            "(its own error says why), or no process claims rank 0: a wrapper or job script that exports one rank "
+            "to every process (compare the launcher's rank variable in two ranks: `env | grep RANK`). Else, "
+        )
     return RendezvousError(
         f"Rank {claim.rank} on {claim.describe()}: rank 0 never answered at the main address {address} within "
         f"the rendezvous timeout of {timeout:g} s ({kind}). On this node {view.resolved()}{tried}. "
         f"This node's interfaces: {describe_interfaces(view.interfaces)}.",
-        f"Rank 0 or its node failed to start, MASTER_ADDR/MASTER_PORT ({address} here) point at the wrong host "
+        f"{no_rank_zero}{'r' if refused else 'R'}ank 0 or its node failed to start, MASTER_ADDR/MASTER_PORT "
+        f"({address} here) point at the wrong host "
         f"or differ between nodes, the main host's name resolves to another network here than on rank 0's node "
         f"(rank 0's own error lists what it resolved and its interfaces), or a firewall blocks the port. "
         f"{FABRIC_HINT} To wait longer, raise {VARIABLE['rendezvous_timeout']}.",

@@ -136,7 +136,9 @@ def _connect(claim: Claim, timeout: float) -> TCPStore:
         if claim.rank == 0:
             raise serve_error(claim, error) from error
         last = str(error) if isinstance(error, _Unreachable) else first_line(error)
-        raise unreachable_error(claim, timeout, error, NetworkView.here(claim.main_address), last) from error
+        refused = isinstance(error, _Unreachable) and error.refused
+        view = NetworkView.here(claim.main_address)
+        raise unreachable_error(claim, timeout, error, view, last, refused=refused) from error
     if claim.rank == 0 and claim.world_size > 1:
         # What rank 0 sees of the network, for the verdict on ranks that never reach it (they cannot ask).
         store.set(RANK_ZERO_VIEW, NetworkView.here(claim.main_address).to_json())
@@ -146,19 +148,24 @@ def _connect(claim: Claim, timeout: float) -> TCPStore:
 class _Unreachable(TimeoutError):
     """Nothing accepted a connection at the main address before the deadline; the message is the last failure."""
 
+    def __init__(self, message: str, *, refused: bool) -> None:
+        super().__init__(message)
+        self.refused = refused
+        """The host answered, refusing: nothing listened on the port (rather than a host or network that is down)."""
+
 
 def _wait_for_port(host: str, port: int, deadline: float) -> None:
     """Return once ``host:port`` accepts a connection; raise :class:`_Unreachable` at the deadline."""
-    last = "no attempt"
+    last, refused = "no attempt", False
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise _Unreachable(f"connecting to {host}:{port}: {last}")
+            raise _Unreachable(f"connecting to {host}:{port}: {last}", refused=refused)
         try:
             with socket.create_connection((host, port), timeout=min(remaining, 2.0)):
                 return
         except OSError as error:
-            last = str(error) or type(error).__name__
+            last, refused = str(error) or type(error).__name__, isinstance(error, ConnectionRefusedError)
             time.sleep(min(0.2, max(remaining, 0.0)))
 
 

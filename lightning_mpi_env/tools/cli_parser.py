@@ -3,36 +3,45 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import math
-from collections.abc import Sequence
-from typing import Any, NoReturn
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, Protocol
 
 from lightning_mpi_env import __version__
+from lightning_mpi_env.core.errors import escaped
 from lightning_mpi_env.core.rank_layout import STRATEGIES, UNEVEN_STRATEGY
-from lightning_mpi_env.core.values import as_count, shown
+from lightning_mpi_env.core.values import MAX_LOCAL_SIZE, MAX_WORLD_SIZE, as_count, shown
 from lightning_mpi_env.supervise.loop import DEFAULT_STATE
 from lightning_mpi_env.supervise.policy import MAX_RESTARTS
 from lightning_mpi_env.supervise.probe import PROBE_TIMEOUT
 from lightning_mpi_env.supervise.step import GRACE
+from lightning_mpi_env.tools.cli_output import PROG as PROG
+from lightning_mpi_env.tools.cli_output import HelpFormatter as _Formatter
+from lightning_mpi_env.tools.cli_output import SystemRefusal
 from lightning_mpi_env.tools.interop import TORCH_VARIABLES
 from lightning_mpi_env.tools.simcluster import MAX_NODES, MAX_SLOTS
 from lightning_mpi_env.tools.simulated_launch import LAUNCHER_KEYS, SCHEDULERS, MapBy
 
-PROG = "lightning-mpi-env"
+
+class _Writer(Protocol):
+    def write(self, text: str, /) -> object: ...
+
+
 JSON_HELP = 'print one JSON object on one line, with "ok" (and "error" on an error)'
 PER_NODE_HELP = "slots (ranks) per node"
 MAX_SECONDS = 86_400
 """The most seconds an option takes (a day)."""
 
 
-HIDDEN_ALIASES = frozenset({"--ppn"})
-"""Option names taken but not shown in the help: ``--ppn``, the old name of ``--per-node`` in ``simulate``."""
-
-
 class ArgumentsError(Exception):
     """A command line argparse refuses: the parser whose usage applies, argparse's message, the argument if one."""
 
     def __init__(self, parser: argparse.ArgumentParser, message: str, argument: str | None = None) -> None:
+        message = escaped(message)  # argparse repeats some words as given: a line break there would forge a line
         super().__init__(message)
         self.parser = parser
         self.message = message
@@ -40,7 +49,7 @@ class ArgumentsError(Exception):
 
     @property
     def hint(self) -> str:
-        """Where the usage is explained."""
+        """Where the usage is explained: the help of the command that refused it."""
         return f"See `{self.parser.prog} --help`."
 
 
@@ -61,28 +70,41 @@ class _RaisingParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise ArgumentsError(self, message)
 
+    def _print_message(self, message: str, file: _Writer | None = None) -> None:
+        if message:  # as argparse's, but a help that cannot be written is an OSError, not a silence
+            (file or sys.stderr).write(message)
 
-class _Formatter(argparse.HelpFormatter):
-    """argparse's help, without the :data:`HIDDEN_ALIASES`."""
 
-    def _format_action_invocation(self, action: argparse.Action) -> str:
-        shown_names = [name for name in action.option_strings if name not in HIDDEN_ALIASES]
-        if len(shown_names) == len(action.option_strings):
-            return super()._format_action_invocation(action)
-        return super()._format_action_invocation(
-            argparse.Action(shown_names, action.dest, action.nargs, metavar=action.metavar)
-        )
+SHOWN_WORDS = 5
+"""How many unrecognized words a usage error repeats."""
+
+
+class _CommandParser(_RaisingParser):
+    """A command's parser: it refuses words it does not know itself, so the error points to the command's help."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            more = f" and {len(extras) - SHOWN_WORDS} more" if len(extras) > SHOWN_WORDS else ""
+            words = " ".join(shown(word) for word in extras[:SHOWN_WORDS])
+            raise ArgumentsError(self, f"unrecognized arguments: {words}{more}")
+        return parsed, extras
 
 
 JSON_COMMANDS = ("show", "simulate", "torchrun-args", "doctor")
-"""The commands that print a result, and take ``--json``; the others run a command."""
+"""The commands that print a result, and take ``--json`` (before or after the command's name); the others run a
+command, and refuse it."""
 
 
 def wants_json(argv: Sequence[str]) -> bool:
     """Whether ``argv`` asks a command of :data:`JSON_COMMANDS` for ``--json`` (before a ``--``).
 
-    >>> wants_json(["show", "--json"]), wants_json(["exec", "--json"]), wants_json(["doctor", "--", "--json"])
-    (True, False, False)
+    >>> wants_json(["show", "--json"]), wants_json(["--json", "doctor"]), wants_json(["exec", "--json"])
+    (True, True, False)
+    >>> wants_json(["doctor", "--", "--json"])
+    False
     """
     options = list(argv)
     options = options[: options.index("--")] if "--" in options else options
@@ -95,6 +117,18 @@ def _positive(text: str) -> int:
     if number is None or number < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {shown(text)}")  # of at most 18 digits
     return number
+
+
+def _at_most(maximum: int, what: str) -> Callable[[str], int]:
+    """A positive count of at most ``maximum`` (``what``: the limit, for the message)."""
+
+    def check(text: str) -> int:
+        number = _positive(text)
+        if number > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum} ({what}), got {shown(text)}")
+        return number
+
+    return check
 
 
 def _count(text: str) -> int:
@@ -112,9 +146,10 @@ def _nproc(text: str) -> int | str:
     if text in NPROC_WORDS:
         return text
     number = as_count(text)
-    if number is None or number < 1:
+    if number is None or not 1 <= number <= MAX_LOCAL_SIZE:
         raise argparse.ArgumentTypeError(
-            f"must be a positive integer, or one of {', '.join(NPROC_WORDS)}; got {shown(text)}"
+            f"must be a positive integer of at most {MAX_LOCAL_SIZE} (ranks on one node), or one of "
+            f"{', '.join(NPROC_WORDS)}; got {shown(text)}"
         )
     return number
 
@@ -134,39 +169,59 @@ def _seconds(text: str) -> float:
 def _assignment(text: str) -> tuple[str, str]:
     name, equals, value = text.partition("=")
     if not equals or not name.isidentifier():
-        raise argparse.ArgumentTypeError(f"must be NAME=VALUE, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be NAME=VALUE, got {shown(text)}")
     return name, value
+
+
+def make_state_dir(path: str) -> None:
+    """Make ``run``'s state folder, or refuse it in one line when it cannot be made or written."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        if not os.access(path or ".", os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+    except OSError as error:
+        raise SystemRefusal(
+            f"--state-dir {shown(path)} cannot be made or written: {error.strerror or error}.",
+            "Give --state-dir a folder you may write (records and the timeline go there), or move what is in its way.",
+            variable="--state-dir",
+            value=path,
+        ) from None
 
 
 def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
     """The parser of every command; ``raise_errors``: raise :class:`ArgumentsError` on a usage error, not exit 2."""
     kind = _RaisingParser if raise_errors else argparse.ArgumentParser
     common = argparse.ArgumentParser(add_help=False)
-    # SUPPRESS, so `--debug` before the command is not reset by the command's own default.
+    # SUPPRESS, so `--debug` or `--json` before the command is not reset by the command's own default.
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=JSON_HELP)
     parser = kind(
         prog=PROG,
+        formatter_class=_Formatter,
         description="Resolve the rank layout of an mpirun/mpiexec/srun job for Lightning, torch, torchrun and JAX.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    parser.add_argument("--json", action="store_true", help=f"{JSON_HELP}: for {', '.join(JSON_COMMANDS)}")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_CommandParser if raise_errors else argparse.ArgumentParser
+    )
     commands.required = True
 
-    show = commands.add_parser(
+    commands.add_parser(
         "show",
-        parents=[common],
+        parents=[common, as_json],
         formatter_class=_Formatter,
         help="print this process's layout, each field with its source",
         description="Print this process's resolved layout, one field a line with the variable it came from, "
         "grouped (ranks, nodes, rendezvous, trainer); a value marked ~ is approximate: the launcher's variables do "
         "not prove it. Under `mpirun -np N lightning-mpi-env show` every line starts with its rank and host.",
     )
-    show.add_argument("--json", action="store_true", help=JSON_HELP)
 
     sim = commands.add_parser(
         "simulate",
-        parents=[common],
+        parents=[common, as_json],
         formatter_class=_Formatter,
         help="resolve every rank of a launch that has not happened, and check the rank table",
         description="Build every rank's environment as LAUNCHER would, resolve each with the plugin's own code, "
@@ -194,7 +249,6 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
         help=f"the Lightning strategy to check the launch for (default: {UNEVEN_STRATEGY}, which trains uneven "
         "launches; Lightning's own need the same number of ranks on every node)",
     )
-    sim.add_argument("--json", action="store_true", help=JSON_HELP + ", with one row per rank")
 
     run = commands.add_parser(
         "exec",
@@ -212,7 +266,7 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
 
     targs = commands.add_parser(
         "torchrun-args",
-        parents=[common],
+        parents=[common, as_json],
         formatter_class=_Formatter,
         help="print torchrun's --nnodes/--node_rank/--master_addr/... for one process per node",
         description="For jobs that start one process per node which then runs torchrun: "
@@ -225,7 +279,6 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
         metavar="N|gpu|cpu|auto",
         help="workers per node: a positive count, or gpu, cpu or auto as torchrun takes them (default 1)",
     )
-    targs.add_argument("--json", action="store_true", help=JSON_HELP + ", the arguments as a list")
 
     supervisor = commands.add_parser(
         "run",
@@ -266,7 +319,7 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
     )
     supervisor.add_argument(
         "--min-nodes",
-        type=_positive,
+        type=_at_most(MAX_WORLD_SIZE, "ranks in one job"),
         metavar="K",
         help="an mpirun line may be relaunched on as few hosts, with its ranks per host (a program that takes its "
         "size from the launch, ddp_mpi); an srun line says it as --nodes=MIN-MAX",
@@ -279,9 +332,9 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
     )
     supervisor.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- srun ...", help="the job step")
 
-    doctor = commands.add_parser(
+    commands.add_parser(
         "doctor",
-        parents=[common],
+        parents=[common, as_json],
         formatter_class=_Formatter,
         help="check this process's situation and suggest fixes",
         description="Check the launcher and stale variables, every LIGHTNING_MPI_ENV_* setting as the package reads "
@@ -289,7 +342,6 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
         "that the main address is this host's and the port is free. One finding a line, [ok], [info], [warn] or "
         "[error], with its HINT; exit 1 on errors.",
     )
-    doctor.add_argument("--json", action="store_true", help=JSON_HELP + ", with one entry per finding")
 
     cluster = commands.add_parser(
         "simcluster",
@@ -307,13 +359,17 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
         "`lightning-mpi-env simcluster --nodes 2 --per-node 2 -- python train.py`.",
     )
     cluster.add_argument(
-        "--nodes", type=_positive, default=2, metavar="N", help=f"simulated nodes (default 2, at most {MAX_NODES})"
+        "--nodes",
+        type=_at_most(MAX_NODES, "nodes of a simulated cluster"),
+        default=2,
+        metavar="N",
+        help=f"simulated nodes (default 2, at most {MAX_NODES})",
     )
     cluster.add_argument(
         "--per-node",
         "--ppn",
         dest="per_node",
-        type=_positive,
+        type=_at_most(MAX_SLOTS, "slots of a simulated cluster"),
         default=2,
         metavar="P",
         help=f"{PER_NODE_HELP} (default 2; at most {MAX_SLOTS} in all)",
@@ -331,4 +387,12 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
     )
     cluster.add_argument("--timeout", type=_seconds, metavar="S", help="stop the job after S seconds and exit 124")
     cluster.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command every rank runs")
+
+    demo = commands.add_parser(
+        "demo",
+        add_help=False,  # `demo --help` is the demo's own
+        prefix_chars="\0",  # no word is an option here: every one goes to the demo (a NUL is refused before)
+        help="run a small real mpirun training job on 2 simulated nodes x 2 ranks (needs the [demo] extra)",
+    )
+    demo.add_argument("args", nargs=argparse.REMAINDER, help="the demo's own arguments (see `demo --help`)")
     return parser

@@ -170,7 +170,9 @@ def _launcher_findings(env: Mapping[str, str]) -> list[Finding]:
     findings = [
         Finding(Level.OK, "launcher", f"{launcher.name} (found {launcher.marker}={shown(env[launcher.marker])}).")
     ]
-    others = [row for row in LAUNCHERS if row is not launcher and row.marker in env]
+    # What the launcher exports besides its row's variables (Open MPI 5's PMIX_RANK) is its own, not another's.
+    own = {name for exported in launcher.flavours.values() for name in exported}
+    others = [row for row in LAUNCHERS if row is not launcher and row.marker in env and row.marker not in own]
     for row in others:
         findings.append(
             Finding(
@@ -212,7 +214,7 @@ def _torchrun_findings(env: Mapping[str, str], layout: RankLayout) -> list[Findi
             Finding(
                 Level.WARN,
                 "stale variable",
-                f"MASTER_ADDR={address!r} overrides the scheduler's first host {listed[0]!r} ({listed[1]}).",
+                f"MASTER_ADDR={shown(address)} overrides the scheduler's first host {shown(listed[0])} ({listed[1]}).",
                 f"Make sure rank 0 runs on {address}, or unset MASTER_ADDR to use the host list.",
             )
         )
@@ -268,9 +270,10 @@ def _gpu_findings(env: Mapping[str, str], layout: RankLayout, gpus: int | None) 
     found = visible_devices(env)
     if found is not None and found[1]:
         variable, devices = found
-        count, seen = len(devices), f"{variable}={env[variable]!r}"
+        count, seen = len(devices), f"{variable}={shown(env[variable])}"
     elif found is not None:
-        return [Finding(Level.INFO, "gpus", f"{found[0]}='' hides every GPU: this process runs on the CPU.")]
+        hidden = f"{found[0]}={shown(env[found[0]])} shows no GPU: this process runs on the CPU."
+        return [Finding(Level.INFO, "gpus", hidden)]
     elif gpus is None:
         return [
             Finding(Level.INFO, "gpus", "no NVIDIA driver found: this process runs on the CPU or another accelerator.")
@@ -324,7 +327,7 @@ def _network_findings(
             Finding(
                 Level.ERROR,
                 "main address",
-                f"{layout.main_address!r} (from {layout.sources.get('main_address')}) does not resolve: {error}.",
+                f"{shown(layout.main_address)} (from {layout.sources.get('main_address')}) does not resolve: {error}.",
                 "Set MASTER_ADDR to a host name or address every node can resolve.",
             )
         ]

@@ -33,6 +33,21 @@ TORCH_VARIABLES: tuple[str, ...] = (
 )
 """What torchrun exports to each worker and :func:`torch_env` reproduces (``GROUP_RANK`` is torchrun's node rank)."""
 
+PYTHON_ADDS = ("LC_CTYPE", "__PYVENV_LAUNCHER__")
+"""Variables CPython may set in its own environment as it starts: ``LC_CTYPE`` when it coerces the C locale (PEP
+538), ``__PYVENV_LAUNCHER__`` from macOS's framework launcher. Neither is meant for the command ``exec`` runs."""
+
+
+def started_with(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the :data:`PYTHON_ADDS` that this process did not start with (``/proc/self/environ``)."""
+    try:
+        with open("/proc/self/environ", "rb") as start:
+            names = {os.fsdecode(entry.partition(b"=")[0]) for entry in start.read().split(b"\0")}
+    except OSError:  # no /proc (macOS): as it is
+        return dict(environ)
+    return {name: value for name, value in environ.items() if name in names or name not in PYTHON_ADDS}
+
+
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9._:\[\]%-]+$")
 
 

@@ -146,6 +146,25 @@ def test_open_mpi_wins_over_its_own_pmix_variables():
     assert from_env({**env, "PMIX_RANK": "1"}).launcher is OPEN_MPI
 
 
+def test_an_open_mpi_rank_overridden_after_the_launch_is_named_against_pmix_rank():
+    # Open MPI 5's mpirun sets both to the world rank (seen with `mpirun -np 3 sh -c 'echo $OMPI_COMM_WORLD_RANK
+    # $PMIX_RANK'`); a wrapper that exports one rank to every process changes the first only.
+    env = launcher_env(OPEN_MPI, rank=1, world_size=4, local_rank=0, local_size=2, node=0, num_nodes=2)
+    with pytest.raises(
+        LayoutError, match=r"OMPI_COMM_WORLD_RANK=1 but PMIX_RANK='0', which Open MPI sets to the same"
+    ) as raised:
+        from_env({**env, "PMIX_RANK": "0", **ADDRESS})
+    assert (raised.value.variable, raised.value.value, raised.value.launcher) == (
+        "OMPI_COMM_WORLD_RANK",
+        "1",
+        "Open MPI",
+    )
+    assert (
+        "nothing serves the roll call. Do not set OMPI_COMM_WORLD_RANK (or PMIX_RANK) in a wrapper" in raised.value.hint
+    )
+    assert from_env({**env, "PMIX_RANK": "1", **ADDRESS}).rank == 1
+
+
 def test_slurm_uneven_task_counts_give_exact_node_and_local_size():
     env = {
         "SLURM_STEP_ID": "0",

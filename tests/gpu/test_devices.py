@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from lightning_mpi_env.core.errors import LayoutError, RendezvousError
 from lightning_mpi_env.gpu.devices import (
+    VISIBLE_DEVICE_VARIABLES,
     DeviceBasis,
     DeviceChoice,
     DeviceView,
@@ -30,6 +31,7 @@ from lightning_mpi_env.gpu.devices import (
     assign_devices,
     lost_peer_links,
     own_device,
+    seen_devices,
     unknown_device,
     visible_devices,
 )
@@ -278,3 +280,43 @@ def test_physical_devices_read_like_the_list_they_stand_for():
     assert PhysicalDevices(3)[-1] == "2"
     with pytest.raises(IndexError):
         PhysicalDevices(3)[3]
+
+
+# --- a variable that shows no GPU -----------------------------------------------------------------------------------
+
+NO_DEVICE = ["-1", "NoDevFiles", "none", "all", "0x1", "1.5", "\u0663", "GPU", "gpu-1", "-0", "+1", "1 2", "\x1b[2K"]
+"""Entries that name no device: CUDA shows the devices before the first of them (``-1``: the usual way to hide every
+GPU; ``NoDevFiles``: Grid Engine's value, ABCI's too, where a job has no GPU)."""
+
+
+@pytest.mark.parametrize("variable", VISIBLE_DEVICE_VARIABLES)
+@pytest.mark.parametrize("value", ["", " ", ",", *NO_DEVICE, "-1,0,1", "NoDevFiles,0"])
+def test_a_variable_that_shows_no_gpu_is_read_as_none_never_device_0(variable, value):
+    found = visible_devices({variable: value})
+    assert found == (variable, [])
+    choice = own_device(found, local_rank=0, local_size=1, node_devices=4)
+    assert (choice.index, choice.basis, choice.device_id) == (None, DeviceBasis.NONE, "")
+    assert seen_devices({variable: value}, 4) == (variable, ())  # what the roll call's claim lists
+
+
+@given(
+    variable=st.sampled_from(VISIBLE_DEVICE_VARIABLES),
+    listed=st.lists(
+        st.one_of(st.integers(0, 15).map(str), st.sampled_from(["GPU-8c6f1d2e", "MIG-GPU-8c6f1d2e/1/0"])), max_size=4
+    ),
+    hidden=st.sampled_from(NO_DEVICE),
+    rest=st.text(max_size=20),
+)
+def test_devices_are_read_up_to_the_first_entry_that_names_none(variable, listed, hidden, rest):
+    assert visible_devices({variable: ",".join(listed)}) == (variable, listed)
+    assert visible_devices({variable: ",".join([*listed, hidden, rest])}) == (variable, listed)
+
+
+def test_a_long_device_list_is_cut_in_the_error():
+    listed = ",".join(str(index) for index in range(5000))
+    choice = own_device(visible_devices({CUDA: listed}), local_rank=6000, local_size=6001)
+    error = unknown_device(choice, local_rank=6000, local_size=6001, launcher="Slurm")
+    assert "CUDA_VISIBLE_DEVICES='0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16'... (23889 characters) lists 5000" in (
+        error.problem
+    )
+    assert len(error.problem) < 800

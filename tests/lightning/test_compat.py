@@ -95,7 +95,7 @@ def _probe(
 
 # What every probe program starts with: a one-rank Open MPI launch on a free port, and the spies.
 SPIES = """
-import importlib, json, os, socket, sys, warnings
+import importlib, json, logging, os, socket, sys, warnings
 from datetime import timedelta
 
 import torch
@@ -271,6 +271,32 @@ if TRAINER:
     )
     del os.environ["PBS_JOBID"]
     facts["callbacks"] = [type(callback).__name__ for callback in owner.callbacks]
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    def entry_point_lines(quiet):
+        # ENTRY_POINT_LOGGERS/NAME: where Lightning says it added our callbacks, which the filter then leaves out.
+        lines, loggers = Lines(), [logging.getLogger(name) for name in compat.ENTRY_POINT_LOGGERS]
+        for logger in loggers:
+            logger.addHandler(lines)
+        restore = compat.quiet_entry_point_line() if quiet else (lambda: None)
+        os.environ["PBS_JOBID"] = "7.server"
+        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False)
+        del os.environ["PBS_JOBID"]
+        restore()
+        for logger in loggers:
+            logger.removeHandler(lines)
+        return [line for line in lines.lines if "from entry point" in line]
+
+    facts["entry_line"] = entry_point_lines(quiet=False)
+    facts["entry_line_quiet"] = entry_point_lines(quiet=True)
+    facts["entry_line_restored"] = entry_point_lines(quiet=False)
     facts["hpc"] = [owner._checkpoint_connector._hpc_resume_path, requeue.newest_checkpoint(root)]
     for number in (1, 3):
         os.remove(os.path.join(root, compat.hpc_checkpoint_name(number)))
@@ -350,6 +376,9 @@ def test_ddp_meets_in_the_roll_call_before_init_process_group(lightning, package
     if trainer:
         # The callbacks_factory entry point: Lightning adds the callback to a Trainer of a job that can requeue.
         assert "MPIEnvCallback" in facts["callbacks"], facts["callbacks"]
+        said = f"Adding 1 callbacks from entry point '{compat.ENTRY_POINT_NAME}': MPIEnvCallback"
+        assert facts["entry_line"] == [said] == facts["entry_line_restored"], facts
+        assert facts["entry_line_quiet"] == [], facts
         # HPC_CHECKPOINT: Lightning's own HPC resume picks the file our requeue names and finds.
         assert facts["hpc"][0] == facts["hpc"][1], facts["hpc"]
         assert facts["hpc"][1].endswith("hpc_ckpt_3.ckpt"), facts["hpc"]
@@ -736,6 +765,9 @@ CHECKED_BY = {
     "release_collectives_at_exit": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,
     "sigterm_handler_runs_collective": test_a_trainer_ended_by_sigterm_exits_143,
     "SRUN_NOT_USED": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "ENTRY_POINT_LOGGERS": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "ENTRY_POINT_NAME": test_ddp_meets_in_the_roll_call_before_init_process_group,
+    "quiet_entry_point_line": test_ddp_meets_in_the_roll_call_before_init_process_group,
     "hpc_checkpoint_name": test_hpc_checkpoint_name_is_lightnings,
     "record_sigterm_without_collective": test_a_trainer_ended_by_sigterm_exits_143,
     "settle_collectives_at_exit": test_collectives_settle_once_at_exit_while_a_process_group_is_alive,

@@ -88,7 +88,8 @@ def test_validate_settings_accepts_the_launched_world():
             r"but Trainer/Fabric\(devices=8, num_nodes=1\) expects",
         ),
         (4, 1, r"Trainer/Fabric\(devices=4, num_nodes=1\) expects 4 ranks, 4 per node"),
-        (2, 4, r"HINT: Use Trainer/Fabric\(devices=4, num_nodes=2\), or launch 8 ranks with 2 per node"),
+        # Open MPI exports no node count: the fix that holds for an uneven launch comes first.
+        (2, 4, r"If every node runs 4: Trainer/Fabric\(devices=4, num_nodes=2\), or launch 8 ranks with 2 per node"),
     ],
 )
 def test_validate_settings_names_the_world_the_trainer_and_the_fix(devices, num_nodes, match):
@@ -185,6 +186,20 @@ def test_validate_settings_catches_the_uneven_node_that_looks_even():
     assert "launched 4 ranks, 1 per node" in text
     assert "Open MPI exports no node count: the node count assumes every node runs as many" in text
     assert 'an uneven launch), no devices/num_nodes fits: use strategy="ddp_mpi" and pass neither' in text
+
+
+@pytest.mark.parametrize("any_layout", [False, True])
+def test_the_guessed_node_count_leads_with_the_fix_that_holds_for_an_uneven_launch(any_layout):
+    # mpirun --np 3 on 2 nodes: the node of one rank guesses 3 nodes of 1. Trainer(devices=1, num_nodes=3) would be
+    # wrong for this 2 + 1 launch: passing neither (with "ddp_mpi") is right for both, so it comes first.
+    lone = MPIClusterEnvironment(open_mpi(rank=2, world_size=3, local_size=1))
+    lone.any_layout = any_layout
+    with pytest.raises(LayoutError) as raised:
+        lone.validate_settings(num_devices=2, num_nodes=2)
+    assert raised.value.hint.startswith(
+        'If nodes run different numbers of ranks (an uneven launch), no devices/num_nodes fits: use strategy="ddp_mpi"'
+        " and pass neither. If every node runs 1: Trainer/Fabric(devices=1, num_nodes=3)"
+    ), raised.value.hint
 
 
 def test_approximate_node_rank_warns_once_at_construction_without_the_roll_call():

@@ -181,3 +181,77 @@ def test_ddp_spawn_trains_without_a_launcher_and_is_refused_under_one(tmp_path, 
         assert result.returncode != 0
         assert "STEP" not in result.stdout
         assert "LayoutError: Open MPI started this process as rank 0 of 2" in result.stderr, result.stderr[-3000:]
+
+
+def test_no_launcher_and_many_nodes_is_refused_when_no_other_node_could_join():
+    with pytest.raises(
+        LayoutError, match=r"Trainer/Fabric\(devices=2, num_nodes=2\) asks for 4 ranks on 2 nodes"
+    ) as raised:
+        MPIClusterEnvironment({}).validate_settings(num_devices=2, num_nodes=2)
+    assert raised.value.variable == "MASTER_ADDR"
+    assert "MASTER_ADDR and MASTER_PORT unset" in raised.value.problem
+    assert "`srun --nodes=2 --ntasks-per-node=2 python train.py`" in raised.value.hint
+    with pytest.raises(LayoutError, match=r"\(MASTER_PORT unset\)"):
+        MPIClusterEnvironment({"MASTER_ADDR": "nodea"}).validate_settings(num_devices=2, num_nodes=2)
+    # Started by hand on each node, with the three variables Lightning documents: the other node can join.
+    by_hand = {"MASTER_ADDR": "nodea", "MASTER_PORT": "29611", "NODE_RANK": "0"}
+    MPIClusterEnvironment(by_hand).validate_settings(num_devices=2, num_nodes=2)
+    MPIClusterEnvironment({}).validate_settings(num_devices=2, num_nodes=1)
+
+
+MANY_NODES_JOB = """
+import sys, torch
+from torch.utils.data import DataLoader, TensorDataset
+if sys.argv[1] == "Trainer":
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning_mpi_env.pytorch import MPIDDPStrategy
+
+    class Model(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, index):
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = Trainer(strategy=MPIDDPStrategy(), devices=2, num_nodes=2, accelerator="cpu", max_steps=2,
+                      logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(Model(), DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2, num_workers=1))
+else:
+    from lightning.fabric import Fabric
+    from lightning_mpi_env.fabric import MPIDDPStrategy
+
+    fabric = Fabric(strategy=MPIDDPStrategy(), devices=2, num_nodes=2, accelerator="cpu")
+    fabric.launch()
+print("TRAINED")
+"""
+
+
+@pytest.mark.parametrize("api", ["Trainer", "Fabric"])
+def test_plain_python_with_many_nodes_stops_at_once_naming_the_launcher(tmp_path, api):
+    """``python train.py`` with num_nodes=2: one error before any worker starts, not a roll call that waits for 4."""
+    (tmp_path / "train.py").write_text(MANY_NODES_JOB)
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path))}
+    # The limit only ends a hang: the roll call that waited for ranks that never come took 120 s and more.
+    result = subprocess.run(
+        [sys.executable, "train.py", api],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "TRAINED" not in result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("lightning_mpi_env.core.errors.")]
+    assert len(errors) == 1, result.stderr[-3000:]  # one process, one error: Lightning started no worker
+    assert (
+        f"No launcher started this process (no srun, mpirun, mpiexec, flux run or jsrun), and {api}(devices=2, "
+        in errors[0]
+    )
+    assert "HINT: Start one process per device with the cluster's launcher" in result.stderr
+    assert "roll call" not in result.stderr

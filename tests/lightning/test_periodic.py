@@ -189,15 +189,8 @@ def test_a_first_step_record_that_cannot_be_written_is_said_not_raised(tmp_path,
 
 # --- Lightning's real Trainer, one rank, in one process ---------------------------------------------------------------
 
-ONE_RANK = textwrap.dedent(
+MODEL = textwrap.dedent(
     """
-    import json, sys
-    import torch
-    import lightning.pytorch as pl
-    from lightning_mpi_env import MPIClusterEnvironment, hpc_checkpoint
-
-    root, max_steps = sys.argv[1], int(sys.argv[2])
-
     class Model(pl.LightningModule):
         def __init__(self):
             super().__init__()
@@ -208,22 +201,35 @@ ONE_RANK = textwrap.dedent(
             self.steps.append(self.trainer.global_step)
             return self.layer(batch).sum()
 
+        def validation_step(self, batch, index):
+            return self.layer(batch).sum()
+
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
+    """
+)
+"""The one-rank programs' model, recording the global step of each training step (indented for their text)."""
 
-        def train_dataloader(self):
-            return torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2)
+ONE_RANK = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import lightning.pytorch as pl
+    from lightning_mpi_env import MPIClusterEnvironment, hpc_checkpoint
 
+    root, max_steps = sys.argv[1], int(sys.argv[2])
+
+    {MODEL}
     trainer = pl.Trainer(
         strategy="ddp", plugins=[MPIClusterEnvironment()], accelerator="cpu", devices=1, max_steps=max_steps,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         default_root_dir=root,
     )
     model = Model()
-    trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))
+    trainer.fit(model, torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2), ckpt_path=hpc_checkpoint(trainer))
     print("STEPS " + json.dumps(model.steps))
     """
-)
+).replace("{MODEL}", MODEL)
 
 
 def free_port() -> int:
@@ -283,6 +289,51 @@ def test_a_real_trainer_saves_every_n_steps_and_a_second_fit_of_the_job_resumes(
     record = checkpoints.read_record(str(root), job)
     assert [(item.file, item.step) for item in record.saved] == [("hpc_ckpt_4.ckpt", 8), ("hpc_ckpt_5.ckpt", 10)]
     assert sorted(path.name for path in root.glob("hpc_ckpt_*")) == ["hpc_ckpt_4.ckpt", "hpc_ckpt_5.ckpt"]
+
+
+OUTSIDE_A_JOB = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning_mpi_env.pytorch import MPIDDPStrategy, hpc_checkpoint
+
+    root, max_steps = sys.argv[1], int(sys.argv[2])
+
+    {MODEL}
+    data = torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=2, num_workers=1)
+    trainer = pl.Trainer(
+        strategy=MPIDDPStrategy(), accelerator="cpu", max_steps=max_steps, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=root, callbacks=[ModelCheckpoint(dirpath=root, save_last=True)],
+    )
+    model = Model()
+    trainer.fit(model, data, data, ckpt_path=hpc_checkpoint(trainer))
+    print("STEPS " + json.dumps(model.steps))
+    """
+).replace("{MODEL}", MODEL)
+
+
+def test_outside_a_scheduler_a_second_run_resumes_the_last_checkpoint(tmp_path):
+    """``python train.py`` twice, no scheduler: the second run goes on from the first's last checkpoint."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    runs = []
+    for max_steps in (4, 8):
+        done = subprocess.run(
+            [sys.executable, "-c", OUTSIDE_A_JOB, str(tmp_path / "root"), str(max_steps)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        [line] = [line for line in done.stdout.splitlines() if line.startswith("STEPS ")]
+        runs.append((json.loads(line.split(" ", 1)[1]), done.stderr))
+    assert [steps for steps, _ in runs] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    said = "lightning-mpi-env: requeue: no scheduler job here ("
+    assert all(said in stderr and "resuming as ckpt_path='last' does" in stderr for _, stderr in runs)
 
 
 # --- for real on Slurm: a step killed, and run again in the same allocation -------------------------------------------

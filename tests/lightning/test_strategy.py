@@ -166,6 +166,8 @@ def test_mpirun_ddp_mpi_trains(cluster, map_by, namespace, hosts):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     _check_training(_results(result.stdout), namespace, hosts)
+    # Lightning says it added the package's callback once, on rank 0, not on every rank.
+    assert (result.stdout + result.stderr).count("from entry point 'lightning_mpi_env'") == 1, result.stderr[-3000:]
 
 
 @pytest.mark.mpi
@@ -679,3 +681,26 @@ def test_ddp_mpi_meets_in_its_own_setup_environment(request, version, package):
     # The call-order trigger never fires: no read of the address happens between the proposal and the roll call.
     assert not [event for event in events if event["event"] == "main_address" and event["before"] == "SETTING_UP"]
     assert [event for event in events if event["event"] == "main_address" and event["before"] == "MET"], events
+
+
+def test_the_trainer_s_class_given_to_fabric_names_the_import_in_lightning_s_own_error():
+    """Lightning refuses another package's strategy with its repr: ours names the import that fits (and vice versa)."""
+    result = _python(
+        """
+from lightning.fabric import Fabric
+from lightning.pytorch import Trainer
+from lightning_mpi_env.pytorch import MPIDDPStrategy as ForTrainer
+from lightning_mpi_env.fabric import MPIDDPStrategy as ForFabric
+for make, strategy in ((Fabric, ForTrainer()), (Trainer, ForFabric())):
+    try:
+        make(strategy=strategy, accelerator="cpu")
+    except ValueError as error:
+        print(str(error).partition(". It must be")[0])
+"""
+    )
+    assert result.stdout.splitlines() == [
+        "You selected an invalid strategy name: `strategy=<MPIDDPStrategy of lightning_mpi_env.pytorch, for the "
+        "Trainer; Fabric takes lightning_mpi_env.fabric.MPIDDPStrategy>`",
+        "You selected an invalid strategy name: `strategy=<MPIDDPStrategy of lightning_mpi_env.fabric, for Fabric; "
+        "the Trainer takes lightning_mpi_env.pytorch.MPIDDPStrategy>`",
+    ], result.stderr[-3000:]

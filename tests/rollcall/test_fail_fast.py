@@ -434,6 +434,31 @@ def test_work_slow_for_every_rank_is_not_a_stall(cluster, tmp_path):
     assert job.text.count(f"VALIDATE rank=3 for {slow}.0 s") == 3, job.tail()
 
 
+SAME_RANK_WRAPPER = (
+    "import os, sys; os.environ['OMPI_COMM_WORLD_RANK'] = '1'; "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+"""A wrapper that exports one rank to every process (as ``export OMPI_COMM_WORLD_RANK=1`` in a script would)."""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", ["trainer-ddp_mpi", "fabric-plugin"])
+def test_every_rank_forced_to_one_rank_is_named_at_once(cluster, path):
+    # No process claims rank 0, so none would serve the roll call: each stops before it, naming the override.
+    job = _run(cluster, ["-c", SAME_RANK_WRAPPER, *_command(path)])
+    assert job.returncode != 0, job.tail()
+    assert "RESULT" not in job.text
+    shown = [line for line in job.stderr if line.startswith("LayoutError: rank 1 on 127.0.0.")]
+    assert 1 <= len(shown) <= 4, job.tail()
+    for line in shown:
+        assert "OMPI_COMM_WORLD_RANK=1 but PMIX_RANK='" in line, job.tail()
+        assert "HINT: A wrapper or job script that exports a rank gives every process the same one" in line
+        assert "Do not set OMPI_COMM_WORLD_RANK (or PMIX_RANK) in a wrapper or job script." in line
+    assert "never answered" not in job.text, job.tail()
+    assert "arrived" not in job.text, job.tail()
+    assert "Traceback (most recent call last)" not in job.text, job.tail()
+
+
 @pytest.mark.mpi
 def test_debug_shows_the_traceback(cluster):
     # LIGHTNING_MPI_ENV_DEBUG=1: Python's own traceback, through this package's frames, with the full message.
@@ -458,7 +483,9 @@ def test_wrong_trainer_devices_is_one_line_per_rank(cluster):
         [
             "Open MPI launched 4 ranks, 2 per node (2 node(s)",
             "but Trainer/Fabric(devices=4, num_nodes=1) expects 4 ranks, 4 per node.",
-            "HINT: Use Trainer/Fabric(devices=2, num_nodes=2)",
+            "HINT: If nodes run different numbers of ranks (an uneven launch), no devices/num_nodes fits: use "
+            'strategy="ddp_mpi"',
+            "If every node runs 2: Trainer/Fabric(devices=2, num_nodes=2)",
         ],
     )
 

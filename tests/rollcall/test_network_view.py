@@ -72,6 +72,11 @@ def test_unreachable_rank_zero_names_the_resolution_and_the_last_failure():
     assert "Connection refused" in text
     assert "This node's interfaces: lo 127.0.0.1/8" in text
     assert "rank 0's own error lists what it resolved" in text
+    # Refused: the host answered and nothing listened, so the causes that are not the network come first.
+    assert raised.value.hint.startswith(
+        f"Nothing listens at localhost:{port}: rank 0 never served the roll call there. Either it failed before "
+        "(its own error says why), or no process claims rank 0: a wrapper or job script that exports one rank"
+    ), raised.value.hint
 
 
 def test_port_in_use_on_rank_zero_s_host_is_named_with_the_port_the_host_and_the_fix():

@@ -36,6 +36,11 @@ def environ():
     os.environ.update(saved)
 
 
+def _unwrapped(text: str) -> str:
+    """Output with its wrapped lines joined again: a note's (``#   ``) and a message's (four blanks) continuations."""
+    return re.sub(r"\n(#   |    )", " ", text)
+
+
 def _free_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -58,7 +63,7 @@ def test_help_on_every_command(command, capsys):
     [
         ([], "the following arguments are required: COMMAND"),
         (["launch"], "invalid choice: 'launch'"),
-        (["show", "--yaml"], "unrecognized arguments: --yaml"),
+        (["show", "--yaml"], "unrecognized arguments: '--yaml' HINT: See `lightning-mpi-env show --help`."),
         (["simulate", "--per-node", "2"], "the following arguments are required: --nodes"),
         (["simulate", "--nodes", "0", "--per-node", "2"], "argument --nodes: must be a positive integer, got '0'"),
         (["simulate", "--nodes", "two", "--ppn", "2"], "argument --nodes: must be a positive integer, got 'two'"),
@@ -69,12 +74,12 @@ def test_help_on_every_command(command, capsys):
         (["simulate", "--nodes", "2", "--ppn", "２"], "argument --per-node/--ppn: must be a positive integer"),
         (["simulate", "--nodes", "2", "--ppn", "2", "--launcher", "lam"], "argument --launcher: invalid choice: 'lam'"),
         (["simulate", "--nodes", "2", "--ppn", "2", "--map-by", "core"], "argument --map-by: invalid choice: 'core'"),
-        (["simulate", "--nodes", "2", "--ppn", "2", "--np", "5"], "--np 5 is more than --nodes 2 x --per-node 2 = 4"),
+        (["simulate", "--nodes", "2", "--ppn", "2", "--np", "5"], "--np 5 is more than the 4 slots of --nodes 2 x"),
         (["exec"], "no command given"),
         (["exec", "--"], "no command given"),
-        (["torchrun-args", "--nproc-per-node", "0"], "must be a positive integer, or one of gpu, cpu, auto; got '0'"),
-        (["torchrun-args", "--nproc-per-node", "four"], "must be a positive integer, or one of gpu, cpu, auto; got"),
-        (["doctor", "--fix"], "unrecognized arguments: --fix"),
+        (["torchrun-args", "--nproc-per-node", "0"], "or one of gpu, cpu, auto; got '0'"),
+        (["torchrun-args", "--nproc-per-node", "four"], "must be a positive integer of at most 16384"),
+        (["doctor", "--fix"], "unrecognized arguments: '--fix'"),
         (["simcluster"], "no command given. HINT: Usage: lightning-mpi-env simcluster [--nodes N]"),
         (["simcluster", "--nodes", "3", "--"], "no command given"),
         (["simcluster", "--nodes", "0", "--", "true"], "argument --nodes: must be a positive integer, got '0'"),
@@ -120,8 +125,9 @@ def test_show_text_one_value_a_line_grouped_with_whose_line_it_is(capsys, enviro
     assert said[9:12] == ["rendezvous:", "  main_address=nodea (MASTER_ADDR)", "  main_port=29611 (MASTER_PORT)"]
     assert said[12] == "trainer:"
     assert said[13].startswith("  Trainer(devices=4, num_nodes=2) if")
-    assert said[14].startswith("~ = approximate: ")  # the ~ above, explained
+    assert [line for line in said[14:] if not line.startswith("    ")][0].startswith("~ = approximate: ")  # explained
     assert max(len(line) for line in said[:13]) < 100
+    assert max(len(line) for line in lines) <= 120  # longer ones are wrapped, indented
 
 
 def test_show_json(capsys, environ):
@@ -201,7 +207,9 @@ SLURM_RANK_5 = {
 def test_show_trainer_arguments(variables, expected, shown, capsys, environ):
     environ(variables)
     assert main(["show"]) == 0
-    assert shown in capsys.readouterr().out
+    # The trainer line is wrapped at 120 characters: read it as one.
+    text = re.sub(r"(?m)^rank \S+ on \S+: ", "", capsys.readouterr().out)
+    assert " ".join(shown.split()) in " ".join(text.split())
     assert main(["show", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert (row["trainer_devices"], row["trainer_num_nodes"], row["trainer_exact"]) == expected
@@ -302,27 +310,27 @@ def test_simulate_json(capsys, environ):
 def test_simulate_uneven_is_fine_for_ddp_mpi_and_said(capsys, environ):
     # Intel MPI, 4 + 2 ranks: ddp_mpi trains it (exit 0); the table says it is uneven and what refuses it.
     assert main(["simulate", "--nodes", "2", "--ppn", "4", "--np", "6", "--launcher", "intelmpi"]) == 0
-    captured = capsys.readouterr()
-    assert captured.out.splitlines()[-2:] == [
+    out, err = (_unwrapped(text) for text in capsys.readouterr())
+    assert out.splitlines()[-2:] == [
         "# OK for strategy='ddp_mpi'",
         '# uneven: node001: 4, node002: 2. Trainer(strategy="ddp_mpi") trains it as launched, with no devices or '
         "num_nodes; Lightning's own ddp, fsdp, deepspeed need the same number on every node.",
     ]
     # Hydra exports no node index: node002's node rank is assumed (2, as if 3 x 2), a warning the roll call fixes.
-    assert "warning: rank 4 on node002: node rank 2 (launched on node 1) is assumed from PMI_RANK" in captured.err
+    assert "warning: rank 4 on node002: node rank 2 (launched on node 1) is assumed from PMI_RANK" in err
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed"])
 def test_simulate_uneven_is_a_problem_for_lightning_s_own_strategies(strategy, capsys, environ):
     argv = ["simulate", "--nodes", "2", "--ppn", "4", "--np", "6", "--launcher", "intelmpi", "--strategy", strategy]
     assert main(argv) == 1
-    captured = capsys.readouterr()
-    assert captured.out.splitlines()[-2] == f"# 1 problem(s) for strategy='{strategy}'"
+    out, err = (_unwrapped(text) for text in capsys.readouterr())
+    assert out.splitlines()[-2] == f"# 1 problem(s) for strategy='{strategy}'"
     assert (
         "problem: nodes run different numbers of ranks (node001: 4, node002: 2); Lightning's own strategy "
         f'"{strategy}" needs the same on every node: use Trainer(strategy="ddp_mpi"), which trains it.'
-    ) in captured.err
-    assert "Traceback" not in captured.err
+    ) in err
+    assert "Traceback" not in err
 
 
 def test_simulate_rejects_an_unknown_strategy(capsys, environ):
@@ -333,9 +341,9 @@ def test_simulate_rejects_an_unknown_strategy(capsys, environ):
 def test_simulate_uneven_flux_is_refused_with_the_even_launches_near_it(capsys, environ):
     # Flux exports no per-node count (flux-environment(7)): 5 tasks on 2 nodes cannot be resolved by any rank.
     assert main(["simulate", "--nodes", "2", "--ppn", "3", "--np", "5", "--launcher", "flux"]) == 1
-    captured = capsys.readouterr()
-    assert captured.out.splitlines()[-1] == "# uneven: node001: 3, node002: 2."  # no strategy trains it
-    assert "`flux run -N 2 --tasks-per-node=2` (4 tasks) or `--tasks-per-node=3` (6 tasks)" in captured.err
+    out, err = (_unwrapped(text) for text in capsys.readouterr())
+    assert out.splitlines()[-1] == "# uneven: node001: 3, node002: 2."  # no strategy trains it
+    assert "`flux run -N 2 --tasks-per-node=2` (4 tasks) or `--tasks-per-node=3` (6 tasks)" in err
 
 
 def test_simulate_warnings_do_not_fail(capsys, environ):
@@ -355,11 +363,11 @@ class Executed(BaseException):
 def fake_execvp(monkeypatch):
     calls = []
 
-    def execvp(file, argv):
-        calls.append((file, argv, {name: os.environ.get(name) for name in TORCH_VARIABLES}))
+    def execvpe(file, argv, env):
+        calls.append((file, argv, {name: env.get(name) for name in TORCH_VARIABLES}))
         raise Executed
 
-    monkeypatch.setattr(cli.os, "execvp", execvp)
+    monkeypatch.setattr(cli.os, "execvpe", execvpe)
     return calls
 
 

@@ -98,8 +98,9 @@ def test_torchrun_args_json_is_the_argument_list(environ, capsys):
         (["simulate", "--nodes", "2", "--per-node", "2", "--np", "5", "--json"], {}, 2, "UsageError", "--np", "5"),
         (["simulate", "--nodes", "x", "--per-node", "2", "--json"], {}, 2, "UsageError", "--nodes", None),
         (["show", "--yaml", "--json"], {}, 2, "UsageError", None, None),
-        (["simulate", "--nodes", str(10**17), "--per-node", str(10**17), "--np", "1", "--json"], {}, 1,
-         "SettingError", None, None),
+        (["simulate", "--nodes", str(10**17), "--per-node", str(10**17), "--np", "1", "--json"], {}, 2,
+         "UsageError", "--nodes", str(10**17)),
+        (["--json", "simulate", "--nodes", "x", "--per-node", "2"], {}, 2, "UsageError", "--nodes", None),
     ],
 )  # fmt: skip
 def test_an_error_under_json_is_an_object_with_the_same_status(argv, env, status, kind, variable, value, environ,

@@ -2,7 +2,7 @@
 
 :data:`OPTIONS` has a strategy for every option of every command, and a test walks the argparse parser so that a new
 command or flag fails until it is covered here. Nothing is launched: ``exec``'s ``execvp``, ``simcluster``'s
-``mpirun`` and ``run``'s supervisor are replaced, names resolve on this machine only.
+``mpirun``, ``run``'s supervisor and the demo are replaced, names resolve on this machine only.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ COMMAND = st.lists(st.sampled_from(["true", "--", "python", "-c", "pass", "--jso
 
 COMMON = {"-h": FLAG, "--help": FLAG, "--debug": FLAG}
 OPTIONS: dict[str, dict[str, st.SearchStrategy[list[str]]]] = {
-    "": {**COMMON, "--version": FLAG},
+    "": {**COMMON, "--version": FLAG, "--json": FLAG},
     "show": {**COMMON, "--json": FLAG},
     "simulate": {
         **COMMON,
@@ -85,8 +85,10 @@ OPTIONS: dict[str, dict[str, st.SearchStrategy[list[str]]]] = {
         "--timeout": _one(SECONDS),
         "cmd": COMMAND,
     },
+    "demo": {"args": COMMAND},
 }
-"""Each command's options (and ``cmd``, its command after the options) with the values drawn for them."""
+"""Each command's options (and ``cmd`` or ``args``, the words after them) with the values drawn for them."""
+POSITIONAL = ("cmd", "args")
 
 LAUNCH = {
     "OMPI_COMM_WORLD_RANK": "1",
@@ -133,12 +135,14 @@ def command_lines(draw: st.DrawFn) -> list[str]:
     command = draw(st.sampled_from(sorted(name for name in OPTIONS if name)))
     options = OPTIONS[command]
     required = [name for name in ("--nodes", "--per-node") if command == "simulate" and draw(st.integers(0, 9)) > 0]
-    others = draw(st.lists(st.sampled_from(sorted(set(options) - {"cmd"})), unique=True, max_size=4))
+    flags = sorted(set(options) - set(POSITIONAL))
+    others = draw(st.lists(st.sampled_from(flags), unique=True, max_size=4)) if flags else []
     argv = draw(st.lists(st.sampled_from(sorted(OPTIONS[""])), unique=True, max_size=1)) + [command]
     for name in dict.fromkeys([*required, *others]):
         argv += [name, *draw(options[name])]
-    if "cmd" in options:
-        argv += draw(options["cmd"])
+    for name in POSITIONAL:
+        if name in options:
+            argv += draw(options[name])
     return argv
 
 
@@ -158,6 +162,7 @@ def test_any_command_line_is_a_result_or_one_named_error(capsys, argv, env):
         mock.patch("lightning_mpi_env.tools.cli._execvp", return_value=0),
         mock.patch("lightning_mpi_env.tools.cli.supervise", return_value=0),
         mock.patch.object(SimulatedCluster, "run", return_value=done),
+        mock.patch("lightning_mpi_env.tools.demo.main", return_value=0),
     ):
         raised: Exception | None = None
         try:
@@ -174,11 +179,14 @@ def test_any_command_line_is_a_result_or_one_named_error(capsys, argv, env):
     options = argv[: argv.index("--")] if "--" in argv else argv
     command = next(word for word in argv if word in OPTIONS)
     helped = status == 0 and {"-h", "--help", "--version"} & set(options)  # argparse's help, not a result
+    if command not in JSON_COMMANDS:
+        assert not out.startswith("{"), (argv, out)  # --json refused where there is no result: no JSON either
     if "--json" in options and command in JSON_COMMANDS and not helped:
         (line,) = out.splitlines()
         result = json.loads(line)
         assert result["ok"] is (status == 0), (argv, result)
         if status == 2 or "error" in result:
             assert set(result["error"]) == {"kind", "problem", "hint", "variable", "value", "launcher"}
-    elif status == 2:
-        assert f"{command}: error: " in err or "lightning-mpi-env: error: " in err, (argv, err)
+    elif status in (1, 2) and command != "doctor":  # doctor's findings are its report
+        assert err.splitlines()[-1].startswith("lightning-mpi-env: error: "), (argv, err)  # one form everywhere
+        assert "HINT: " in err.splitlines()[-1], (argv, err)

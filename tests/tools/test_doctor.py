@@ -98,7 +98,8 @@ def test_lightning_and_mpi4py_installed():
         ({}, 1, Level.WARN, "1 GPU(s) on this host but 2 ranks run on this node"),
         ({}, 2, Level.OK, "2 GPU(s) on this host for 2 rank(s)"),
         ({"CUDA_VISIBLE_DEVICES": "3"}, 4, Level.OK, "one GPU per rank"),
-        ({"CUDA_VISIBLE_DEVICES": ""}, 4, Level.INFO, "hides every GPU"),
+        ({"CUDA_VISIBLE_DEVICES": ""}, 4, Level.INFO, "CUDA_VISIBLE_DEVICES='' shows no GPU"),
+        ({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, 4, Level.INFO, "CUDA_VISIBLE_DEVICES='NoDevFiles' shows no GPU"),
     ],
 )
 def test_gpus_against_local_ranks(env, gpus, level, text):
