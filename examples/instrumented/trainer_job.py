@@ -2,7 +2,7 @@
 
 Run it under your launcher to check a cluster (unique ranks, node ranks matching the hosts, disjoint data shards,
 identical weights): `mpirun -np 4 python examples/instrumented/trainer_job.py --devices 2 --num-nodes 2`. The
-demo, the tests and the benchmarks run it on simulated nodes; `--vanish-rank`, `--freeze`, `--kill`, `--step-seconds`
+tests and the benchmarks run it on simulated nodes; `--vanish-rank`, `--freeze`, `--kill`, `--step-seconds`
 and `--tag` serve their fault and interruption scenarios.
 
 It resumes as a requeue-ready script does: `--root-dir DIR` is the Trainer's `default_root_dir`, and

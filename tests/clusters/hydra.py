@@ -25,6 +25,7 @@ import fcntl
 import importlib.metadata
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -231,12 +232,21 @@ def launcher_free(environ: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+UNCONTENDED_PORTS = range(30000, 32768)
+"""Ports no connection takes as its source (Linux's ephemeral range starts at 32768) and no job derives its port
+from (20000-29999): one found free here stays free until a test binds it, while other tests open connections."""
+
+
 def free_port(host: str = "127.0.0.2") -> int:
-    """A TCP port free on ``host`` right now (for ``MASTER_PORT``)."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
+    """A TCP port free on ``host`` right now (for ``MASTER_PORT``), from :data:`UNCONTENDED_PORTS`."""
+    for port in random.sample(UNCONTENDED_PORTS, 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port on {host} in {UNCONTENDED_PORTS}")
 
 
 def leftover_processes(kind: Kind) -> list[str]:

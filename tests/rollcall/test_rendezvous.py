@@ -2,7 +2,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from lightning_mpi_env.rollcall.store_values import claim_of, read
 from lightning_mpi_env.rollcall.verdict import KEY_PREFIX
 from lightning_mpi_env.supervise.records import read_records
 from tests.clusters.children import process_tree
+from tests.clusters.hydra import free_port
 from tests.conftest import start_gate
 
 # --- pure helpers -------------------------------------------------------------------------------------------------
@@ -180,9 +180,7 @@ def test_missing_message_says_where_ranks_were_expected():
 
 
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return free_port("127.0.0.1")  # outside the ephemeral range: no test's connection takes it before rank 0 binds
 
 
 # A roll call that some ranks never join ends when the rank that judges it, rank 0, has waited out this timeout. Rank 0
