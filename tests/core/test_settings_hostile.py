@@ -33,9 +33,10 @@ from lightning_mpi_env.core.settings import (
     UnknownSettingWarning,
     unknown_settings,
 )
-from lightning_mpi_env.tools.doctor import Level, diagnose
+from lightning_mpi_env.tools.doctor import Level
 from tests.conftest import python_path
 from tests.layouts import launcher_env
+from tests.tools.test_doctor_settings import _diagnose
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = str(Path(lightning_mpi_env.__file__).resolve().parent)
@@ -113,14 +114,7 @@ def test_other_names_in_any_case_are_not_settings():
 
 
 def _doctor(env: dict[str, str]) -> list:
-    return diagnose(
-        env,
-        module_available=lambda name: False,
-        loaded_modules=(),
-        gpu_count=lambda: None,
-        resolve=lambda host: "10.0.0.1",
-        bind=lambda address, port: None,
-    )
+    return _diagnose(env)  # doctor with every probe of the host faked, as its own settings tests run it
 
 
 LAUNCH = {

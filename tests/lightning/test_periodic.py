@@ -252,10 +252,15 @@ def one_rank_fit(tmp_path: Path, root: Path, state: Path, max_steps: int, lightn
         "LIGHTNING_MPI_ENV_STATE_DIR": str(state),
         "OMP_NUM_THREADS": "1",
     }
+    return run_program(ONE_RANK, tmp_path, root, max_steps, lightning.environ(env))[0]
+
+
+def run_program(program: str, cwd: Path, root: Path, max_steps: int, env: dict[str, str]) -> tuple[list[int], str]:
+    """Run one of the one-rank programs to ``max_steps``; the global step of each training step, and its stderr."""
     done = subprocess.run(
-        [sys.executable, "-c", ONE_RANK, str(root), str(max_steps)],
-        cwd=tmp_path,
-        env=lightning.environ(env),
+        [sys.executable, "-c", program, str(root), str(max_steps)],
+        cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
@@ -263,7 +268,7 @@ def one_rank_fit(tmp_path: Path, root: Path, state: Path, max_steps: int, lightn
     )
     assert done.returncode == 0, done.stderr[-4000:]
     [line] = [line for line in done.stdout.splitlines() if line.startswith("STEPS ")]
-    return json.loads(line.split(" ", 1)[1])
+    return json.loads(line.split(" ", 1)[1]), done.stderr
 
 
 @pytest.mark.parametrize("version", ["installed", pytest.param("oldest", marks=pytest.mark.slow)])
@@ -317,20 +322,7 @@ OUTSIDE_A_JOB = textwrap.dedent(
 def test_outside_a_scheduler_a_second_run_resumes_the_last_checkpoint(tmp_path):
     """``python train.py`` twice, no scheduler: the second run goes on from the first's last checkpoint."""
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    runs = []
-    for max_steps in (4, 8):
-        done = subprocess.run(
-            [sys.executable, "-c", OUTSIDE_A_JOB, str(tmp_path / "root"), str(max_steps)],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-4000:]
-        [line] = [line for line in done.stdout.splitlines() if line.startswith("STEPS ")]
-        runs.append((json.loads(line.split(" ", 1)[1]), done.stderr))
+    runs = [run_program(OUTSIDE_A_JOB, tmp_path, tmp_path / "root", max_steps, env) for max_steps in (4, 8)]
     assert [steps for steps, _ in runs] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     said = "lightning-mpi-env: requeue: no scheduler job here ("
     assert all(said in stderr and "resuming as ckpt_path='last' does" in stderr for _, stderr in runs)
