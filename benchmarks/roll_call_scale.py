@@ -181,7 +181,8 @@ def serve(args: argparse.Namespace) -> None:
         result = None
     end = time.monotonic()
     after_own = rss_mib()
-    say("DONE", {"end": end, "since_go": end - go, "rss_after_own": after_own, **outcome})
+    judged = getattr(result, "judged_in", None)
+    say("DONE", {"end": end, "since_go": end - go, "rss_after_own": after_own, "judged": judged, **outcome})
     sys.stdin.readline()  # EXIT: every other rank is done with the store
     say(
         "EXIT",
@@ -205,11 +206,9 @@ def clients(args: argparse.Namespace) -> None:
     threading.stack_size(256 * 1024)  # 4,095 threads: keep their stacks small
     own = claims(args.world_size, args.port, args.per_node, ranks)
     # Timing only: each step of the roll call runs unchanged, its start and end recorded (where the time goes).
-    steps: dict[str, list[tuple[float, float]]] = {"port": [], "connect": [], "finalize": [], "verdict": []}
+    steps: dict[str, list[tuple[float, float]]] = {"connect": [], "verdict": []}
     for owner, name, step in (
-        (rendezvous_module, "_wait_for_port", "port"),  # until rank 0's port accepts connections
-        (rendezvous_module, "_connect", "connect"),  # that, and torch's TCPStore() client
-        (rendezvous_module._RollCall, "_finalize", "finalize"),  # the last rank to arrive checks the whole table
+        (rendezvous_module, "_connect", "connect"),  # torch's TCPStore() client, once rank 0's port accepts it
         (rendezvous_module._RollCall, "_await_verdict", "verdict"),  # every rank, until the verdict is written
     ):
         setattr(owner, name, timed(getattr(owner, name), steps[step]))
@@ -250,9 +249,7 @@ def clients(args: argparse.Namespace) -> None:
             "met": len(kept),
             "errors": len(errors),
             "error_sample": sorted(set(errors))[:2],
-            "last_port": max(stop for _, stop in steps["port"]) - go,
             "last_connected": max(stop for _, stop in steps["connect"]) - go,
-            "finalize": [stop - start for start, stop in steps["finalize"]],
             "slow_connects": sum(seconds > 0.5 for seconds in connect_seconds),
             "cpu": cpu,
             "rss_growth": rss_mib() - baseline,
@@ -342,15 +339,13 @@ def one_run(world_size: int, args: argparse.Namespace, *, timeout: float, missin
                 process.wait(timeout=timeout + 30)
             except subprocess.TimeoutExpired:
                 process.kill()
-    finalize = [seconds for part in done for seconds in part["finalize"]]
     return Run(
         wall=max(rank0["end"], *(part["end"] for part in done)) - go,
         met=sum(part["met"] for part in done) + (1 if rank0["ok"] else 0),
         errors=sum(part["errors"] for part in done) + (0 if rank0["ok"] else 1),
         error_sample=[text for part in done for text in part["error_sample"]][:1] or [rank0.get("error", "")],
-        last_port=max(part["last_port"] for part in done),
         last_connected=max(part["last_connected"] for part in done),
-        finalize=max(finalize) if finalize else None,
+        judged=rank0.get("judged"),
         slow_connects=sum(part["slow_connects"] for part in done),
         rank0_growth=memory["rss_at_exit"] - memory["baseline"],
         rank0_peak_growth=memory["peak"] - memory["baseline"],
@@ -369,9 +364,8 @@ class Run:
     met: int
     errors: int
     error_sample: list[str]
-    last_port: float
     last_connected: float
-    finalize: float | None
+    judged: float | None
     slow_connects: int
     rank0_growth: float
     rank0_peak_growth: float
@@ -388,9 +382,9 @@ def growth(values: list[float], sizes: list[int], index: int) -> str:
     return f"x{values[index] / values[index - 1]:.2f} for x{sizes[index] / sizes[index - 1]:g} ranks"
 
 
-def finalize(runs: list[Run]) -> str:
-    """The median time the last rank to arrive took to check the table (when it was a client, not rank 0)."""
-    times = [run.finalize for run in runs if run.finalize is not None]
+def judged(runs: list[Run]) -> str:
+    """The median time rank 0 took to judge the table of claims."""
+    times = [run.judged for run in runs if run.judged is not None]
     return f"{statistics.median(times) * 1e3:.0f} ms" if times else "n/a"
 
 
@@ -472,18 +466,18 @@ def run_all(args: argparse.Namespace, workdir: str) -> None:
         f"process(es) by size; machine: {machine_description()}; {resolver_note}.\n"
     )
     print(
-        "| ranks | time to all met | growth (time) | per rank | last rank at rank 0's port | last rank connected "
-        "| last rank's check | CPU: rank 0 / ranks 1..N-1 | rank 0 RSS growth | growth (memory) "
+        "| ranks | time to all met | growth (time) | per rank | last rank connected "
+        "| rank 0's judging | CPU: rank 0 / ranks 1..N-1 | rank 0 RSS growth | growth (memory) "
         "| rank 0 peak growth | clients' RSS growth | connections over 0.5 s |"
     )
-    print(f"|{'---|' * 13}")
+    print(f"|{'---|' * 12}")
     for index, (size, runs) in enumerate(rows):
         ok = all(r.met == size for r in runs)
         spread = f"{min(r.wall for r in runs):.2f}-{max(r.wall for r in runs):.2f}"
         print(
             f"| {size} | {walls[index]:.2f} s ({spread}){'' if ok else ' NOT ALL MET'} | {growth(walls, sizes, index)} "
-            f"| {walls[index] / size * 1e3:.2f} ms | {statistics.median(r.last_port for r in runs):.2f} s "
-            f"| {statistics.median(r.last_connected for r in runs):.2f} s | {finalize(runs)} "
+            f"| {walls[index] / size * 1e3:.2f} ms "
+            f"| {statistics.median(r.last_connected for r in runs):.2f} s | {judged(runs)} "
             f"| {statistics.median(r.rank0_cpu for r in runs):.2f} s / "
             f"{statistics.median(r.clients_cpu for r in runs):.2f} s "
             f"| {memory[index]:.1f} MiB | {growth(memory, sizes, index)} "
@@ -494,9 +488,8 @@ def run_all(args: argparse.Namespace, workdir: str) -> None:
     print(
         "\nGrowth: from the row above; linear growth grows as the ranks do. Rank 0 RSS growth: its process when "
         "every rank is done, less right after its imports; peak: its ru_maxrss less the same baseline. Clients: the "
-        "processes of ranks 1..N-1 (threads), for context. Last rank at rank 0's port: when the last client found "
-        "rank 0's port open; last rank connected: when the last client had its TCPStore connection; last rank's "
-        "check: the last rank to arrive reading and checking every claim and writing every node assignment. CPU: "
+        "processes of ranks 1..N-1 (threads), for context. Last rank connected: when the last client had its "
+        "TCPStore connection; rank 0's judging: parsing and checking every claim and placing every rank. CPU: "
         "user + system time from the start to the end, of rank 0's process (its store server included) and of the "
         "processes whose threads are the other ranks."
     )

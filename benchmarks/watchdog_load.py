@@ -1,7 +1,7 @@
 """The stall watchdog's cost: store requests per second at 1,024 and 16,384 ranks, and rank 0's reading time.
 
 Every interval each rank sends one ``set`` (its report) and one ``add`` (the event count); rank 0 also reads every
-report with ``multi_get`` (in chunks of ``READ_CHUNK``) and applies the rule. This script sends exactly those
+report with ``multi_get`` (in batches of ``BATCH``) and applies the rule. This script sends exactly those
 requests, for N simulated ranks, to a real ``TCPStore`` on 127.0.0.1: the ranks' requests over a few client
 connections (what the store serves is the same requests; one process cannot hold 16,384 connections on 2 cores),
 and rank 0's reading over its own. It reports, per world size: the interval, the requests per interval and per
@@ -31,10 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lightning_mpi_env.rollcall.batches import BATCH as READ_CHUNK  # noqa: E402
 from lightning_mpi_env.rollcall.stall import find_stall, interval_for, observe  # noqa: E402
 from lightning_mpi_env.rollcall.stall_verdict import EVENTS, KEY  # noqa: E402
 from lightning_mpi_env.rollcall.store_values import Report  # noqa: E402
-from lightning_mpi_env.rollcall.watchdog import READ_CHUNK  # noqa: E402
 
 CONNECTIONS = 8
 TIMEOUT = 300.0

@@ -51,8 +51,11 @@ if TYPE_CHECKING:
         def rendezvous_timeout(self) -> float | None:
             """Seconds the roll call waits for every rank (``None`` with another cluster environment)."""
 
+        def open_process_group(self) -> None:
+            """Open the process group on the roll call's store, as Lightning would; ``setup_environment`` calls it."""
+
         def bind_device(self) -> None:
-            """Open the process group with ``device_id=root_device`` where Lightning would pass none."""
+            """Deprecated: :meth:`open_process_group`."""
 
 else:
     from lightning_mpi_env.lightning.environment import MPIClusterEnvironment as MPIClusterEnvironment

@@ -9,7 +9,9 @@ Each task writes its own file: srun forwards task output in 1 KiB chunks, which 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -211,17 +213,28 @@ FABRIC_FREEZE = Path(__file__).parent / "jobs" / "fabric_freeze.py"
 STALL_TIMEOUT = 10
 
 
-def test_srun_ends_a_job_with_a_frozen_rank(slurm_cluster: SlurmCluster, tmp_path: Path):
-    # srun waits for every task by default (--kill-on-bad-exit=0): the ranks that name the frozen one exit 1, and
-    # srun would wait for it until the time limit. Rank 0 ends the step with `scancel --signal=KILL JOB.STEP` once
-    # every rank showed the verdict: the job ends non-zero, and no process of it is left. With a state folder (as
-    # `lightning-mpi-env run` gives its step), rank 0 records the frozen rank by Slurm's node name, which the
-    # relaunch's `srun --exclude` takes.
-    state = tmp_path / "state"
+@dataclasses.dataclass(frozen=True)
+class FreezeRun:
+    """One ``srun`` of :data:`FABRIC_FREEZE` on two nodes whose rank 3 froze, and what it printed."""
+
+    done: subprocess.CompletedProcess[str]
+    tag: str
+    frozen_at: float
+    ended: float
+    job_id: str
+    shown_lines: list[str]
+
+    @property
+    def output(self) -> str:
+        return self.done.stdout + self.done.stderr
+
+
+def run_freeze(cluster: SlurmCluster, tmp_path: Path, variables: dict[str, str]) -> FreezeRun:
+    """Rank 3 of 4 (node2) freezes at step 10 under ``srun``'s defaults; the job ended, every rank named rank 3."""
     tag = f"freeze-{tmp_path.name}"
     command = [sys.executable, str(FABRIC_FREEZE), "--strategy", "ddp_mpi", "--freeze", "3:10", "--tag", tag]
-    variables = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT), "LIGHTNING_MPI_ENV_STATE_DIR": str(state)}
-    done = slurm_cluster.run(["srun", *PLACEMENTS["block"], *command], timeout=LIGHTNING_TIMEOUT, env=variables)
+    variables = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT), **variables}
+    done = cluster.run(["srun", *PLACEMENTS["block"], *command], timeout=LIGHTNING_TIMEOUT, env=variables)
     ended = time.time()
     output = done.stdout + done.stderr
     assert done.returncode != 0, output[-4000:]
@@ -233,21 +246,84 @@ def test_srun_ends_a_job_with_a_frozen_rank(slurm_cluster: SlurmCluster, tmp_pat
         assert "Rank 3 stalled: " in line, output[-4000:]
         assert "rank 3 on node2, frozen: its watchdog last reported " in line, output[-4000:]
     assert "lightning-mpi-env: rank 0 ends the job step: scancel --signal=KILL " in done.stderr, output[-4000:]
-    assert "could not end the job step" not in output, output[-4000:]
-    # Nothing of the job is left: no process with its tag, and Slurm holds no running step of it.
     (step,) = [line.split("id=", 1)[1] for line in done.stdout.splitlines() if line.startswith("JOB id=")]
-    job_id = step.split(".")[0]
-    left = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True)
+    return FreezeRun(done, tag, frozen_at, ended, step.split(".")[0], shown_lines)
+
+
+def test_srun_ends_a_job_with_a_frozen_rank(slurm_cluster: SlurmCluster, tmp_path: Path):
+    # srun waits for every task by default (--kill-on-bad-exit=0): the ranks that name the frozen one exit 1, and
+    # srun would wait for it until the time limit. Rank 0 ends the step with `scancel --signal=KILL JOB.STEP` once
+    # every rank showed the verdict: the job ends non-zero, and no process of it is left. With a state folder (as
+    # `lightning-mpi-env run` gives its step), rank 0 records the frozen rank by Slurm's node name, which the
+    # relaunch's `srun --exclude` takes.
+    state = tmp_path / "state"
+    run = run_freeze(slurm_cluster, tmp_path, {"LIGHTNING_MPI_ENV_STATE_DIR": str(state)})
+    assert "could not end the job step" not in run.output, run.output[-4000:]
+    # Nothing of the job is left: no process with its tag, and Slurm holds no running step of it.
+    left = subprocess.run(["pgrep", "-f", run.tag], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout
     # srun's own allocation ends with it (COMPLETING a moment, while slurmd runs its epilog).
-    assert slurm_cluster.wait(job_id, timeout=60) in ("FAILED", "CANCELLED", "COMPLETED")
+    assert slurm_cluster.wait(run.job_id, timeout=60) in ("FAILED", "CANCELLED", "COMPLETED")
     (record,) = read_records(str(state))
     assert (record.kind, record.ranks, record.hosts) == (FailureKind.FROZEN, (3,), ("node2",)), record
-    assert record.job_id == job_id, record  # SLURM_JOB_ID: the state folder's key
+    assert record.job_id == run.job_id, record  # SLURM_JOB_ID: the state folder's key
     assert record.launcher == "Slurm srun", record
     assert record.written_by == 0, record
-    print(f"FIGURE srun, ddp_mpi, timeout {STALL_TIMEOUT} s: srun returned {ended - frozen_at:.1f} s after the freeze")
-    print(f"VERDICT {shown_lines[0][:500]}")
+    took = run.ended - run.frozen_at
+    print(f"FIGURE srun, ddp_mpi, timeout {STALL_TIMEOUT} s: srun returned {took:.1f} s after the freeze")
+    print(f"VERDICT {run.shown_lines[0][:500]}")
+
+
+def scancel_stand_in(directory: Path, calls: Path, real: str) -> Path:
+    """A ``scancel`` that loses the first request to end the step, and kills the rank that sent it.
+
+    It stands in for the field failure: rank 0 ran ``scancel --signal=KILL JOB.STEP`` and was killed by it (its own
+    node got the ``KILL``) while node2's slurmd lost the message, so the frozen task lived and ``srun`` waited for
+    it. The first call passes nothing on and sends its caller ``SIGKILL``; every later one runs ``real``. Each call
+    adds a line to ``calls``: ``dropped`` or ``real``, and the caller's rank, host and process id.
+    """
+    directory.mkdir()
+    script = directory / "scancel"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"calls='{calls}'\n"
+        'who="rank=$SLURM_PROCID host=$(hostname) caller=$PPID"\n'
+        'if mkdir "$calls.first" 2>/dev/null; then\n'  # atomic: one call only is the first
+        '    echo "dropped $who" >> "$calls"\n'
+        "    kill -KILL $PPID\n"
+        "    exit 0\n"
+        "fi\n"
+        'echo "real $who" >> "$calls"\n'
+        f"exec '{real}' \"$@\"\n"
+    )
+    script.chmod(0o755)
+    return directory
+
+
+def test_srun_ends_a_job_whose_kill_was_lost_and_whose_sender_it_killed(slurm_cluster: SlurmCluster, tmp_path: Path):
+    # Rank 0's request to end the step kills rank 0 and reaches no other node. The ranks still alive ask again (each
+    # after a wait that a KILL delivered would never let it live to see), and the step ends within the bound.
+    real = shutil.which("scancel", path=slurm_cluster.env["PATH"])
+    assert real is not None
+    calls = tmp_path / "calls"
+    stand_in = scancel_stand_in(tmp_path / "bin", calls, real)
+    path = f"{stand_in}{os.pathsep}{slurm_cluster.env['PATH']}"  # first on PATH, passed to every task by srun
+    run = run_freeze(slurm_cluster, tmp_path, {"PATH": path})
+    lines = calls.read_text().splitlines()
+    dropped, *later = (dict(part.split("=", 1) for part in line.split()[1:]) for line in lines)
+    assert lines[0].startswith("dropped "), lines
+    assert dropped["rank"] == "0", lines
+    assert all(line.startswith("real ") for line in lines[1:]), lines
+    assert any(call["rank"] != "0" and call["caller"] != dropped["caller"] for call in later), lines
+    assert _gone(run.tag), subprocess.run(["pgrep", "-af", run.tag], capture_output=True, text=True).stdout
+    assert slurm_cluster.wait(run.job_id, timeout=60) in ("FAILED", "CANCELLED", "COMPLETED")
+    assert "the job step still runs " not in run.output, run.output[-4000:]
+    took = run.ended - run.frozen_at
+    assert took <= STALL_TIMEOUT + 30, (took, lines, run.output[-4000:])  # the verdict, then 30 s at most
+    print(
+        f"FIGURE srun, ddp_mpi, timeout {STALL_TIMEOUT} s, the first scancel lost and its sender killed: srun "
+        f"returned {took:.1f} s after the freeze; requests: {', '.join(line.split(' host=')[0] for line in lines)}"
+    )
 
 
 # --- a rank that blocks before its first step, a rank that never starts --------------------------------------------

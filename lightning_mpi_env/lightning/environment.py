@@ -48,6 +48,7 @@ from lightning_mpi_env.lightning.roll_call import before_init_process_group, run
 
 if TYPE_CHECKING:
     from lightning_mpi_env.rollcall.store import RendezvousResult
+    from lightning_mpi_env.rollcall.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
         self.api = "Trainer/Fabric"
         """Who takes ``devices``/``num_nodes``, for the messages (``"ddp_mpi"`` says which; a plugin is not told)."""
         self._met: RendezvousResult | None = None  # keeps rank 0's store serving until init_process_group
+        self._watch_after_init: Watchdog | None = None  # "ddp_mpi"'s, started once its process group is open
         self._free_port: int | None = None
         self._made_in_pid = os.getpid()  # a copy in another process was forked or pickled there by Lightning
         self.process_group_backend: str | None = None  # the strategy's, when it says (ddp_mpi); else the device's
@@ -132,6 +134,17 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
     def roll_call(self) -> bool:
         """Whether the roll call runs before ``init_process_group``."""
         return self.settings.roll_call
+
+    @property
+    def met(self) -> RendezvousResult | None:
+        """The roll call's outcome once it met: its client of rank 0's store, for ``init_process_group(store=...)``."""
+        return self._met
+
+    def watch_after_init(self) -> None:
+        """Start the stall watchdog the roll call made for ``"ddp_mpi"``, once it opened the process group."""
+        watchdog, self._watch_after_init = self._watch_after_init, None
+        if watchdog is not None:
+            watchdog.start()
 
     @property
     def rendezvous_timeout(self) -> float:
@@ -300,14 +313,9 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
             self._mode = LaunchMode.PER_NODE
             self._ranks = replace(self._ranks, node_rank=layout.rank, local_rank=None, num_nodes=layout.world_size)
             return
+        roll_call, visible = self.settings.roll_call, self._visible
         error = settings_error(
-            layout,
-            self.api,
-            num_devices,
-            num_nodes,
-            any_layout=self.any_layout,
-            roll_call=self.settings.roll_call,
-            visible=self._visible,
+            layout, self.api, num_devices, num_nodes, any_layout=self.any_layout, roll_call=roll_call, visible=visible
         )
         if error is not None:
             raise error
@@ -364,6 +372,7 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
             visible_env=self._visible_env,
             requeue=self.requeue,
             recorder=self._recorder,
+            init_on_store=self.any_layout,  # "ddp_mpi" opens the process group on the roll call's store
         )
         if outcome.device is not None:
             self._device = outcome.device
@@ -374,6 +383,7 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
         if outcome.watchdog is not None:
             self._watchdog = outcome.watchdog
             self.changes.add(Change.WATCHDOG, outcome.watchdog.stop)
+            self._watch_after_init = outcome.watchdog if self.any_layout else None
             if outcome.watchdog.sigterm is not None:  # a scheduler's SIGTERM ends the data loader workers too
                 outcome.watchdog.sigterm.on_note = self._let_workers_end
 

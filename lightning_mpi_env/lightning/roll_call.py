@@ -92,10 +92,14 @@ def run_roll_call(
     visible_env: Mapping[str, str],
     requeue: Requeue | None,
     recorder: FailureRecorder | None,
+    init_on_store: bool = False,
 ) -> RollCallOutcome:
     """Meet every rank (a ``RendezvousError`` names one missing, duplicate or disagreeing); rank 0 prints a summary.
 
-    The watchdog it starts carries the stop agreements: the requeue's, and the one after a ``SIGTERM`` to any rank.
+    The watchdog carries the stop agreements: the requeue's, and the one after a ``SIGTERM`` to any rank. It starts
+    at once on the roll call's client, which the roll call is done with; with ``init_on_store`` (``"ddp_mpi"`` opens
+    the process group on that client), it is returned unstarted, for the caller to start once the group is open, on
+    a client of its own.
     """
     world_size = ranks.world_size
     claim = Claim.here(
@@ -129,7 +133,14 @@ def run_roll_call(
     if settings.stall_timeout > 0 or requeue is not None:
         signalled = None if requeue is None else (lambda: requeue.requested)
         stall_watchdog = watch(
-            result, settings.stall_timeout, signalled, layout, recorder, settings.stall_soft_timeout, sigterm=True
+            result,
+            settings.stall_timeout,
+            signalled,
+            layout,
+            recorder,
+            settings.stall_soft_timeout,
+            sigterm=True,
+            own_client=init_on_store,
         )
     if claim.rank == 0 and result.summary:
         # One line per job, on stderr with the other diagnostics: stdout stays the program's.

@@ -150,29 +150,49 @@ def _build(package: str, strategies: ModuleType) -> type:
                     environment.set_world_size(environment.world_size())
                 environment.meet_now()
                 self._check_nodes_met(environment)
-                self.bind_device()
+                self.open_process_group()
+                environment.watch_after_init()  # on a client of its own: init's pending requests never hold it up
             super().setup_environment()
 
-        def bind_device(self) -> None:
-            """Open the process group with ``device_id=root_device`` where Lightning would pass none.
+        def open_process_group(self) -> None:
+            """Open the process group on the roll call's store, as Lightning would; its own call then finds it open.
 
-            Else torch's ``nccl2`` backend may bind another device (:mod:`~lightning_mpi_env.lightning.device_id`);
-            Lightning's own call after this one finds the group open and returns.
+            It passes what Lightning passes, and ``device_id`` where Lightning passes none: one connection a rank to
+            rank 0's server through the start. Without the roll call's store (it is off, or another environment), it
+            opens the group only where ``nccl2`` would bind another device
+            (:mod:`~lightning_mpi_env.lightning.device_id`); else Lightning opens it as always.
             """
-            if passes_device_id(package) or installed_torch() < TORCH_DEVICE_ID_SINCE:
-                return
-            device = self.root_device
-            if device.type != "cuda" or device.index is None:
-                return
-            arguments: dict[str, Any] = {"device_id": device}
-            if self._collective_timeout is not None:
-                arguments["timeout"] = self._collective_timeout
-            else:
-                from torch.distributed.constants import default_pg_timeout  # Lightning's default, public in torch
+            import torch.distributed
+            from torch.distributed.constants import default_pg_timeout  # Lightning's default, public in torch
 
-                arguments["timeout"] = default_pg_timeout
-            backend = self._backend_given or "nccl"  # what Lightning picks for a CUDA device
-            init_dist_connection(namespace.fabric, self.cluster_environment, backend, **arguments)
+            environment = self.cluster_environment
+            met = environment.met if isinstance(environment, MPIClusterEnvironment) else None
+            store = None if met is None else met.store
+            device = self.root_device
+            bound = device.type == "cuda" and device.index is not None and installed_torch() >= TORCH_DEVICE_ID_SINCE
+            if store is None and (passes_device_id(package) or not bound):
+                return
+            timeout = self._collective_timeout if self._collective_timeout is not None else default_pg_timeout
+            arguments: dict[str, Any] = {"timeout": timeout}
+            if bound or (passes_device_id(package) and device.type != "cpu"):
+                arguments["device_id"] = device
+            if store is not None:
+                store.set_timeout(timeout)  # what init_process_group sets on a store it opens: a collective's wait
+                arguments["store"] = store
+            default = torch.distributed.Backend.default_device_backend_map.get(device.type, "gloo")
+            init_dist_connection(namespace.fabric, environment, self._backend_given or default, **arguments)
+
+        def bind_device(self) -> None:
+            """Deprecated: :meth:`open_process_group`, which ``setup_environment`` calls."""
+            import warnings
+
+            warnings.warn(
+                "MPIDDPStrategy.bind_device() is deprecated: setup_environment() opens the process group "
+                "(open_process_group()).",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            self.open_process_group()
 
         def _check_nodes_met(self, environment: MPIClusterEnvironment) -> None:
             """A ``num_nodes`` given must be the number of hosts the roll call met (one launch, one rank per slot)."""

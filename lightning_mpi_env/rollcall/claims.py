@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import os
 import socket
@@ -60,8 +61,22 @@ class Claim:
         return f"host {self.host} (pid {self.pid}, local rank {self.local_rank})"
 
     def to_json(self) -> str:
-        """The claim as stored."""
+        """The claim as one JSON object (what :meth:`to_wire` sends when nothing is shared)."""
         return json.dumps(asdict(self), sort_keys=True)
+
+    def shared_json(self) -> str:
+        """The fields every rank of one job states alike (:data:`SHARED_FIELDS`), as JSON."""
+        return json.dumps({name: getattr(self, name) for name in SHARED_FIELDS}, sort_keys=True)
+
+    def to_wire(self) -> str:
+        """The claim as stored: a line of its own fields and the shared ones' digest, then a line of the shared ones.
+
+        The first line is a list of :data:`OWN_FIELDS` with the digest last. Rank 0 parses only a claim's own fields
+        when its digest is rank 0's own; the shared line is read only to name a difference.
+        """
+        shared = self.shared_json()
+        own = [getattr(self, name) for name in OWN_FIELDS]
+        return json.dumps([*own, digest(shared)], separators=(",", ":")) + "\n" + shared
 
     def device_view(self) -> DeviceView | None:
         """What this claim says about its devices, for :func:`~lightning_mpi_env.gpu.devices.assign_devices`."""
@@ -70,6 +85,26 @@ class Claim:
         return DeviceView(
             self.rank, self.host, self.local_rank, self.visible_set, self.visible_variable, self.device_index
         )
+
+
+SHARED_FIELDS = (
+    "world_size",
+    "main_port",
+    "versions",
+    "backend",
+    "expected",
+    "any_layout",
+    "visible_devices",
+    "visible_variable",
+)
+"""The claim's fields that every rank of one job states alike; any difference is a disagreement with rank 0."""
+OWN_FIELDS = tuple(name for name in Claim.__dataclass_fields__ if name not in SHARED_FIELDS)
+"""The claim's fields that are each rank's own, in their order in :class:`Claim`."""
+
+
+def digest(shared: str) -> str:
+    """A short digest of :meth:`Claim.shared_json`: equal digests, equal shared fields (not a signature)."""
+    return hashlib.blake2b(shared.encode(), digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -268,15 +268,6 @@ def lost_store(claim: Claim, rank_zero: Claim | None, error: BaseException) -> R
     )
 
 
-def never_received(claim: Claim, key: str, timeout: float) -> RendezvousError:
-    """The store never received ``key``, though every rank arrived."""
-    return RendezvousError(
-        f"Rank {claim.rank} on {claim.describe()}: the rendezvous store never received {key!r} "
-        f"within the rendezvous timeout of {timeout:g} s.",
-        f"Rank 0 stopped or is overloaded. {MISSING_CAUSES}",
-    )
-
-
 def first_line(error: BaseException) -> str:
     """The first line of ``error``'s message, for a message of ours."""
     return str(error).strip().splitlines()[0] if str(error).strip() else ""

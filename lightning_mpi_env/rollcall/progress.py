@@ -6,7 +6,6 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 
-from lightning_mpi_env.core.errors import RendezvousError
 from lightning_mpi_env.rollcall.claims import format_ranks
 
 PROGRESS_INTERVAL = 10.0
@@ -46,15 +45,12 @@ class ArrivalProgress:
         self._deadline, self._next = start + timeout, start + interval
 
     def poll(self, arrived: Callable[[], set[int]]) -> None:
-        """Print the line when it is due, with the ranks ``arrived()`` reads; none for a malformed list of them."""
+        """Print the line when it is due, with the ranks ``arrived()`` reads."""
         now = self._clock()
         if now < self._next:
             return
         self._next = now + self.interval
-        try:
-            present = arrived()
-        except RendezvousError:
-            return
+        present = arrived()
         missing = set(range(self.world_size)) - present
         if missing:
             self._say(progress_line(len(present), self.world_size, missing, self._deadline - now, self.timeout))

@@ -7,14 +7,19 @@ ends the step with the scheduler's command (:attr:`~lightning_mpi_env.core.launc
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lightning_mpi_env.core.errors import StallError
@@ -80,6 +85,102 @@ END_STEP_RETRIES = 4
 """Requests to end the step after the first, each after a wait twice the last (1, 2, 4, 8 s), while this rank, which
 runs inside the step, is still alive: the scheduler may have lost a request. Then 16 s more, and it gives up."""
 
+EXIT_WAIT_LIMIT = 30.0
+"""The most seconds :func:`end_at` waits for the verdict's moment."""
+
+ASK_BOUND = float(2 ** (END_STEP_RETRIES + 1) - 1)
+"""Seconds after the verdict's moment past which a rank still alive stops asking the scheduler to end its step."""
+
+FIRST_ASK = 5.0
+"""Seconds after the verdict's moment before a rank that did not send the end-step command asks itself: a healthy
+scheduler's ``KILL`` ends every task of the step within a second or two, so it sees no such request at all."""
+
+STAGGER = 1.0
+"""Seconds between the first requests of ranks ``rank % STAGGER_SLOTS`` apart."""
+
+STAGGER_SLOTS = 8
+
+SPREAD_PER_RANK = 1 / 2000
+"""Seconds over which the nodes' first requests spread, per rank of the job (at least 1 s, at most 8 s): each
+host's name gives it its own moment in that window, so that no two thousand nodes ask at once."""
+
+ENDS_WITHIN = EXIT_WAIT_LIMIT + ASK_BOUND + 5.0
+"""Seconds within which :func:`end_at` ends its process, once it has shown the verdict."""
+
+
+@dataclass(frozen=True)
+class AskPlan:
+    """When a rank still alive asks the scheduler to end its step, in seconds after the verdict's moment."""
+
+    times: tuple[float, ...]
+    bound: float
+    """When a rank still alive stops asking, says what ends the step instead, and exits (``0``: it just returns)."""
+    sender: bool
+    """Whether this rank asks first, at once: its failure to ask is said at once, and it asks whatever its node does."""
+
+
+def ask_plan(*, sender: bool, rank: int, host: str, world_size: int = 1) -> AskPlan:
+    """This rank's :class:`AskPlan`: the sender's at once, every other rank's only if the first ``KILL`` missed it.
+
+    The sender asks at once, then 1, 2, 4 and 8 s apart. Another rank first asks :data:`FIRST_ASK` s later, by
+    ``rank % 8`` s and by its host's own moment in the spread (:data:`SPREAD_PER_RANK`) later still, then after
+    waits of 4 s (or the spread, if longer) and twice that: one rank per node at a time (:class:`NodeTurn`), and only
+    where the ``KILL`` did not come, as a delivered one ends the rank.
+
+    >>> ask_plan(sender=True, rank=0, host="node1")
+    AskPlan(times=(0.0, 1.0, 3.0, 7.0, 15.0), bound=31.0, sender=True)
+    >>> [round(time) for time in ask_plan(sender=False, rank=2, host="node2", world_size=4).times]
+    [7, 11, 19]
+    """
+    if sender:
+        return AskPlan(_doubling(0.0, 1.0, ASK_BOUND), ASK_BOUND, sender=True)
+    spread = min(8.0, max(1.0, world_size * SPREAD_PER_RANK))
+    share = zlib.crc32(host.encode()) % 1000 / 1000
+    first = FIRST_ASK + (rank % STAGGER_SLOTS) * STAGGER + share * spread
+    return AskPlan(_doubling(first, max(4.0, spread), ASK_BOUND), ASK_BOUND, sender=False)
+
+
+def _doubling(first: float, wait: float, bound: float) -> tuple[float, ...]:
+    """``first`` and the moments after it, each wait twice the last, before ``bound``."""
+    times: list[float] = []
+    while first < bound:
+        times.append(first)
+        first, wait = first + wait, 2 * wait
+    return tuple(times)
+
+
+class NodeTurn:
+    """This node's turn to ask for the end of one step: held by one live process of the node at a time.
+
+    An abstract Unix socket, named by the host and the command, bound by the first rank of the node that asks; the
+    kernel frees the name when that process dies (the step's ``KILL``), and the next rank alive there takes it. Where
+    such names are not to be had (not Linux), every rank asks on its own plan.
+    """
+
+    def __init__(self, host: str, command: Sequence[str]) -> None:
+        digest = hashlib.sha256("\0".join((host, *command)).encode()).hexdigest()[:32]
+        self._name = f"\0lightning-mpi-env/end-step/{digest}"
+        self._held: socket.socket | None = None
+
+    def __call__(self) -> bool:
+        """Whether it is this process's turn: it holds the name, took it now, or no such name is to be had."""
+        if self._held is not None:
+            return True
+        held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            held.bind(self._name)
+        except OSError as error:
+            held.close()
+            return error.errno != errno.EADDRINUSE  # in use: another live process of this node asks
+        self._held = held
+        return True
+
+    def close(self) -> None:
+        """Give the turn back (the process exits anyway; a test's does not)."""
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
 
 def end_at(
     error: StallError,
@@ -89,14 +190,21 @@ def end_at(
     end_step: Sequence[str],
     exit: Callable[[int], object],
     end_hint: str = "",
+    sends: bool = False,
+    host: str = "",
+    world_size: int = 1,
+    sleep: Callable[[float], object] = time.sleep,
 ) -> None:
-    """Say why, then end this process at ``exit_at`` (wall clock), when every rank ends too; then ``end_step``.
+    """Say why, then end this process at ``exit_at`` (wall clock), when every rank ends too, or end the step.
 
     Ranks that ended at different moments would wake the others' collectives with "connection closed by peer"
-    tracebacks that bury the cause; until then, what the blocked main thread prints goes nowhere.
+    tracebacks that bury the cause; until then, what the blocked main thread prints goes nowhere. Under
+    ``end_step`` no rank ends on its own at ``exit_at``: the rank that ``sends`` the command runs it then, and every
+    rank asks again on its :func:`ask_plan` while it lives, as the sender may die of its own request before the
+    scheduler has reached every node. The step's ``KILL`` ends each rank it reaches; the others end at the bound.
     """
     text = render(error) or f"StallError: {error.one_line()}\n"
-    if end_step:
+    if end_step and sends:
         text += ending_line(rank, end_step)
     sys.stderr.write(text)
     sys.stderr.flush()
@@ -106,9 +214,14 @@ def end_at(
         silence = os.open(os.devnull, os.O_WRONLY)
         os.dup2(silence, 1)
         os.dup2(silence, 2)
-    time.sleep(max(0.0, min(exit_at - time.time(), 30.0)))
+    sleep(max(0.0, min(exit_at - time.time(), EXIT_WAIT_LIMIT)))
     if end_step:
-        end_step_now(end_step, said, retries=END_STEP_RETRIES if exit is os._exit else 0, hint=end_hint)
+        turn = NodeTurn(host, end_step)
+        try:
+            plan = ask_plan(sender=sends, rank=rank, host=host, world_size=world_size)
+            ask_to_end(end_step, plan, time.time(), said=said, hint=end_hint, turn=turn, sleep=sleep)
+        finally:
+            turn.close()
     exit(1)
 
 
@@ -124,37 +237,69 @@ def end_step_now(
     retries: int = 0,
     hint: str = "",
     sleep: Callable[[float], object] = time.sleep,
+    clock: Callable[[], float] = time.time,
 ) -> None:
     """Run the scheduler's command that ends this step; say on ``said`` (a copy of stderr, or -1) when it failed.
 
-    The command runs inside the step it ends, so the step's SIGKILL can reach it before it exits: that death is the
-    step ending, not a failure to end it. A process still alive after it asks again, ``retries`` times with a
-    growing wait, then says once that the step outlived every request (``hint``: what ends it when a rank fails)
-    and returns, for the caller to exit.
+    A process still alive after it asks again, ``retries`` times, each after a wait twice the last (1, 2, 4... s),
+    then says once that the step outlived every request (``hint``: what ends it when a rank fails) and returns, for
+    the caller to exit.
     """
-    wait, waited = 1.0, 0.0
-    for attempt in range(retries + 1):
-        failure = _run_end_step(command)
-        if failure and attempt == 0:
+    bound = float(2 ** (retries + 1) - 1) if retries else 0.0
+    plan = AskPlan(tuple(float(2**attempt - 1) for attempt in range(retries + 1)), bound, sender=True)
+    ask_to_end(command, plan, clock(), said=said, hint=hint, sleep=sleep, clock=clock)
+
+
+def ask_to_end(
+    command: Sequence[str],
+    plan: AskPlan,
+    start: float,
+    *,
+    said: int = -1,
+    hint: str = "",
+    turn: Callable[[], bool] = lambda: True,
+    sleep: Callable[[float], object] = time.sleep,
+    clock: Callable[[], float] = time.time,
+    run: Callable[[Sequence[str], float], str] | None = None,
+) -> int:
+    """Run ``command`` at ``plan``'s times after ``start`` (wall clock); returns the requests made.
+
+    A rank other than the sender asks only on its node's ``turn``; one still alive at the bound says so. The command
+    runs inside the step it ends, so the step's ``KILL`` can reach it before it exits: that death is the step ending,
+    not a failure to end it, and it ends this process, which then asks no more.
+    """
+    run = run or _run_end_step
+    asked, failure = 0, ""
+    for at in plan.times:
+        sleep(max(0.0, start + at - clock()))
+        if not turn() and not plan.sender:
+            continue  # another live rank of this node asks
+        failure = run(command, max(1.0, min(10.0, start + plan.bound - clock())) if plan.bound else 10.0)
+        asked += 1
+        if failure and plan.sender and asked == 1:
             _say_on(said, f"lightning-mpi-env: could not end the job step with `{' '.join(command)}` ({failure}).")
-        if retries == 0:
-            return
-        sleep(wait)
-        waited += wait
-        wait *= 2
+    if plan.bound:
+        sleep(max(0.0, start + plan.bound - clock()))
+        _say_on(said, outlived_line(command, asked, clock() - start, hint, failure))
+    return asked
+
+
+def outlived_line(command: Sequence[str], asked: int, waited: float, hint: str, failure: str = "") -> str:
+    """The one line of a rank still alive at its bound: the step outlived the requests; what ends it instead."""
+    requests = f"{asked} requests" if asked else "the requests of this node's other ranks"
+    last = f" (the last: {failure})" if failure else ""
     instead = f"add {hint}" if hint else "end a step when one of its ranks fails"
-    _say_on(
-        said,
-        f"lightning-mpi-env: the job step still runs {waited:.0f} s after {retries + 1} requests "
-        f"`{' '.join(command)}`: the scheduler lost them or cannot end it. To end the step when a rank fails, "
-        f"{instead}; else the step runs until its time limit. This rank exits now.",
+    return (
+        f"lightning-mpi-env: the job step still runs {waited:.0f} s after {requests} `{' '.join(command)}`{last}: "
+        f"the scheduler lost them or cannot end it. To end the step when a rank fails, {instead}; else the step "
+        f"runs until its time limit. This rank exits now."
     )
 
 
-def _run_end_step(command: Sequence[str]) -> str:
+def _run_end_step(command: Sequence[str], timeout: float = 10.0) -> str:
     """Run ``command`` once: ``""`` when it ended the step (or the step's SIGKILL ended it), else why not."""
     try:
-        done = subprocess.run(list(command), stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+        done = subprocess.run(list(command), stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"{type(error).__name__}: {error}"
     if done.returncode in (0, -signal.SIGKILL):

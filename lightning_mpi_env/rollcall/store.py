@@ -1,8 +1,17 @@
 """The roll call's protocol on the ``torch.distributed.TCPStore`` that rank 0 serves on the main address and port.
 
-Every process registers its claim; the last rank to arrive checks the whole table and writes every rank's node
-assignment and the verdict; every rank reads its own. Rank 0 serves the store with ``multi_tenant=True``, so the
-store that ``init_process_group(init_method="env://")`` then opens on the same port is this very server.
+One client a rank, two requests a rank other than 0 on the way to a verdict:
+
+1. the claim, by ``compare_set`` under the rank's key: a second claimant of a rank gets the first claim back, and
+   ends the roll call at once;
+2. one ``multi_get`` of the verdict and this rank's node assignment, which the server holds until rank 0 has
+   written both.
+
+Rank 0 waits until every claim is in (asking about the batches not yet complete), judges the table
+(:func:`~lightning_mpi_env.rollcall.judge.judge`), and writes the verdict and every assignment. What only a failure
+needs costs the happy path nothing: rank 0 names missing ranks at the deadline from the claim keys, and a
+disagreement from the table. Rank 0 serves with ``multi_tenant=True``, and ``"ddp_mpi"`` opens the process group
+on this same client (``init_process_group(store=...)``).
 """
 
 from __future__ import annotations
@@ -17,40 +26,39 @@ from typing import TYPE_CHECKING
 
 from lightning_mpi_env.core.errors import RendezvousError
 from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault
-from lightning_mpi_env.rollcall.claims import Claim, NodeAssignment, assign_all, devices_of, summary
+from lightning_mpi_env.rollcall.batches import Arrivals, multi_get, multi_set
+from lightning_mpi_env.rollcall.claims import Claim, NodeAssignment, summary
 from lightning_mpi_env.rollcall.errors import (
-    collisions,
     disagreement_message,
     duplicate_message,
-    expectation_mismatch,
     first_line,
     lost_store,
     serve_error,
     unreachable_error,
 )
+from lightning_mpi_env.rollcall.judge import Refused, judge
 from lightning_mpi_env.rollcall.network_view import NetworkView
 from lightning_mpi_env.rollcall.progress import ArrivalProgress
 from lightning_mpi_env.rollcall.stall_verdict import step_end
-from lightning_mpi_env.rollcall.store_values import RollCallVerdict, node_of, read
+from lightning_mpi_env.rollcall.store_values import node_of, read, read_raw, wire_claim
 from lightning_mpi_env.rollcall.verdict import (
-    ARRIVED,
-    ARRIVED_RANKS,
-    KEY_PREFIX,
     RANK_ZERO_VIEW,
-    READ,
-    REGISTERED,
     VERDICT,
     VERDICT_GRACE,
     VerdictKey,
     claim_key,
+    node_key,
     record,
-    wait_quietly,
 )
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
 
     from lightning_mpi_env.core.rank_layout import RankLayout
+
+POLL_CAP = 0.01
+"""The longest rank 0 waits between two looks at the claims not yet in (from 5 ms, doubling): one `check` of at most
+1,024 keys, a fraction of a millisecond of the server's time."""
 
 
 @dataclass
@@ -67,6 +75,24 @@ class RendezvousResult:
     """This rank's device, as an index into the devices it sees, when its claim stated them (exact)."""
     notes: tuple[str, ...] = ()
     """What rank 0 tells the user besides the summary (per-task binding that costs peer-to-peer links)."""
+    judged_in: float | None = None
+    """On rank 0, the seconds it took to judge the table of claims; ``None`` on the other ranks."""
+
+    def client(self, timeout: float) -> TCPStore:
+        """A client of its own to the same server, for another thread, whose requests wait ``timeout`` seconds each.
+
+        A request pending on :attr:`store` (a collective's first ``get``) never holds it up.
+        """
+        import torch.distributed
+
+        if hasattr(self.store, "clone"):  # torch 2.8 and newer
+            client: TCPStore = self.store.clone()
+        else:
+            client = torch.distributed.TCPStore(  # type: ignore[attr-defined]
+                self.store.host, self.store.port, is_master=False, timeout=timedelta(seconds=timeout)
+            )
+        client.set_timeout(timedelta(seconds=timeout))
+        return client
 
 
 def rendezvous(
@@ -102,27 +128,23 @@ def rendezvous(
         raise
     roll_call = _RollCall(store, claim, start, timeout, expected_node, recorder, progress)
     try:
-        nodes, line, device_index, notes = roll_call.run()
+        result = roll_call.run()
     except RendezvousError:
         roll_call.verdict.leave(*step_end(launch))
         raise
-    except DistError as error:  # a wait ran out (DistStoreError), or rank 0 stopped, likely for a reason it printed
-        lost = lost_store(claim, roll_call.rank_zero, error)
+    except DistError as error:  # rank 0 stopped, or never answered by its deadline
+        lost, fault = roll_call.lost(error, unreachable)
         if claim.local_rank == 0:
-            record(recorder, lost, unreachable, claim.rank)
+            record(recorder, lost, fault, claim.rank)
         raise lost from error
-    return RendezvousResult(
-        store=store, claim=claim, nodes=nodes, summary=line, device_index=device_index, notes=tuple(notes)
-    )
+    store.set_timeout(timedelta(seconds=timeout))
+    return result
 
 
 def _connect(claim: Claim, timeout: float) -> TCPStore:
     import torch.distributed
 
     try:
-        if claim.rank != 0:
-            # TCPStore's own connect retries can overshoot its timeout twofold: wait for the port ourselves.
-            _wait_for_port(claim.main_address, claim.main_port, time.monotonic() + timeout)
         store: TCPStore = torch.distributed.TCPStore(  # type: ignore[attr-defined]
             claim.main_address,
             claim.main_port,
@@ -135,42 +157,27 @@ def _connect(claim: Claim, timeout: float) -> TCPStore:
     except (RuntimeError, TimeoutError) as error:
         if claim.rank == 0:
             raise serve_error(claim, error) from error
-        last = str(error) if isinstance(error, _Unreachable) else first_line(error)
-        refused = isinstance(error, _Unreachable) and error.refused
+        # Only now, on the way to an error: did the host refuse (nothing listens), or not answer at all?
+        last, refused = _try_once(claim.main_address, claim.main_port)
         view = NetworkView.here(claim.main_address)
-        raise unreachable_error(claim, timeout, error, view, last, refused=refused) from error
+        raise unreachable_error(claim, timeout, error, view, last or first_line(error), refused=refused) from error
     if claim.rank == 0 and claim.world_size > 1:
         # What rank 0 sees of the network, for the verdict on ranks that never reach it (they cannot ask).
         store.set(RANK_ZERO_VIEW, NetworkView.here(claim.main_address).to_json())
     return store
 
 
-class _Unreachable(TimeoutError):
-    """Nothing accepted a connection at the main address before the deadline; the message is the last failure."""
-
-    def __init__(self, message: str, *, refused: bool) -> None:
-        super().__init__(message)
-        self.refused = refused
-        """The host answered, refusing: nothing listened on the port (rather than a host or network that is down)."""
-
-
-def _wait_for_port(host: str, port: int, deadline: float) -> None:
-    """Return once ``host:port`` accepts a connection; raise :class:`_Unreachable` at the deadline."""
-    last, refused = "no attempt", False
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise _Unreachable(f"connecting to {host}:{port}: {last}", refused=refused)
-        try:
-            with socket.create_connection((host, port), timeout=min(remaining, 2.0)):
-                return
-        except OSError as error:
-            last, refused = str(error) or type(error).__name__, isinstance(error, ConnectionRefusedError)
-            time.sleep(min(0.2, max(remaining, 0.0)))
+def _try_once(host: str, port: int) -> tuple[str, bool]:
+    """One more connection to ``host:port``: why it failed (``""``: it did not), and whether the host refused it."""
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return "", False
+    except OSError as error:
+        return f"connecting to {host}:{port}: {error}", isinstance(error, ConnectionRefusedError)
 
 
 class _RollCall:
-    """One rank's part in one roll call: register, compare with rank 0, arrive, read the verdict."""
+    """One rank's part in one roll call: claim, then wait for the verdict (rank 0: judge the table and write it)."""
 
     def __init__(
         self,
@@ -184,88 +191,102 @@ class _RollCall:
     ) -> None:
         self.store, self.claim, self.start, self.progress = store, claim, start, progress
         self.verdict = VerdictKey(store, claim, start + timeout, timeout, expected_node, recorder)
-        self.rank_zero: Claim | None = None
+        self.connected = time.monotonic()  # made right after the store connected
+        self.judged_in: float | None = None
 
-    def run(self) -> tuple[NodeAssignment, str, int | None, list[str]]:
-        self._register()
-        if self.claim.rank != 0:
-            self._compare_with_rank_zero()
-        self._arrive()
-        verdict = self._await_verdict()
+    def run(self) -> RendezvousResult:
+        self._claim()
+        raw_verdict, raw_node = self._judge() if self.claim.rank == 0 else self._await_verdict()
+        verdict = self.verdict.parse(raw_verdict)
         if verdict.problem:
             self.verdict.raise_stored(verdict)
-        self.store.add(READ, 1)
-        node_key = f"{KEY_PREFIX}node/{self.claim.rank}"
         # Every rank checks its own assignment: a forged node index or device is refused, never taken.
-        nodes, device = read(node_key, self.store.get(node_key), node_of(self.claim))
-        return nodes, verdict.summary, device, list(verdict.notes)
+        nodes, device = read(node_key(self.claim.rank), raw_node, node_of(self.claim))
+        return RendezvousResult(
+            self.store, self.claim, nodes, verdict.summary, device, verdict.notes, judged_in=self.judged_in
+        )
 
-    def _register(self) -> None:
-        rank = self.claim.rank
-        self.store.add(REGISTERED, 1)  # from now on rank 0 keeps the store up until this rank read the verdict
-        order = self.store.add(f"{KEY_PREFIX}claims/{rank}", 1)
-        self.store.set(claim_key(rank, order), self.claim.to_json())
-        if order > 1:
-            # The second claimant knows at once; the first learns it from the verdict.
-            first = self.verdict.claim_of(rank, self.verdict.get(claim_key(rank)))
+    def _claim(self) -> None:
+        """Claim this rank; a second claimant sees the first claim come back, and ends the roll call for all."""
+        rank, mine = self.claim.rank, self.claim.to_wire()
+        stored = self.store.compare_set(claim_key(rank), "", mine)
+        if stored != mine.encode():
+            first = self.verdict.claim_of(rank, stored)
             fault = Fault(FailureKind.DUPLICATE, (rank,), (first.host, self.claim.host))
             self.verdict.conclude(duplicate_message(first, self.claim), fault)
 
-    def _compare_with_rank_zero(self) -> None:
-        self.rank_zero = self.verdict.claim_of(0, self.verdict.get(claim_key(0)))
-        problem = disagreement_message(self.rank_zero, self.claim)
+    def _await_verdict(self) -> tuple[bytes, bytes]:
+        """The verdict and this rank's assignment, in one request the server answers once rank 0 wrote both.
+
+        Rank 0 served before this rank connected, so its deadline is at most the timeout after that: a rank that
+        started long before rank 0 (a slow import there) still waits for rank 0's verdict on missing ranks.
+        """
+        left = self.connected + self.verdict.timeout - time.monotonic()
+        self.store.set_timeout(timedelta(seconds=max(left, 0.0) + VERDICT_GRACE))
+        raw_verdict, raw_node = self.store.multi_get([VERDICT, node_key(self.claim.rank)])
+        return raw_verdict, raw_node
+
+    def _judge(self) -> tuple[bytes, bytes]:
+        """Rank 0: wait for every claim, judge them, write the verdict and every assignment (or the failure)."""
+        world_size, verdict = self.claim.world_size, self.verdict
+        keys = [claim_key(rank) for rank in range(world_size)]
+        arrivals, interval = Arrivals(self.store, keys), 0.005
+
+        def arrived() -> set[int]:
+            return {int(key.rsplit("/", 1)[1]) for key in arrivals.present()}
+
+        while not arrivals.all_in():
+            if self.store.check([VERDICT]):  # another rank's verdict stands: a duplicate, or a forged one
+                return self.store.get(VERDICT), self._unwritten_place()
+            if time.monotonic() >= verdict.deadline:
+                missing = verdict.missing(arrived())
+                if missing is not None:
+                    verdict.conclude(*missing)
+                break  # the last claims came in at the deadline
+            if self.progress is not None:
+                self.progress.poll(arrived)
+            time.sleep(interval)
+            interval = min(2 * interval, POLL_CAP)
+        differing: list[int] = []
+        reference = self.claim  # rank 0's: a claim that sent its digest is parsed for its own fields only
+        raws = multi_get(self.store, keys)
+        began = time.monotonic()  # judging: parsing every claim, checking them, placing and encoding every rank
+        claims = [verdict.claim_of(rank, raw, reference, differing) for rank, raw in enumerate(raws)]
+        judged = judge(claims, differing)
+        self.judged_in = time.monotonic() - began
+        if isinstance(judged, Refused):
+            verdict.conclude(judged.problem, judged.fault)
+        payload = json.dumps({"summary": summary(claims, time.monotonic() - self.start), "notes": judged.notes})
+        stored = self.store.compare_set(VERDICT, "", payload)
+        if stored != payload.encode():  # another rank's verdict stands: a late duplicate, or a forged one
+            return stored, self._unwritten_place()
+        multi_set(self.store, [node_key(rank) for rank in range(world_size)], judged.assignments)
+        return stored, judged.assignments[0].encode()
+
+    def _unwritten_place(self) -> bytes:
+        """Rank 0's assignment under a verdict it did not write, as stored beside it; else none, for any rank."""
+        until = time.monotonic() + VERDICT_GRACE  # whoever wrote that verdict writes the assignments next
+        while not self.store.check([node_key(0)]):
+            if time.monotonic() > until:
+                self.verdict.release()
+                break
+            time.sleep(0.05)
+        value: bytes = self.store.get(node_key(0))
+        return value
+
+    def lost(self, error: BaseException, unreachable: Fault) -> tuple[RendezvousError, Fault]:
+        """Why this rank got no verdict, and the fault: rank 0 stopped, or never waited for this rank's claim.
+
+        Rank 0 waits for the claims of its own world: a rank that claims a rank past it disagrees with rank 0.
+        """
+        rank_zero = None
+        try:
+            self.store.set_timeout(timedelta(seconds=VERDICT_GRACE))
+            if self.claim.rank != 0 and self.store.check([claim_key(0)]):
+                rank_zero = read_raw(claim_key(0), self.store.get(claim_key(0)), wire_claim(0))
+        except (RuntimeError, RendezvousError):
+            pass  # the store is gone, or holds no claim of rank 0 worth comparing with
+        problem = None if rank_zero is None else disagreement_message(rank_zero, self.claim)
         if problem is not None:
-            self.verdict.conclude(problem, Fault(FailureKind.MISMATCH, (self.claim.rank,), (self.claim.host,)))
-
-    def _arrive(self) -> None:
-        self.store.append(ARRIVED_RANKS, f"{self.claim.rank},")  # type: ignore[attr-defined]  # public, not in stubs
-        if self.store.add(ARRIVED, 1) == self.claim.world_size:
-            self._finalize()
-
-    def _finalize(self) -> None:
-        world_size, conclude = self.claim.world_size, self.verdict.conclude
-        raw = self.store.multi_get([claim_key(rank) for rank in range(world_size)])
-        claims = [self.verdict.claim_of(rank, value) for rank, value in enumerate(raw)]
-        for other in claims[1:]:
-            problem = disagreement_message(claims[0], other)
-            if problem is not None:
-                conclude(problem, Fault(FailureKind.MISMATCH, (other.rank,), (other.host,)))
-        launch_wrong = Fault(FailureKind.MISMATCH)  # the launch as a whole is wrong: no rank or host to leave out
-        collision = collisions(claims)
-        if collision is not None:
-            conclude(collision, launch_wrong)
-        hosts = [claim.host for claim in claims]
-        try:
-            assignments = assign_all(hosts, any_layout=all(claim.any_layout for claim in claims))
-        except RendezvousError as error:
-            conclude(error, launch_wrong)
-        mismatch = expectation_mismatch(claims, assignments[0])
-        if mismatch is not None:
-            conclude(mismatch, launch_wrong)
-        try:
-            devices, notes = devices_of(claims)
-        except RendezvousError as error:
-            conclude(error, launch_wrong)
-        self.store.multi_set(  # type: ignore[attr-defined]  # public, but not in torch's type stubs
-            [f"{KEY_PREFIX}node/{rank}" for rank in range(world_size)],
-            [
-                json.dumps([a.node_rank, a.num_nodes, a.local_rank, a.local_size, devices.get(rank)])
-                for rank, a in enumerate(assignments)
-            ],
-        )
-        self.store.set(KEY_PREFIX + "hosts", json.dumps(hosts))
-        line = summary(claims, time.monotonic() - self.start)
-        self.store.compare_set(VERDICT, "", json.dumps({"summary": line, "notes": notes}))
-
-    def _await_verdict(self) -> RollCallVerdict:
-        progress, verdict = self.progress, self.verdict
-        tick = None if progress is None else (lambda: progress.poll(verdict.arrived))
-        if wait_quietly(self.store, VERDICT, verdict.deadline, self.claim.world_size, tick):
-            return verdict.parse(self.store.get(VERDICT))
-        missing = verdict.missing()
-        if missing is not None:
-            verdict.conclude(*missing)
-        # Everyone arrived just now: the last rank is writing the verdict.
-        if not wait_quietly(self.store, VERDICT, time.monotonic() + VERDICT_GRACE, self.claim.world_size):
-            verdict.conclude(*verdict.never_received(VERDICT))
-        return verdict.parse(self.store.get(VERDICT))
+            return problem, Fault(FailureKind.MISMATCH, (self.claim.rank,), (self.claim.host,))
+        return lost_store(self.claim, rank_zero, error), unreachable

@@ -11,15 +11,15 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from lightning_mpi_env.core.errors import RendezvousError
 from lightning_mpi_env.core.network import Interface, Resolution
-from lightning_mpi_env.rollcall.claims import Claim, NodeAssignment
+from lightning_mpi_env.rollcall.claims import OWN_FIELDS, SHARED_FIELDS, Claim, NodeAssignment, digest
 from lightning_mpi_env.rollcall.network_view import NetworkView
 
 MAX_VALUE_BYTES = 1 << 20
-"""The largest stored value read (the arrived-ranks list of a 100,000-rank job is under 1 MiB)."""
+"""The largest stored value read."""
 MAX_TEXT = 16384
 MAX_ITEMS = 65536
 MAX_COUNT = (1 << 63) - 1
@@ -45,11 +45,7 @@ def read(key: str, raw: bytes | str, parser: Callable[[object], _T]) -> _T:
     """``parser``'s record of the JSON value under ``key``; a :class:`RendezvousError` naming the key if malformed."""
 
     def parse(text: bytes | str) -> _T:
-        try:
-            data = json.loads(text, parse_constant=_no_constant)
-        except (ValueError, UnicodeDecodeError, RecursionError) as error:
-            raise Malformed(f"it is not JSON ({type(error).__name__})") from error
-        return parser(data)
+        return parser(_json(text))
 
     return read_raw(key, raw, parse)
 
@@ -69,6 +65,9 @@ def malformed(key: str, raw: bytes | str, reason: str) -> RendezvousError:
 
 def _no_constant(name: str) -> object:
     raise Malformed(f"{name} is not a number")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)  # json.loads(text, parse_constant=...) makes one a call
 
 
 def _object(data: object, what: str) -> dict[str, object]:
@@ -132,6 +131,7 @@ def _known_fields(data: Mapping[str, object], allowed: Sequence[str], required: 
 
 _CLAIM_FIELDS = tuple(Claim.__dataclass_fields__)
 _CLAIM_REQUIRED = ("rank", "world_size", "host", "local_rank", "pid", "main_address", "main_port")
+_OWN_DEFAULTS = {name: Claim.__dataclass_fields__[name].default for name in OWN_FIELDS if name not in _CLAIM_REQUIRED}
 
 
 def claim_of(rank: int | None) -> Callable[[object], Claim]:
@@ -140,47 +140,97 @@ def claim_of(rank: int | None) -> Callable[[object], Claim]:
     def parse(data: object) -> Claim:
         fields = _object(data, "the claim")
         _known_fields(fields, _CLAIM_FIELDS, _CLAIM_REQUIRED, "the claim")
-        world_size = _integer(fields["world_size"], "world_size", 1, MAX_RANKS)
-        claimed = _integer(fields["rank"], "rank", 0, world_size - 1)
-        if rank is not None and claimed != rank:
-            raise Malformed(f"it claims rank {claimed} under the key of rank {rank}")
-        versions = _object(fields.get("versions", {}), "versions")
-        if len(versions) > 16:
-            raise Malformed(f"versions has {len(versions)} entries (at most 16)")
-        expected = fields.get("expected")
-        pair = None
-        if expected is not None:
-            if not isinstance(expected, list) or len(expected) != 2:
-                raise Malformed(f"expected is {_kind(expected)}, not [devices, num_nodes]")
-            pair = (
-                _integer(expected[0], "expected devices", 1, MAX_RANKS),
-                _integer(expected[1], "expected num_nodes", 1, MAX_RANKS),
-            )
-        visible = fields.get("visible_set")
-        visible_set = None if visible is None else _texts(visible, "visible_set")
-        high = len(visible_set) - 1 if visible_set is not None else MAX_RANKS
-        return Claim(
-            rank=claimed,
-            world_size=world_size,
-            host=_text(fields["host"], "host", 255),
-            local_rank=_integer(fields["local_rank"], "local_rank", 0, MAX_RANKS),
-            pid=_integer(fields["pid"], "pid", 0, 1 << 32),
-            main_address=_text(fields["main_address"], "main_address", 255),
-            main_port=_integer(fields["main_port"], "main_port", 0, 65535),
-            versions={_text(k, "a version's name", 64): _text(v, f"versions[{k!r}]", 64) for k, v in versions.items()},
-            backend=_text(fields.get("backend", ""), "backend", 64),
-            device=_text(fields.get("device", ""), "device", 64),
-            device_id=_text(fields.get("device_id", ""), "device_id", 255),
-            visible_devices=_optional_integer(fields.get("visible_devices"), "visible_devices", 0, MAX_ITEMS),
-            expected=pair,
-            visible_set=visible_set,
-            visible_variable=_text(fields.get("visible_variable", ""), "visible_variable", 64),
-            device_index=_optional_integer(fields.get("device_index"), "device_index", 0, max(high, 0)),
-            any_layout=_flag(fields.get("any_layout", False), "any_layout"),
-            local_size=_optional_integer(fields.get("local_size"), "local_size", 1, world_size),
+        return _own_fields(
+            [fields.get(name, _OWN_DEFAULTS.get(name)) for name in OWN_FIELDS], rank, _shared_fields(fields)
         )
 
     return parse
+
+
+def wire_claim(
+    rank: int, reference: Claim | None = None, differing: list[int] | None = None
+) -> Callable[[bytes | str], Claim]:
+    """A parser of the claim ``rank`` sent (:meth:`Claim.to_wire`); use with :func:`read_raw`.
+
+    When its digest of the shared fields is ``reference``'s, only its own fields are parsed, and the shared ones are
+    ``reference``'s: rank 0 reads thousands of claims. Else ``rank`` is added to ``differing``, and every field is
+    parsed. A value that is one JSON object holds every field.
+    """
+    shared_digest = None if reference is None else digest(reference.shared_json())
+    shared_values = {} if reference is None else {name: getattr(reference, name) for name in SHARED_FIELDS}
+
+    def parse(raw: bytes | str) -> Claim:
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        own_text, _, shared_text = text.partition("\n")
+        own = _json(own_text)
+        if isinstance(own, list):
+            if len(own) != len(OWN_FIELDS) + 1:
+                raise Malformed(f"the claim has {len(own)} items, not {len(OWN_FIELDS) + 1}")
+            if reference is not None and own[-1] == shared_digest:
+                return _own_fields(own, rank, shared_values)
+            own = dict(zip(OWN_FIELDS, own, strict=False))
+        if differing is not None:
+            differing.append(rank)
+        shared = _object(_json(shared_text), "the claim's shared fields") if shared_text else {}
+        return claim_of(rank)({**shared, **_object(own, "the claim")})
+
+    return parse
+
+
+def _json(text: bytes | str) -> object:
+    try:  # a UnicodeDecodeError is a ValueError
+        return _DECODER.decode(text.decode() if isinstance(text, bytes) else text)
+    except (ValueError, RecursionError) as error:
+        raise Malformed(f"it is not JSON ({type(error).__name__})") from error
+
+
+def _shared_fields(fields: Mapping[str, object]) -> dict[str, Any]:
+    """``fields``' shared values (:data:`~lightning_mpi_env.rollcall.claims.SHARED_FIELDS`), checked."""
+    versions = _object(fields.get("versions", {}), "versions")
+    if len(versions) > 16:
+        raise Malformed(f"versions has {len(versions)} entries (at most 16)")
+    expected = fields.get("expected")
+    if expected is not None and (not isinstance(expected, list) or len(expected) != 2):
+        raise Malformed(f"expected is {_kind(expected)}, not [devices, num_nodes]")
+    return {
+        "world_size": _integer(fields["world_size"], "world_size", 1, MAX_RANKS),
+        "main_port": _integer(fields["main_port"], "main_port", 0, 65535),
+        "versions": {_text(k, "a version's name", 64): _text(v, f"versions[{k!r}]", 64) for k, v in versions.items()},
+        "backend": _text(fields.get("backend", ""), "backend", 64),
+        "expected": None
+        if expected is None
+        else (
+            _integer(expected[0], "expected devices", 1, MAX_RANKS),
+            _integer(expected[1], "expected num_nodes", 1, MAX_RANKS),
+        ),
+        "visible_devices": _optional_integer(fields.get("visible_devices"), "visible_devices", 0, MAX_ITEMS),
+        "visible_variable": _text(fields.get("visible_variable", ""), "visible_variable", 64),
+        "any_layout": _flag(fields.get("any_layout", False), "any_layout"),
+    }
+
+
+def _own_fields(own: Sequence[object], rank: int | None, shared: Mapping[str, Any]) -> Claim:
+    """The claim of the ``own`` values (in the order of :data:`OWN_FIELDS`), checked, and the ``shared`` ones."""
+    claimed, host, local_rank, pid, address, device, device_id, visible, device_index, local_size = own[:10]
+    world_size = shared["world_size"]
+    claimed = _integer(claimed, "rank", 0, world_size - 1)
+    if rank is not None and claimed != rank:
+        raise Malformed(f"it claims rank {claimed} under the key of rank {rank}")
+    visible_set = None if visible is None else _texts(visible, "visible_set")
+    high = len(visible_set) - 1 if visible_set is not None else MAX_RANKS
+    return Claim(
+        rank=claimed,
+        host=_text(host, "host", 255),
+        local_rank=_integer(local_rank, "local_rank", 0, MAX_RANKS),
+        pid=_integer(pid, "pid", 0, 1 << 32),
+        main_address=_text(address, "main_address", 255),
+        device=_text(device, "device", 64),
+        device_id=_text(device_id, "device_id", 255),
+        visible_set=visible_set,
+        device_index=_optional_integer(device_index, "device_index", 0, max(high, 0)),
+        local_size=_optional_integer(local_size, "local_size", 1, world_size),
+        **shared,
+    )
 
 
 @dataclass(frozen=True)
@@ -240,23 +290,6 @@ def node_of(claim: Claim) -> Callable[[object], tuple[NodeAssignment, int | None
     return parse
 
 
-def arrived_ranks(world_size: int) -> Callable[[bytes | str], set[int]]:
-    """A parser of the arrived-ranks list (``"0,3,1,"``, appended by each rank): every item a rank of the job."""
-
-    def parse(raw: bytes | str) -> set[int]:
-        text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
-        ranks = set()
-        for item in text.split(","):
-            if not item:
-                continue
-            if not (item.isascii() and item.isdigit() and len(item) <= 9 and int(item) < world_size):
-                raise Malformed(f"{item[:20]!r} is not a rank of this job of {world_size}")
-            ranks.add(int(item))
-        return ranks
-
-    return parse
-
-
 def network_view(data: object) -> NetworkView:
     """A parser of rank 0's view of the network (:meth:`NetworkView.to_json`)."""
     if not isinstance(data, list) or len(data) != 3 or not isinstance(data[1], list) or len(data[1]) != 3:
@@ -274,7 +307,7 @@ def network_view(data: object) -> NetworkView:
 
 
 def read_raw(key: str, raw: bytes | str, parser: Callable[[bytes | str], _T]) -> _T:
-    """Like :func:`read`, for a value that is not JSON (the arrived-ranks list)."""
+    """Like :func:`read`, for a value that is not one JSON document (a claim as sent)."""
     if len(raw) > MAX_VALUE_BYTES:
         raise malformed(key, raw, f"it is {len(raw)} bytes long (at most {MAX_VALUE_BYTES} are read)")
     try:

@@ -10,39 +10,43 @@ from typing import TYPE_CHECKING, NoReturn
 
 from lightning_mpi_env.core.errors import MpiEnvError, RendezvousError
 from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault, hosts_of
+from lightning_mpi_env.rollcall.batches import multi_set, present
 from lightning_mpi_env.rollcall.claims import Claim, placement_holds
-from lightning_mpi_env.rollcall.errors import missing_message, never_received, with_rank_zero_view
+from lightning_mpi_env.rollcall.errors import missing_message, with_rank_zero_view
 from lightning_mpi_env.rollcall.stall_verdict import END_STEP_RETRIES, end_step_now, ending_line, say
 from lightning_mpi_env.rollcall.store_values import (
     RollCallVerdict,
-    arrived_ranks,
-    claim_of,
     network_view,
     read,
     read_raw,
     roll_call_verdict,
+    wire_claim,
 )
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore  # the public torch.distributed.TCPStore
 
 VERDICT_GRACE = 5.0
-"""Seconds past the timeout to wait for a verdict another rank is writing (everyone arrived just in time)."""
+"""Seconds past rank 0's deadline that another rank waits for the verdict rank 0 is writing."""
 
 KEY_PREFIX = "lightning_mpi_env/"
 """Prefix of every key the roll call writes, apart from those of ``init_process_group``."""
-REGISTERED = KEY_PREFIX + "registered"
-ARRIVED = KEY_PREFIX + "arrived"
-ARRIVED_RANKS = KEY_PREFIX + "arrived_ranks"
 VERDICT = KEY_PREFIX + "verdict"
 READ = KEY_PREFIX + "verdict_read"
 RECORDED = KEY_PREFIX + "failure_recorded"
 RANK_ZERO_VIEW = KEY_PREFIX + "network/0"
+NO_PLACE = ""
+"""What a failure verdict leaves under every node key, so that no rank waits for its assignment."""
 
 
-def claim_key(rank: int, order: int = 1) -> str:
-    """The key of the ``order``-th claim of ``rank`` (a second one is a duplicate)."""
-    return f"{KEY_PREFIX}claim/{rank}/{order}"
+def claim_key(rank: int) -> str:
+    """The key of ``rank``'s claim (the first claimant's: a second one is a duplicate)."""
+    return f"{KEY_PREFIX}claim/{rank}"
+
+
+def node_key(rank: int) -> str:
+    """The key of ``rank``'s node assignment, written by rank 0 with the verdict."""
+    return f"{KEY_PREFIX}node/{rank}"
 
 
 def record(recorder: FailureRecorder | None, error: MpiEnvError, fault: Fault, rank: int) -> None:
@@ -71,13 +75,16 @@ class VerdictKey:
     def conclude(self, problem: RendezvousError, fault: Fault) -> NoReturn:
         """Write ``problem`` as the verdict unless another rank wrote one first; raise the verdict that stands.
 
-        The first write wins (``compare_set``); the first rank whose verdict stands writes the one failure record.
+        The first write wins (``compare_set``); the rank whose verdict stands releases every rank waiting for its
+        assignment (:data:`NO_PLACE`) and writes the one failure record.
         """
         payload = json.dumps({"problem": problem.problem, "hint": problem.hint, "value": problem.value})
         stored = self.store.compare_set(VERDICT, "", payload)
         current = self.parse(stored)
         if current.problem and stored != payload.encode():
             self.raise_stored(current)
+        if stored == payload.encode():
+            self.release()
         if current.problem and self.recorder is not None and self.store.add(RECORDED, 1) == 1:
             record(self.recorder, problem, fault, self.claim.rank)
         self.store.add(READ, 1)
@@ -96,33 +103,35 @@ class VerdictKey:
             self.store.add(READ, 1)
             raise
 
-    def claim_of(self, rank: int, raw: bytes) -> Claim:
-        """The claim stored for ``rank``; a malformed one ends the roll call for every rank, naming its key."""
+    def release(self) -> None:
+        """Leave :data:`NO_PLACE` under every node key: the ranks waiting for the verdict and their place return."""
+        world_size = self.claim.world_size
+        multi_set(self.store, [node_key(rank) for rank in range(world_size)], [NO_PLACE] * world_size)
+
+    def claim_of(
+        self, rank: int, raw: bytes, reference: Claim | None = None, differing: list[int] | None = None
+    ) -> Claim:
+        """The claim stored for ``rank``; a malformed one ends the roll call for every rank, naming its key.
+
+        ``reference`` and ``differing``: see :func:`~lightning_mpi_env.rollcall.store_values.wire_claim`.
+        """
         try:
-            return read(claim_key(rank), raw, claim_of(rank))
+            return read_raw(claim_key(rank), raw, wire_claim(rank, reference, differing))
         except RendezvousError as error:
             self.conclude(error, Fault(FailureKind.MISMATCH, (rank,)))
 
-    def get(self, key: str) -> bytes:
-        """The value of ``key`` once set; at the deadline, the verdict that stands, else who is missing."""
-        if not wait_quietly(self.store, key, self.deadline, self.claim.world_size):
-            if self.store.check([VERDICT]):
-                verdict = self.parse(self.store.get(VERDICT))
-                if verdict.problem:
-                    self.raise_stored(verdict)
-            self.conclude(*(self.missing() or self.never_received(key)))
-        value: bytes = self.store.get(key)
-        return value
-
     def arrived(self) -> set[int]:
-        """The ranks that arrived so far."""
-        text = self.store.get(ARRIVED_RANKS) if self.store.check([ARRIVED_RANKS]) else b""
-        return read_raw(ARRIVED_RANKS, text, arrived_ranks(self.claim.world_size))
+        """The ranks whose claims are in the store so far."""
+        keys = [claim_key(rank) for rank in range(self.claim.world_size)]
+        return {int(key.rsplit("/", 1)[1]) for key in present(self.store, keys)}
 
-    def missing(self) -> tuple[RendezvousError, Fault] | None:
-        """Who never arrived, read from the store (any rank can say it), and the hosts of their nodes where known."""
+    def missing(self, arrived: set[int] | None = None) -> tuple[RendezvousError, Fault] | None:
+        """Who never arrived, and the hosts of their nodes where known; ``arrived``: the ranks known to have.
+
+        Any rank can say it: without ``arrived``, the claims in the store say who arrived.
+        """
         world_size = self.claim.world_size
-        arrived = self.arrived()
+        arrived = self.arrived() if arrived is None else arrived
         missing = sorted(set(range(world_size)) - arrived)
         if not missing:
             return None
@@ -152,11 +161,6 @@ class VerdictKey:
             return with_rank_zero_view(problem, view), fault
         return problem, fault
 
-    def never_received(self, key: str) -> tuple[RendezvousError, Fault]:
-        """Every rank arrived, yet ``key`` never came: rank 0 stopped or is overloaded."""
-        fault = Fault(FailureKind.STORE_UNREACHABLE, (0,), (self.claim.main_address,))
-        return never_received(self.claim, key, self.timeout), fault
-
     def leave(self, end_step: Sequence[str] = (), end_hint: str = "") -> None:
         """On rank 0, keep serving the verdict at interpreter exit, until every rank read it or the deadline passed.
 
@@ -171,27 +175,6 @@ class VerdictKey:
 
         deadline = max(self.deadline, time.monotonic())
         atexit.register(serve_verdict, self.store, self.claim.world_size, deadline, tuple(end_step), end_hint)
-
-
-def wait_quietly(
-    store: TCPStore, key: str, deadline: float, world_size: int, tick: Callable[[], object] | None = None
-) -> bool:
-    """Whether ``key`` is set before ``deadline``, asking the store with ``check`` (which never blocks).
-
-    ``tick`` runs between two checks. Not ``TCPStore.wait``: each wait that runs out makes torch's C++ client log
-    ``[c10d] waitForInput ... timed out``. The interval's cap grows with the job, so the server answers a bounded
-    number of checks per second however many ranks wait.
-    """
-    interval, cap = 0.005, max(0.25, world_size / 4096)
-    while not store.check([key]):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        if tick is not None:
-            tick()
-        time.sleep(min(interval, remaining))
-        interval = min(interval * 2, cap)
-    return True
 
 
 def serve_verdict(
@@ -217,11 +200,8 @@ def _serve(store: TCPStore, world_size: int, deadline: float) -> None:
     minimum = time.monotonic() + 3.0  # ranks that registered read the verdict within milliseconds
     try:
         while True:
-            done, registered = store.add(READ, 0), store.add(REGISTERED, 0)
             now = time.monotonic()
-            if done >= world_size or (now > minimum and now > deadline + VERDICT_GRACE and done >= registered):
-                return
-            if now > max(minimum, deadline + VERDICT_GRACE):
+            if store.add(READ, 0) >= world_size or now > max(minimum, deadline + VERDICT_GRACE):
                 return
             time.sleep(0.1)
     except RuntimeError:  # the store is gone already

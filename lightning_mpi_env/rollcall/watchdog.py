@@ -1,7 +1,8 @@
 """The stall watchdog's thread: a rank that stops making progress after ``init_process_group`` is named.
 
 Per interval each rank writes one :class:`Report` (a ``set``) and reads the event count (an ``add``); rank 0 reads
-every report (``multi_get``) and applies the rule of :mod:`~lightning_mpi_env.rollcall.stall`.
+every report, in batches (:mod:`~lightning_mpi_env.rollcall.batches`), and applies the rule of
+:mod:`~lightning_mpi_env.rollcall.stall`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -20,10 +21,12 @@ from lightning_mpi_env.core.errors import RendezvousError, StallError
 from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault
 from lightning_mpi_env.core.settings import DEFAULT_STALL_TIMEOUT, VARIABLE
 from lightning_mpi_env.rollcall.agreement import StopAgreement
+from lightning_mpi_env.rollcall.batches import multi_get, present
 from lightning_mpi_env.rollcall.deadline import Deadline, Unanswered
 from lightning_mpi_env.rollcall.sigterm import SigtermStop
 from lightning_mpi_env.rollcall.stall import Seen, Stall, interval_for, judge, observe
 from lightning_mpi_env.rollcall.stall_verdict import (
+    ENDS_WITHIN,
     EVENTS,
     KEY,
     VERDICT,
@@ -42,10 +45,6 @@ if TYPE_CHECKING:
 
     from lightning_mpi_env.core.rank_layout import RankLayout
     from lightning_mpi_env.rollcall.store import RendezvousResult
-
-READ_CHUNK = 4096
-"""Reports read by one ``multi_get``: bounds one request's size at tens of thousands of ranks."""
-
 
 _NOT_THE_PLACE = ("<", os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
 """Frames that never say where a rank is stuck: the import system, the standard library, this package."""
@@ -74,7 +73,8 @@ class Watchdog:
     ``soft_timeout``, when below it: seconds before rank 0 reports such a stall on stderr, once per stall, and lets
     the job go on. ``end_step``: the scheduler's command that ends this launch where the launcher would wait for a
     frozen rank; rank 0 runs it after a stall verdict, the ``stand_in`` rank when rank 0's store fell silent;
-    ``end_hint``: what ends a step the command did not end.
+    ``end_hint``: what ends a step the command did not end. Every rank alive after that moment asks again while it
+    lives (:func:`~lightning_mpi_env.rollcall.stall_verdict.end_at`), pausing with ``sleep``.
     """
 
     def __init__(
@@ -95,6 +95,7 @@ class Watchdog:
         soft_timeout: float = 0.0,
         exit: Callable[[int], object] = os._exit,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self.rank, self.world_size, self.host, self.timeout = rank, world_size, host, timeout
         self.agreement, self.sigterm = agreement, sigterm
@@ -103,7 +104,7 @@ class Watchdog:
         self.soft_timeout = soft_timeout if timeout and 0 < soft_timeout < timeout else 0.0
         self.interval = interval_for(self.soft_timeout or timeout or DEFAULT_STALL_TIMEOUT, world_size)
         self._reported_at: float | None = None  # when rank 0 reported the stall now going on (soft timeout)
-        self._connect, self._exit, self._clock = connect, exit, clock
+        self._connect, self._exit, self._clock, self._sleep = connect, exit, clock, sleep
         self._request_timeout = max(5.0, 2 * self.interval)
         self._progress, self._step, self._phase, self._beat = 0, 0, 0, 0
         self._stopped = threading.Event()
@@ -133,7 +134,8 @@ class Watchdog:
     def stop(self) -> None:
         """Stop the thread (at teardown, or at exit), and wait for its store requests in flight to return.
 
-        The wait is bounded by two requests' timeout; a thread showing a verdict, until it ends the process.
+        The wait is bounded by two requests' timeout; a thread showing a verdict, until it ends the process (its
+        requests to end the step included).
         """
         self._stopped.set()
         atexit.unregister(self.stop)
@@ -141,7 +143,7 @@ class Watchdog:
             return
         self._thread.join(2 * self._request_timeout + 1.0)
         if self.verdict is not None:
-            self._thread.join(45.0)  # _conclude ends the process within 30 s, and the step within 10 s more
+            self._thread.join(ENDS_WITHIN)
 
     def _report(self, left: bool = False) -> Report:
         self._beat += 1
@@ -230,15 +232,13 @@ class Watchdog:
             return None
 
     def _judge(self, store: TCPStore, seen: dict[int, Seen], started: float) -> None:
-        keys = [KEY + str(rank) for rank in range(self.world_size)]
-        present = [key for key in keys if key.rsplit("/", 1)[1] in _known(seen) or store.check([key])]
+        unseen = present(store, _keys(rank for rank in range(self.world_size) if rank not in seen))
+        keys = [*_keys(sorted(seen)), *unseen]  # a report once written stays: only the others are looked for
         reports = []
-        for start in range(0, len(present), READ_CHUNK):
-            chunk = present[start : start + READ_CHUNK]
-            for key, value in zip(chunk, store.multi_get(chunk), strict=True):
-                report = self._parsed(key, value, report_of(int(key.rsplit("/", 1)[1])))
-                if report is not None:
-                    reports.append(report)
+        for key, value in zip(keys, multi_get(store, keys), strict=True):
+            report = self._parsed(key, value, report_of(int(key.rsplit("/", 1)[1])))
+            if report is not None:
+                reports.append(report)
         observe(seen, reports, self._clock())
         found = judge(seen, self._clock(), self.timeout, 3 * self.interval, self.world_size, started)
         if found is None and self.soft_timeout:
@@ -274,8 +274,18 @@ class Watchdog:
     def _conclude(self, error: StallError, exit_at: float, *, ends_step: bool = False) -> None:
         """Show ``error`` and end this process at ``exit_at``; the rank that ``ends_step`` runs :attr:`end_step`."""
         self.verdict = error.one_line()
-        end_step = self.end_step if ends_step else ()
-        end_at(error, exit_at, rank=self.rank, end_step=end_step, exit=self._exit, end_hint=self.end_hint)
+        end_at(
+            error,
+            exit_at,
+            rank=self.rank,
+            end_step=self.end_step,
+            exit=self._exit,
+            end_hint=self.end_hint,
+            sends=ends_step,
+            host=self.host,
+            world_size=self.world_size,
+            sleep=self._sleep,
+        )
 
 
 _Parsed = TypeVar("_Parsed")
@@ -289,8 +299,12 @@ def watch(
     recorder: FailureRecorder | None = None,
     soft_timeout: float = 0.0,
     sigterm: bool = False,
+    own_client: bool = False,
 ) -> Watchdog:
-    """This rank's watchdog thread, on the roll call's own client of its store, which the roll call is done with.
+    """This rank's watchdog thread, started, on the roll call's client of its store, which the roll call is done with.
+
+    ``own_client``: the process group is to be opened on that client, so the thread, not started, will open a client
+    of its own when its caller starts it (:meth:`~lightning_mpi_env.rollcall.store.RendezvousResult.client`).
 
     ``signalled`` says whether this rank's requeue signal came (``None``: no stop agreement for it); ``sigterm``: the
     thread also carries the stop after a ``SIGTERM`` to any rank. ``launch`` says how to end the step where the
@@ -309,6 +323,8 @@ def watch(
         )
 
     def connect(seconds: float) -> TCPStore:
+        if own_client:
+            return result.client(seconds)
         result.store.set_timeout(timedelta(seconds=seconds))  # each request's; the roll call waited longer
         return result.store
 
@@ -318,7 +334,7 @@ def watch(
     stop_on_sigterm = SigtermStop(rank=claim.rank, world_size=claim.world_size) if sigterm else None
     # When rank 0 is silent, the lowest rank off its node ends the step (on one node: rank 1).
     stand_in = (nodes.node_rank == 1 and nodes.local_rank == 0) if nodes.num_nodes > 1 else claim.rank == 1
-    return Watchdog(
+    watchdog = Watchdog(
         connect,
         rank=claim.rank,
         world_size=claim.world_size,
@@ -332,8 +348,10 @@ def watch(
         recorder=recorder,
         main_host=claim.main_address,
         soft_timeout=soft_timeout,
-    ).start()
+    )
+    return watchdog if own_client else watchdog.start()
 
 
-def _known(seen: Mapping[int, Seen]) -> set[str]:
-    return {str(rank) for rank in seen}
+def _keys(ranks: Iterable[int]) -> list[str]:
+    """The report keys of ``ranks``."""
+    return [KEY + str(rank) for rank in ranks]

@@ -36,14 +36,12 @@ def forge_before_roll_call(kind, address, port):
 
     client = dist.TCPStore(address, port, is_master=False, timeout=timedelta(seconds=30))
     if kind == "node":
-        # The arrival count past the world size: no rank finalizes, so every rank reads the forged assignment.
-        client.add(P + "arrived", 100)
+        # A verdict saying the ranks met, before rank 0's: every rank reads the forged assignment beside it.
         client.set(P + "verdict", '{"summary": "forged"}')
         for rank in range(4):
             client.set(f"{P}node/{rank}", "[7, 3, 0, 2, null]")
     elif kind == "claim":
-        client.add(P + "claims/3", 1)
-        client.set(P + "claim/3/1", '{"rank": "three"}')
+        client.set(P + "claim/3", '{"rank": "three"}')  # rank 3's own claim then finds it there
     elif kind == "verdict":
         client.set(P + "verdict", "not json {")
     return client

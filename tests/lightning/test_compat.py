@@ -103,7 +103,7 @@ import torch.distributed as dist
 
 import lightning_mpi_env.lightning.environment as environment
 from lightning_mpi_env.lightning import compat
-from lightning_mpi_env.rollcall.store import KEY_PREFIX
+from lightning_mpi_env.rollcall.verdict import KEY_PREFIX
 
 VERDICT = KEY_PREFIX + "verdict"
 events, facts, seen = [], {}, {}
@@ -755,7 +755,7 @@ def test_hpc_resume_path_is_the_file_lightning_resumes_by_itself(lightning, pack
 
 CHECKED_BY = {
     "DEVICE_ID_SINCE": device_id.test_ddp_mpi_passes_its_device_as_device_id,
-    "init_dist_connection": device_id.test_lightning_s_own_call_finds_the_group_bind_device_opened,
+    "init_dist_connection": device_id.test_lightning_s_own_call_finds_the_group_already_open,
     "package_version": device_id.test_ddp_mpi_passes_its_device_as_device_id,
     "passes_device_id": device_id.test_the_plugin_with_lightnings_ddp_passes_lightnings_device_from_2_5_5_only,
     "HPC_CHECKPOINT": test_ddp_meets_in_the_roll_call_before_init_process_group,

@@ -289,7 +289,7 @@ environment = lightning_mpi_env.MPIClusterEnvironment({
     "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
     "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
 }, roll_call=False, stall_timeout=0)
-# What bind_device does on a GPU, here with gloo: Lightning's own call, with an argument Lightning does not pass.
+# What open_process_group does, here with gloo: Lightning's own call, with an argument Lightning does not pass.
 compat.init_dist_connection(FABRIC, environment, "gloo", timeout=timedelta(seconds=60), group_name="")
 opened = dist.is_initialized()
 fabric = importlib.import_module(FABRIC).Fabric(strategy="ddp", accelerator="cpu", devices=1, plugins=[environment])
@@ -300,7 +300,7 @@ print("PROBE " + json.dumps({"calls": calls, "opened": opened, "total": total.it
 
 
 @pytest.mark.parametrize("fabric", ["lightning.fabric", "lightning_fabric"])
-def test_lightning_s_own_call_finds_the_group_bind_device_opened(lightning, fabric):
+def test_lightning_s_own_call_finds_the_group_already_open(lightning, fabric):
     # compat.init_dist_connection: Lightning's _init_dist_connection passes its keyword arguments to
     # init_process_group (2.1 to 2.6), and the strategy's own call after it returns at once: one process group.
     base = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}

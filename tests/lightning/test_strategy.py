@@ -704,3 +704,43 @@ for make, strategy in ((Fabric, ForTrainer()), (Trainer, ForFabric())):
         "You selected an invalid strategy name: `strategy=<MPIDDPStrategy of lightning_mpi_env.fabric, for Fabric; "
         "the Trainer takes lightning_mpi_env.pytorch.MPIDDPStrategy>`",
     ], result.stderr[-3000:]
+
+
+STORE_CONNECTIONS = Path(__file__).parents[1] / "jobs" / "store_connections.py"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stall_timeout", ["0", "300"], ids=["no-watchdog", "watchdog"])
+def test_ddp_mpi_holds_one_store_connection_a_rank_through_the_start(cluster, stall_timeout):
+    # "ddp_mpi" opens the process group on the roll call's client (init_process_group(store=...)): one connection a
+    # rank on rank 0's server once the group is open; the watchdog's thread (stall watch and requeue) then opens one
+    # more, its own. Without either, no thread: what is left is the start's.
+    watchdog = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": stall_timeout}
+    if stall_timeout == "0":
+        watchdog["LIGHTNING_MPI_ENV_REQUEUE"] = "0"
+    result = cluster.run(
+        [sys.executable, str(STORE_CONNECTIONS)], timeout=180, export={**cluster.job_environment(), **watchdog}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("CONNECTIONS ")]
+    counts = dict(item.split("=") for item in line.split()[1:])
+    world = int(counts["world"])
+    assert world == 4, line
+    # The watchdogs may connect before rank 0 counts: with them, "start" is at most one more a rank.
+    assert int(counts["start"]) == world if stall_timeout == "0" else world <= int(counts["start"]) <= 2 * world
+    assert int(counts["training"]) == (world if stall_timeout == "0" else 2 * world), line
+    assert result.stdout.count("DONE rank=") == world, result.stdout
+
+
+def test_bind_device_of_1_0_warns_and_leaves_the_group_to_setup_environment():
+    import torch
+
+    from lightning_mpi_env.pytorch import MPIDDPStrategy
+
+    strategy = MPIDDPStrategy()
+    strategy.parallel_devices = [torch.device("cpu")]
+    with pytest.warns(DeprecationWarning, match=r"bind_device\(\) is deprecated: setup_environment\(\) opens"):
+        strategy.bind_device()  # on the CPU, before any roll call: nothing to open, Lightning opens the group
+    import torch.distributed
+
+    assert not torch.distributed.is_initialized()

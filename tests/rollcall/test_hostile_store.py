@@ -22,7 +22,7 @@ that, so the forgery, not the timing, decides what the watchdog says."""
 # KIND: the key named, and a piece of the reason, in every rank's error.
 FAILS = {
     "node": (r"lightning_mpi_env/node/\d", "node_rank=7 is outside 0..2"),
-    "claim": ("lightning_mpi_env/claim/3/1", "the claim lacks world_size, host, local_rank, pid"),
+    "claim": ("lightning_mpi_env/claim/3", "the claim lacks world_size, host, local_rank, pid"),
     "verdict": ("lightning_mpi_env/verdict", "it is not JSON"),
 }
 

@@ -21,9 +21,9 @@ from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT, Settings
 from lightning_mpi_env.gpu.devices import BINDING_HINT
 from lightning_mpi_env.rollcall.claims import Claim, NodeAssignment, assign_all, format_ranks, placement_holds
 from lightning_mpi_env.rollcall.errors import collisions, disagreement_message, duplicate_message, missing_message
-from lightning_mpi_env.rollcall.store import rendezvous
+from lightning_mpi_env.rollcall.store import RendezvousResult, rendezvous
 from lightning_mpi_env.rollcall.store_values import claim_of, read
-from lightning_mpi_env.rollcall.verdict import KEY_PREFIX
+from lightning_mpi_env.rollcall.verdict import claim_key
 from lightning_mpi_env.supervise.records import read_records
 from tests.clusters.children import process_tree
 from tests.clusters.hydra import free_port
@@ -263,7 +263,7 @@ def _meet_without(
     others = [_rank(results, i, claim, HANG, placement, recorder) for i, claim in enumerate(claims) if i]
     for thread in others:
         thread.start()
-    registered = [f"{KEY_PREFIX}claim/{claim.rank}/1" for claim in claims[1:]]
+    registered = [claim_key(claim.rank) for claim in claims[1:]]
     deadline = time.monotonic() + HANG
     while not server.check(registered):
         assert time.monotonic() < deadline, "the present ranks never registered"
@@ -587,3 +587,44 @@ def test_the_first_rank_of_each_node_that_cannot_reach_rank_zero_records_it(tmp_
 def test_a_roll_call_that_meets_writes_nothing(tmp_path):
     _meet(_claims([0, 1, 2, 3]), recorder=FailureRecorder(str(tmp_path / "state"), "srun", "7"))
     assert not (tmp_path / "state").exists()
+
+
+def test_a_client_of_its_own_is_answered_while_the_roll_call_s_client_waits_in_a_get():
+    # A collective's first get (NCCL's unique id) may wait on init's client for minutes; the watchdog's requests go on
+    # its own client (RendezvousResult.client), or they would queue behind it and call rank 0 silent.
+    results = _meet(_claims([0, 1], world_size=2))
+    rank_one = results[1]
+    assert isinstance(rank_one, RendezvousResult), rank_one
+    rank_one.store.set_timeout(timedelta(seconds=HANG))
+    pending = threading.Thread(target=rank_one.store.get, args=("posted-later",))
+    pending.start()
+    answered = threading.Event()
+
+    def report() -> None:
+        watchdog = rank_one.client(timeout=5.0)
+        watchdog.set("report", "1")
+        if watchdog.check(["report"]):
+            answered.set()
+
+    try:
+        threading.Thread(target=report, daemon=True).start()
+        assert answered.wait(HANG)  # on the roll call's own client, it would wait as long as the get
+        assert pending.is_alive()  # the get still waits: it did not hold up the requests above
+    finally:
+        results[0].store.set("posted-later", "now")  # type: ignore[attr-defined]
+        pending.join(HANG)
+    assert not pending.is_alive()
+
+
+def test_a_rank_past_rank_zero_s_world_is_named_disagreeing_at_its_own_timeout(tmp_path):
+    # Rank 0 waits for the claims of its own world of 4: the four meet. A fifth process that says it is rank 4 of 5 is
+    # never waited for, and names its disagreement with rank 0 when its wait for the verdict runs out.
+    claims = _claims([0, 1, 2, 3])
+    extra = Claim(4, 5, "c", 0, 1004, "127.0.0.1", claims[0].main_port)  # the first rank of its node: it records
+    recorder = FailureRecorder(str(tmp_path), "Open MPI", "42")
+    results = _meet([*claims, extra], timeout=2.0, recorder=recorder)
+    assert all(isinstance(results[index], RendezvousResult) for index in range(4)), results
+    assert isinstance(results[4], RendezvousError), results[4]
+    assert "Rank 4 on host c (pid 1004, local rank 0) expects world size 5 (rank 0 says 4)" in str(results[4])
+    (record,) = read_records(str(tmp_path))
+    assert (record.kind, record.ranks, record.hosts) == (FailureKind.MISMATCH, (4,), ("c",)), record

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import pytest
 
@@ -12,7 +14,6 @@ from lightning_mpi_env.rollcall.network_view import NetworkView
 from lightning_mpi_env.rollcall.store_values import (
     MAX_VALUE_BYTES,
     Report,
-    arrived_ranks,
     claim_of,
     network_view,
     node_of,
@@ -22,6 +23,7 @@ from lightning_mpi_env.rollcall.store_values import (
     roll_call_verdict,
     stall_verdict,
     step,
+    wire_claim,
 )
 
 CLAIM = Claim(1, 4, "nodea", 1, 4242, "nodea", 29500, versions={"torch": "2.13.0"})
@@ -43,7 +45,6 @@ def test_good_values_round_trip():
     assert read("k", '{"problem": "p", "hint": "h", "value": null}', roll_call_verdict).error().problem == "p"
     assert read("k", '{"problem": "p", "hint": "h", "value": "5", "exit_at": 1.5}', stall_verdict).exit_at == 1.5
     assert read("k", "12", step) == 12
-    assert read_raw("k", b"0,3,1,", arrived_ranks(4)) == {0, 1, 3}
     view = NetworkView.here("localhost")
     assert read("k", view.to_json(), network_view) == view
 
@@ -148,10 +149,37 @@ def test_a_malformed_value_is_one_error_naming_the_key(kind):
     assert len(error.problem) < 600  # a huge value is cut in the message
 
 
-@pytest.mark.parametrize(("stored", "reason"), [(b"0,1,x,", "'x' is not a rank"), (b"0,7,", "'7' is not a rank")])
-def test_an_arrived_list_names_an_item_that_is_no_rank(stored, reason):
-    with pytest.raises(RendezvousError, match=f"under 'arrived': {reason} of this job of 4"):
-        read_raw("arrived", stored, arrived_ranks(4))
+RANK_ZERO = Claim(0, 4, "nodea", 0, 4241, "nodea", 29500, versions={"torch": "2.13.0"})
+
+
+def test_a_sent_claim_reads_back_whole_with_or_without_rank_zero_s_shared_fields():
+    for reference in (None, RANK_ZERO):
+        differing: list[int] = []
+        assert read_raw("k", CLAIM.to_wire(), wire_claim(1, reference, differing)) == CLAIM
+        # Only a claim parsed without rank 0's shared fields to lean on is counted as differing.
+        assert differing == ([] if reference is not None else [1])
+    assert read_raw("k", CLAIM.to_json(), wire_claim(1, RANK_ZERO)) == CLAIM  # one JSON object of every field
+
+
+def test_a_claim_whose_shared_fields_differ_is_parsed_whole_and_named_differing():
+    other = dataclasses.replace(CLAIM, versions={"torch": "2.12.0"}, world_size=5)
+    differing: list[int] = []
+    parsed = read_raw("k", other.to_wire(), wire_claim(1, RANK_ZERO, differing))
+    assert (parsed, differing) == (other, [1])  # its own versions and world size, not rank 0's
+
+
+@pytest.mark.parametrize(
+    ("stored", "reason"),
+    [
+        ('[1,"nodea",1]\n{}', "the claim has 3 items, not 11"),
+        (CLAIM.to_wire().replace("[1,", "[2,", 1), "it claims rank 2 under the key of rank 1"),
+        (CLAIM.to_wire().replace("[1,", "[9,", 1), "rank=9 is outside 0..3"),  # checked against rank 0's world size
+        (CLAIM.to_wire().split("\n")[0], "the claim lacks world_size"),  # another digest and no shared line
+    ],
+)
+def test_a_malformed_sent_claim_names_what_is_wrong(stored, reason):
+    with pytest.raises(RendezvousError, match=f"under 'k': {re.escape(reason)}"):
+        read_raw("k", stored, wire_claim(1, dataclasses.replace(RANK_ZERO, versions={})))
 
 
 def test_the_records_read_back_through_the_parser():

@@ -17,7 +17,7 @@ import pytest
 from lightning_mpi_env.core.errors import StallError
 from lightning_mpi_env.core.records import FailureKind, FailureRecorder
 from lightning_mpi_env.rollcall.stall import BEFORE_THE_FIRST_STEP, Seen, find_stall, interval_for, judge, observe
-from lightning_mpi_env.rollcall.stall_verdict import KEY, end_step_now
+from lightning_mpi_env.rollcall.stall_verdict import KEY
 from lightning_mpi_env.rollcall.store_values import Report
 from lightning_mpi_env.rollcall.watchdog import Watchdog, main_thread_place
 from lightning_mpi_env.supervise.records import read_records
@@ -590,39 +590,29 @@ def test_a_stopped_watchdog_says_it_left(store_port):
     assert Report.from_json(client.get(KEY + "0")).left
 
 
-def test_rank_zero_ends_the_step_after_the_verdict(store_port, tmp_path):
+def test_rank_zero_ends_the_step_after_the_verdict_and_every_rank_alive_asks_again(store_port, tmp_path, capsys):
     # Where the launcher would wait for the frozen rank (srun), rank 0 runs the scheduler's command at the moment
-    # every rank ends; the others do not.
-    ended = tmp_path / "ended"
-    command = (sys.executable, "-c", f"open({str(ended)!r}, 'a').write('ended\\n')")
+    # every rank would end. Here the command ends nothing, so every rank outlives it and asks on its own plan (the
+    # test's sleep returns at once); at the bound each rank says what ends the step instead, and exits.
+    asked = tmp_path / "asked"
     exits: list[tuple[int, int]] = []
-    dogs = _watchdogs(store_port, 3, timeout=1.0, exits=exits)
-    for dog in dogs:
-        dog.end_step = command
+    dogs = _watchdogs(store_port, 3, timeout=1.0, exits=exits, sleep=lambda seconds: None)
+    for dog in dogs:  # a command of its own per rank: the requests say who asked (and no rank shares a node turn)
+        dog.end_step = (sys.executable, "-c", f"open({str(asked)!r}, 'a').write('{dog.rank}\\n')")
     for dog in dogs:
         dog.start()
     for dog in dogs[:2]:
         dog.mark(5, 2)
     assert _wait_for(lambda: len(exits) == 3, HANG), exits
-    assert ended.read_text() == "ended\n"
-
-
-def test_a_failed_end_of_the_step_is_said(capsys):
-    end_step_now(("lightning-mpi-env-no-such-command", "1.0"), -1)
+    assert sorted(exits) == [(0, 1), (1, 1), (2, 1)]
+    requests = asked.read_text().split()
+    assert {rank: requests.count(rank) for rank in "012"} == {"0": 5, "1": 3, "2": 3}
     err = capsys.readouterr().err
-    assert "lightning-mpi-env: could not end the job step with `lightning-mpi-env-no-such-command 1.0`" in err
-    assert "FileNotFoundError" in err
-
-
-def test_a_command_killed_by_the_step_it_ends_is_not_a_failure(capsys):
-    # scancel --signal=KILL runs inside the step it ends: the step's SIGKILL may reach it before it exits. Any other
-    # exit is said.
-    end_step_now(("sh", "-c", "kill -KILL $$"), -1)
-    assert "could not end the job step" not in capsys.readouterr().err
-    end_step_now(("sh", "-c", "kill -TERM $$"), -1)
-    assert "could not end the job step with `sh -c kill -TERM $$` (exit status -15)" in capsys.readouterr().err
-    end_step_now(("sh", "-c", "echo 'scancel: error: Invalid job id specified' >&2; exit 1"), -1)
-    assert "(scancel: error: Invalid job id specified)" in capsys.readouterr().err
+    assert err.count("ends the job step: ") == 1
+    assert "lightning-mpi-env: rank 0 ends the job step: " in err
+    outlived = [line for line in err.splitlines() if "the job step still runs " in line]
+    assert len(outlived) == 3
+    assert sum(" after 5 requests `" in line for line in outlived) == 1
 
 
 @pytest.mark.parametrize(
@@ -846,32 +836,17 @@ def test_every_rank_marking_alike_before_the_first_step_is_no_stall_over_a_real_
     assert all(dog.verdict is None for dog in dogs)
 
 
-# --- the end of the step, asked again -------------------------------------------------------------------------------
-
-
-def test_a_rank_alive_after_ending_the_step_asks_again_then_says_what_ends_it(tmp_path, capsys):
-    ran = tmp_path / "ran"
-    command = (sys.executable, "-c", f"open({str(ran)!r}, 'a').write('x')")
-    waits: list[float] = []
-    end_step_now(command, -1, retries=3, hint="`srun --kill-on-bad-exit=1`", sleep=waits.append)
-    assert ran.read_text() == "xxxx"  # the first request and 3 more
-    assert waits == [1.0, 2.0, 4.0, 8.0]  # each wait twice the last; the last, for the last request to act
-    (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("lightning-mpi-env: the job step still runs 15 s after 4 requests `")
-    assert "To end the step when a rank fails, add `srun --kill-on-bad-exit=1`; else the step runs until its time " in (
-        line
-    )
+# --- the roll call's verdict ends the step too -----------------------------------------------------------------------
 
 
 def test_rank_zero_ends_the_step_once_the_roll_calls_verdict_was_read(store_port, tmp_path, capsys):
     import torch.distributed as dist
 
-    from lightning_mpi_env.rollcall.verdict import READ, REGISTERED, serve_verdict
+    from lightning_mpi_env.rollcall.verdict import READ, serve_verdict
 
     ended = tmp_path / "ended"
     command = (sys.executable, "-c", f"open({str(ended)!r}, 'a').write('ended\\n')")
     client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
-    client.add(REGISTERED, 3)
     client.add(READ, 3)  # rank 3 never came: the 3 ranks that did have read the verdict
     serve_verdict(client, 4, time.monotonic(), command, "`srun --kill-on-bad-exit=1`", retries=0)
     assert ended.read_text() == "ended\n"  # once: this process outlives the command, which ends no real step
