@@ -97,7 +97,12 @@ def test_present_asks_once_per_batch_where_every_key_is_set(store):
     ],
 )
 def test_present_finds_exactly_the_set_keys(store, gaps):
-    keys = _keys(2_500)
+    _present_finds_exactly(store, 2_500, gaps)
+
+
+def _present_finds_exactly(store: object, count: int, gaps: set[int]) -> None:
+    """Of ``count`` keys, set all but the ``gaps``: ``present`` names exactly the set ones, in batched requests."""
+    keys = _keys(count)
     wanted = [key for index, key in enumerate(keys) if index not in gaps]
     if wanted:
         _set(store, wanted)
@@ -109,14 +114,7 @@ def test_present_finds_exactly_the_set_keys(store, gaps):
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 3_000).flatmap(lambda count: st.tuples(st.just(count), st.sets(st.integers(0, count - 1)))))
 def test_present_finds_exactly_the_set_keys_whatever_the_gaps(store, case):
-    count, gaps = case
-    keys = _keys(count)
-    wanted = [key for index, key in enumerate(keys) if index not in gaps]
-    if wanted:
-        _set(store, wanted)
-    recording = Recording(store)
-    assert present(recording, keys) == wanted
-    recording.assert_batched()
+    _present_finds_exactly(store, *case)
 
 
 def test_no_request_for_no_keys(store):
