@@ -28,11 +28,14 @@ class LoopCalls:
         command: Sequence[str] | None,
     ) -> None:
         self.requeue = Requeue.plan(env, enabled=enabled, requeue_signal=requeue_signal, command=command)
-        """How this job checkpoints and requeues (``None``: it does not); the handler goes in when training starts."""
+        """How this job checkpoints and requeues (``None``: it does not); its handler goes in now."""
         self._watchdog: Watchdog | None = None  # started by the roll call, stopped at teardown
         self._steps_asked = 0  # requeue_requested() calls: a Fabric loop's steps
         self._sigterm_asks = 0  # exit_on_sigterm() calls: a Fabric loop's steps
         self._limit_pending: int | None = None  # the step a Fabric loop stops at on SIGTERM, pending the time limit
+        # Now, before any data loader worker forks: a one-device Fabric calls nothing of the environment before its
+        # loop's first requeue_requested(), and the workers of its first epoch, without the handler, die of the signal.
+        self.watch_requeue_signal()
 
     def mark_progress(self, step: int, phase: int) -> None:
         """Tell the stall watchdog this rank reached ``PHASES[phase]`` of ``step``: two assignments, no I/O."""
@@ -44,9 +47,12 @@ class LoopCalls:
         self.mark_progress(step, 2)
 
     def watch_requeue_signal(self) -> None:
-        """Install the requeue signal handler, chained to the one in place (idempotent; undone by teardown)."""
+        """Install the requeue signal handler, chained to the one in place (idempotent; undone by teardown).
+
+        Again in a process forked since (``ddp_fork``'s ranks): the one inherited is inert there.
+        """
         plan = self.requeue
-        if plan is None or Change.REQUEUE_HANDLER in self.changes:
+        if plan is None:
             return
         plan.install()
         self.changes.add(Change.REQUEUE_HANDLER, plan.restore)
