@@ -38,6 +38,11 @@ On one machine all clients share one range of ephemeral ports towards each desti
 the P-th process of ranks connect to loopback addresses of their own (``127.1.x.y`` for the roll call,
 ``127.2.x.y`` for init; x.y is P), the same interface and server, as each node of a job has its own ports.
 
+The garbage collector: one interpreter holding many ranks allocates for all of them, enough to start a full
+collection that walks every object torch's import made, in every process at once; a job's rank allocates for one.
+``--gc freeze`` (the default) collects and freezes each process's objects before the start, in both configurations;
+each run line counts the full collections that still happened. ``--gc as-is`` leaves the collector alone.
+
 Memory: every process of ranks imports torch. A probe process measures what one costs after its imports (its RSS,
 and the private part of it, which every process pays; the rest is the shared libraries, paid once) and what a rank
 adds (its client and watchdog client, both ends); a packing whose estimate exceeds 90% of the memory available
@@ -334,6 +339,30 @@ def raise_fd_limit(needed: int) -> int:
     return needed
 
 
+def collections_counter(gc_mode: str) -> list[int]:
+    """The cyclic garbage collector's full collections in this process from now on (one entry each).
+
+    With ``freeze``, every object alive now (torch's import, about the same in every process of ranks) goes to the
+    permanent generation first, as a job's rank would find them at its roll call: here one interpreter holds 128
+    ranks and allocates for all of them, enough to start a full collection that walks torch's objects in every
+    process at once (0.4-0.5 s with 9 processes on 2 cores), in either configuration, whichever allocates more.
+    Young collections, which follow the ranks' own allocations, stay.
+    """
+    import gc
+
+    if gc_mode == "freeze":
+        gc.collect()
+        gc.freeze()
+    full: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append(1)
+
+    gc.callbacks.append(note)
+    return full
+
+
 def phases(mode: str, training: bool) -> list[str]:
     """The steps a rank takes, in order; ``training`` only where the package would start its watchdog."""
     return [*([ROLL_CALL] if mode == "rollcall+init" else []), INIT, *([TRAINING] if training else [])]
@@ -366,8 +395,8 @@ def step(name: str, rank: Rank, args: argparse.Namespace) -> None:
     claim = rank.claim
     if name == ROLL_CALL:
         claim = dataclasses.replace(claim, main_address=address(1, args.process))
-        options = {"timeout": args.timeout}
-        if "expected_node" in inspect.signature(rendezvous).parameters:
+        options: dict[str, Any] = {"timeout": args.timeout}
+        if args.expected_node:
             options["expected_node"] = lambda other: other // args.per_node
         result = rendezvous(claim, **options)
         rank.times["met"] = time.monotonic()
@@ -412,6 +441,9 @@ def ranks_process(args: argparse.Namespace) -> None:
     fd_limit = raise_fd_limit((2 if TRAINING in steps else 1) * sockets + SPARE_FILES)
     threading.stack_size(256 * 1024)
     own = [Rank(claim) for claim in claims(args.world_size, args.port, args.per_node, ranks)]
+    from lightning_mpi_env.rollcall.store import rendezvous
+
+    args.expected_node = "expected_node" in inspect.signature(rendezvous).parameters  # once, not in each rank
     start, arrived, release = (threading.Barrier(len(own) + 1) for _ in range(3))
 
     def run(rank: Rank) -> None:
@@ -429,8 +461,10 @@ def ranks_process(args: argparse.Namespace) -> None:
     threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in own]
     for thread in threads:
         thread.start()
+    full_collections = collections_counter(args.gc)
     say("READY", {"fd_limit": fd_limit, "threads": len(threads)})
     sys.stdin.readline()  # GO
+    full_collections.clear()
     start.wait()
     for name in steps if args.counted else []:
         arrived.wait()
@@ -450,6 +484,7 @@ def ranks_process(args: argparse.Namespace) -> None:
             "times": {key: max(rank.times[key] for rank in ok) for key in (ok[0].times if ok else [])},
             "requests": {name: [rank.requests.get(name) for rank in ok] for name in (ROLL_CALL, INIT)},
             "judged": own[0].judged if args.first_rank == 0 else None,
+            "full_collections": len(full_collections),
         },
     )
     sys.stdin.readline()  # EXIT: every rank is through
@@ -471,12 +506,14 @@ class Counts:
 
 def one_run(
     packing: Packing, mode: str, args: argparse.Namespace, prefix: list[str], *, counted: bool, training: bool
-) -> tuple[dict[str, float], float | None, Counts | None]:
-    """One run: seconds from rank 0's start to the last rank's end of each step, rank 0's judging time, counts."""
+) -> tuple[dict[str, float], float | None, Counts | None, int]:
+    """One run: seconds from rank 0's start to the last rank's end of each step, rank 0's judging time, counts, and
+    the full collections of the garbage collector in all processes during the run."""
     size = packing.world_size
     port = free_port()
     common = ["--mode", mode, "--world-size", str(size), "--port", str(port), "--per-node", str(args.ranks_per_node)]
     common += ["--timeout", str(args.timeout), *(["--counted"] if counted else []), *(["--training"] * training)]
+    common += ["--gc", args.gc]
 
     def start(first: int, end: int, process: int) -> subprocess.Popen[str]:
         command = [*prefix, sys.executable, __file__, "--role", "ranks", *common]
@@ -530,7 +567,7 @@ def one_run(
         requests = {name: [n for part in done[1:] for n in part["requests"][name]] for name in (ROLL_CALL, INIT)}
         rank0 = {name: (done[0]["requests"][name] or [None])[0] for name in (ROLL_CALL, INIT)}
         counts = Counts(requests, rank0, connections)
-    return steps, done[0]["judged"], counts
+    return steps, done[0]["judged"], counts, sum(part["full_collections"] for part in done)
 
 
 def main() -> None:
@@ -544,6 +581,12 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="configurations to run")
     parser.add_argument("--no-counts", action="store_true", help="skip the counted run of each size and configuration")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--gc",
+        choices=["freeze", "as-is"],
+        default="freeze",
+        help="freeze the objects alive after the imports in every process of ranks (default), or leave the collector",
+    )
     parser.add_argument("--resolver", choices=["auto", "system", "files"], default="auto")
     parser.add_argument("--role", choices=["ranks", "probe"], help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
@@ -603,6 +646,8 @@ def run_all(args: argparse.Namespace, workdir: str) -> None:
         flush=True,
     )
     print(f"packing: rank 0 alone, ranks 1..N-1 as threads, at most {args.ranks_per_process} a process", flush=True)
+    frozen = "frozen after the imports" if args.gc == "freeze" else "as the interpreter leaves them (--gc as-is)"
+    print(f"garbage collector: every process's objects {frozen}", flush=True)
     times: dict[tuple[int, str], list[dict[str, float]]] = {}
     judged: dict[tuple[int, str], list[float]] = {}
     counts: dict[tuple[int, str], Counts] = {}
@@ -624,17 +669,17 @@ def run_all(args: argparse.Namespace, workdir: str) -> None:
             continue
         for index in range(args.repeat):
             for mode in args.modes if index % 2 == 0 else args.modes[::-1]:
-                steps, rank0_judged, _ = one_run(packing, mode, args, prefix, counted=False, training=False)
+                steps, rank0_judged, _, full = one_run(packing, mode, args, prefix, counted=False, training=False)
                 times.setdefault((size, mode), []).append(steps)
                 if rank0_judged is not None:
                     judged.setdefault((size, mode), []).append(rank0_judged)
                 shown = ", ".join(f"{key} {value:.2f} s" for key, value in steps.items())
-                print(f"  N={size} ({packing}) #{index + 1} {mode}: {shown}", flush=True)
+                print(f"  N={size} ({packing}) #{index + 1} {mode}: {shown}; full collections {full}", flush=True)
         training = raise_fd_limit(2 * size + SPARE_FILES) >= 2 * size + SPARE_FILES
         for mode in [] if args.no_counts else args.modes:
             # A job without the package has no watchdog: init alone stops at init.
             with_training = training and mode == "rollcall+init"
-            _, _, found = one_run(packing, mode, args, prefix, counted=True, training=with_training)
+            _, _, found, _ = one_run(packing, mode, args, prefix, counted=True, training=with_training)
             assert found is not None
             counts[(size, mode)] = found
             print(f"  N={size} ({packing}) counts {mode}: {count_cells(found, training)}", flush=True)
@@ -683,7 +728,7 @@ def print_tables(
     print(
         f"\nN simulated ranks on one TCPStore ({args.ranks_per_node} per simulated host), packing: rank 0 alone + "
         f"processes x ranks a process; the configurations interleaved, median of {args.repeat} (range); machine "
-        f"{os.uname().nodename}: {machine_description()}; {note}.\n"
+        f"{os.uname().nodename}: {machine_description()}; {note}; garbage collector: --gc {args.gc}.\n"
     )
     print(
         "| ranks | packing | init alone | roll call + init | difference | ratio | roll call done | rank 0 judged in "
