@@ -58,7 +58,8 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
 
     Use it as ``Trainer(plugins=[MPIClusterEnvironment()])`` or ``Fabric(plugins=[MPIClusterEnvironment()])``. Made, it
     reads the launcher and scheduler rows' variables, Lightning's ``LOCAL_RANK``/``NODE_RANK``/``WORLD_SIZE`` and the
-    ``LIGHTNING_MPI_ENV_*`` settings; before ``init_process_group``, its roll call stops every rank on a bad one.
+    ``LIGHTNING_MPI_ENV_*`` settings, and puts in the requeue signal's handler (undone by ``teardown()``); before
+    ``init_process_group``, its roll call stops every rank on a bad one.
 
     Args:
         environ: The environment to read; ``os.environ`` by default.
@@ -353,7 +354,7 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
             self._layout.main_address,
             rank_zero=self.global_rank() == 0,
         )
-        # Before any data loader worker forks: a worker inherits the handler, which ignores the signal there.
+        # Again: in a rank forked since the environment was made (ddp_fork), or a run after a teardown.
         self.watch_requeue_signal()
         if not self.settings.roll_call:
             return

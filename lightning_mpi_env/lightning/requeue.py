@@ -4,7 +4,7 @@ The handler only notes the signal; the ranks agree on one step (through the roll
 save the HPC checkpoint there, rank 0 runs the scheduler's requeue command, and every rank exits with the
 scheduler's requeue status, or 1 past ``LIGHTNING_MPI_ENV_MAX_REQUEUES`` (a job warned after each restart would
 requeue forever), or :data:`REQUEUE_BY_JOB_SCRIPT` where the command is missing or failed. The handler goes in
-before ``init_process_group``, so that data loader workers, forked later, inherit it and ignore the signal. Started
+when the environment is made, so that data loader workers, forked later, inherit it and ignore the signal. Started
 again, it resumes with ``trainer.fit(model, ckpt_path=hpc_checkpoint(trainer))``.
 """
 
