@@ -385,6 +385,44 @@ def test_a_forked_worker_ignores_the_signal_and_a_handler_put_back_after_restore
     assert lines[2:] == ["restored: True", "inert: 1", "again: True"], result.stderr
 
 
+def test_the_handler_is_in_place_once_the_environment_is_made_and_a_forked_rank_puts_in_its_own():
+    # A one-device Fabric calls nothing of the environment before its loop's workers fork: the handler must already be
+    # there when the environment is made. A rank forked from the process that made it (ddp_fork) inherits an inert
+    # one and puts in its own when its start calls watch_requeue_signal(); teardown puts back what was there.
+    program = textwrap.dedent(
+        """
+        import os, signal
+        from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
+        environment = MPIClusterEnvironment({"SLURM_JOB_ID": "5"})
+        made = signal.getsignal(signal.SIGUSR1)
+        print("made:", type(made).__name__)
+        read, write = os.pipe()
+        rank = os.fork()
+        if rank == 0:
+            environment.watch_requeue_signal()  # what the forked rank's start calls
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os.write(write, f"{signal.getsignal(signal.SIGUSR1) is not made} {environment.requeue.requested}".encode())
+            os._exit(0)
+        os.close(write)
+        print("rank:", os.read(read, 100).decode(), os.waitpid(rank, 0)[1])
+        print("maker:", environment.requeue.requested)
+        environment.teardown()
+        print("after teardown:", signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL)
+        """
+    )
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "made: _Note",
+        "rank: True True 0",  # its own handler, which counted the signal there
+        "maker: False",
+        "after teardown: True",
+    ], result.stderr
+
+
 # --- for real, under mpirun ---------------------------------------------------------------------------------------
 
 STAND_IN = """#!/bin/sh
