@@ -381,15 +381,17 @@ def test_srun_names_a_rank_blocked_before_its_first_step_and_ends_the_step(slurm
     print(f"VERDICT {shown_lines[0][:600]}")
 
 
-def test_srun_ends_the_step_after_the_roll_call_names_a_rank_that_never_started(
-    slurm_cluster: SlurmCluster, tmp_path: Path
-):
-    # srun waits for every task by default: a rank that never started its program (here: tamper.py stops it before
-    # it starts) is named by the roll call on every rank that came, and rank 0 then ends the step.
+def run_never_started(
+    slurm_cluster: SlurmCluster, tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[str, str, float]:
+    """A 4-rank ``srun`` job whose rank 3 never starts its program: its output, its tag, and srun's time.
+
+    Every rank that came names rank 3 and rank 0 ends the step, which srun would otherwise hold for rank 3.
+    """
     tag = f"never-{tmp_path.name}"
     job = [str(TRAINER_JOB), "--samples", str(SAMPLES), "--strategy", "ddp_mpi", "--zero-config", "--tag", tag]
     command = [sys.executable, str(TAMPER), "--rank", "3", "--never-start", "--", sys.executable, *job]
-    variables = {"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": str(ROLL_CALL_TIMEOUT)}
+    variables = {"LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT": str(ROLL_CALL_TIMEOUT), **(env or {})}
     started = time.time()
     done = slurm_cluster.run(["srun", *PLACEMENTS["block"], *command], timeout=LIGHTNING_TIMEOUT, env=variables)
     took = time.time() - started
@@ -403,6 +405,41 @@ def test_srun_ends_the_step_after_the_roll_call_names_a_rank_that_never_started(
             -4000:
         ]
     assert "lightning-mpi-env: rank 0 ends the job step: scancel --signal=KILL " in done.stderr, output[-4000:]
-    assert "could not end the job step" not in output, output[-4000:]
     assert _gone(tag), subprocess.run(["pgrep", "-af", tag], capture_output=True, text=True).stdout
+    return output, tag, took
+
+
+def test_srun_ends_the_step_after_the_roll_call_names_a_rank_that_never_started(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+):
+    # srun waits for every task by default: a rank that never started its program (here: tamper.py stops it before
+    # it starts) is named by the roll call on every rank that came, and rank 0 then ends the step.
+    output, _, took = run_never_started(slurm_cluster, tmp_path)
+    assert "could not end the job step" not in output, output[-4000:]
     print(f"FIGURE srun, a rank that never starts, roll call timeout {ROLL_CALL_TIMEOUT} s: srun returned {took:.1f} s")
+
+
+def test_srun_ends_the_step_after_a_failed_roll_call_whose_kill_was_lost_and_whose_sender_it_killed(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+):
+    # Rank 0's request to end the step kills rank 0 and reaches no other node: the ranks that came, still alive at
+    # their exit, ask again, and the step ends instead of waiting for rank 3 until its time limit.
+    real = shutil.which("scancel", path=slurm_cluster.env["PATH"])
+    assert real is not None
+    calls = tmp_path / "calls"
+    stand_in = scancel_stand_in(tmp_path / "bin", calls, real)
+    output, _, took = run_never_started(
+        slurm_cluster, tmp_path, {"PATH": f"{stand_in}{os.pathsep}{slurm_cluster.env['PATH']}"}
+    )
+    lines = calls.read_text().splitlines()
+    dropped, *later = (dict(part.split("=", 1) for part in line.split()[1:]) for line in lines)
+    assert lines[0].startswith("dropped "), lines
+    assert dropped["rank"] == "0", lines
+    assert later, lines
+    assert all(line.startswith("real ") for line in lines[1:]), lines
+    assert any(call["rank"] != "0" for call in later), lines
+    assert "the job step still runs " not in output, output[-4000:]
+    print(
+        f"FIGURE srun, a rank that never starts, the first scancel lost and its sender killed: srun returned "
+        f"{took:.1f} s; requests: {', '.join(line.split(' host=')[0] for line in lines)}"
+    )

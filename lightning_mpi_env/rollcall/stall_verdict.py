@@ -225,6 +225,21 @@ def end_at(
     exit(1)
 
 
+def ask_again(end_step: Sequence[str], end_hint: str = "", *, rank: int, host: str, world_size: int) -> None:
+    """A rank that did not send ``end_step``, at its exit after a failed roll call: while it lives, ask again.
+
+    Rank 0 sends the command once every rank read the verdict, and may die of its own request before the scheduler
+    reached every node. As after a stall verdict (:func:`end_at`), this rank asks on its :func:`ask_plan`, on its
+    node's turn; a ``KILL`` delivered ends it first, and at the bound it says what ends the step instead.
+    """
+    turn = NodeTurn(host, end_step)
+    try:
+        plan = ask_plan(sender=False, rank=rank, host=host, world_size=world_size)
+        ask_to_end(end_step, plan, time.time(), hint=end_hint, turn=turn)
+    finally:
+        turn.close()
+
+
 def ending_line(rank: int, end_step: Sequence[str]) -> str:
     """The line of the rank that ends the job step, said before it does."""
     return f"lightning-mpi-env: rank {rank} ends the job step: {' '.join(end_step)}\n"

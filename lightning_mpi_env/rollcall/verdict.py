@@ -13,7 +13,7 @@ from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault, 
 from lightning_mpi_env.rollcall.batches import multi_set, present
 from lightning_mpi_env.rollcall.claims import Claim, placement_holds
 from lightning_mpi_env.rollcall.errors import missing_message, with_rank_zero_view
-from lightning_mpi_env.rollcall.stall_verdict import END_STEP_RETRIES, end_step_now, ending_line, say
+from lightning_mpi_env.rollcall.stall_verdict import END_STEP_RETRIES, ask_again, end_step_now, ending_line, say
 from lightning_mpi_env.rollcall.store_values import (
     RollCallVerdict,
     network_view,
@@ -162,19 +162,27 @@ class VerdictKey:
         return problem, fault
 
     def leave(self, end_step: Sequence[str] = (), end_hint: str = "") -> None:
-        """On rank 0, keep serving the verdict at interpreter exit, until every rank read it or the deadline passed.
+        """At interpreter exit, help the job's launcher end the step after this failed roll call.
 
-        Ranks still starting connect later; without the store they would wait out the timeout and blame rank 0.
-        Then rank 0 runs ``end_step``, the scheduler's command that ends the step (``end_hint``: what ends it where
-        the command does not): a launcher that waits for every rank (``srun``) would wait for a rank that never
-        came, alive, until the step's time limit.
+        Rank 0 keeps serving the verdict until every rank read it or the deadline passed: ranks still starting
+        connect later, and without the store they would wait out the timeout and blame rank 0. Then it runs
+        ``end_step``, the scheduler's command that ends the step (``end_hint``: what ends it where the command does
+        not): a launcher that waits for every rank (``srun``) would wait for a rank that never came, alive, until
+        the step's time limit. Every other rank, while it lives on, asks again (:func:`ask_again`): the scheduler
+        may have lost rank 0's request for its node.
         """
-        if self.claim.rank != 0 or self.claim.world_size == 1:
+        if self.claim.world_size == 1:
             return
         import atexit
 
-        deadline = max(self.deadline, time.monotonic())
-        atexit.register(serve_verdict, self.store, self.claim.world_size, deadline, tuple(end_step), end_hint)
+        if self.claim.rank == 0:
+            deadline = max(self.deadline, time.monotonic())
+            atexit.register(serve_verdict, self.store, self.claim.world_size, deadline, tuple(end_step), end_hint)
+        elif end_step:
+            claim = self.claim
+            atexit.register(
+                ask_again, tuple(end_step), end_hint, rank=claim.rank, host=claim.host, world_size=claim.world_size
+            )
 
 
 def serve_verdict(
