@@ -216,26 +216,33 @@ def end_at(
         os.dup2(silence, 2)
     sleep(max(0.0, min(exit_at - time.time(), EXIT_WAIT_LIMIT)))
     if end_step:
-        turn = NodeTurn(host, end_step)
-        try:
-            plan = ask_plan(sender=sends, rank=rank, host=host, world_size=world_size)
-            ask_to_end(end_step, plan, time.time(), said=said, hint=end_hint, turn=turn, sleep=sleep)
-        finally:
-            turn.close()
+        ask_on_plan(
+            end_step, end_hint, rank=rank, host=host, world_size=world_size, sends=sends, said=said, sleep=sleep
+        )
     exit(1)
 
 
-def ask_again(end_step: Sequence[str], end_hint: str = "", *, rank: int, host: str, world_size: int) -> None:
-    """A rank that did not send ``end_step``, at its exit after a failed roll call: while it lives, ask again.
+def ask_on_plan(
+    end_step: Sequence[str],
+    end_hint: str = "",
+    *,
+    rank: int,
+    host: str,
+    world_size: int,
+    sends: bool = False,
+    said: int = -1,
+    sleep: Callable[[float], object] = time.sleep,
+) -> None:
+    """Ask for the end of the step on this rank's :func:`ask_plan`, from now, on its node's turn; return at the bound.
 
-    Rank 0 sends the command once every rank read the verdict, and may die of its own request before the scheduler
-    reached every node. As after a stall verdict (:func:`end_at`), this rank asks on its :func:`ask_plan`, on its
-    node's turn; a ``KILL`` delivered ends it first, and at the bound it says what ends the step instead.
+    After a stall verdict (:func:`end_at`), and at the exit of a rank other than 0 after a failed roll call: rank 0
+    sends the command once every rank read the verdict, and may die of its own request before the scheduler reached
+    every node. A ``KILL`` delivered ends this rank first; at the bound it says what ends the step instead.
     """
     turn = NodeTurn(host, end_step)
     try:
-        plan = ask_plan(sender=False, rank=rank, host=host, world_size=world_size)
-        ask_to_end(end_step, plan, time.time(), hint=end_hint, turn=turn)
+        plan = ask_plan(sender=sends, rank=rank, host=host, world_size=world_size)
+        ask_to_end(end_step, plan, time.time(), said=said, hint=end_hint, turn=turn, sleep=sleep)
     finally:
         turn.close()
 

@@ -13,7 +13,7 @@ from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault, 
 from lightning_mpi_env.rollcall.batches import multi_set, present
 from lightning_mpi_env.rollcall.claims import Claim, placement_holds
 from lightning_mpi_env.rollcall.errors import missing_message, with_rank_zero_view
-from lightning_mpi_env.rollcall.stall_verdict import END_STEP_RETRIES, ask_again, end_step_now, ending_line, say
+from lightning_mpi_env.rollcall.stall_verdict import END_STEP_RETRIES, ask_on_plan, end_step_now, ending_line, say
 from lightning_mpi_env.rollcall.store_values import (
     RollCallVerdict,
     network_view,
@@ -168,7 +168,7 @@ class VerdictKey:
         connect later, and without the store they would wait out the timeout and blame rank 0. Then it runs
         ``end_step``, the scheduler's command that ends the step (``end_hint``: what ends it where the command does
         not): a launcher that waits for every rank (``srun``) would wait for a rank that never came, alive, until
-        the step's time limit. Every other rank, while it lives on, asks again (:func:`ask_again`): the scheduler
+        the step's time limit. Every other rank, while it lives on, asks again (:func:`ask_on_plan`): the scheduler
         may have lost rank 0's request for its node.
         """
         if self.claim.world_size == 1:
@@ -181,7 +181,7 @@ class VerdictKey:
         elif end_step:
             claim = self.claim
             atexit.register(
-                ask_again, tuple(end_step), end_hint, rank=claim.rank, host=claim.host, world_size=claim.world_size
+                ask_on_plan, tuple(end_step), end_hint, rank=claim.rank, host=claim.host, world_size=claim.world_size
             )
 
 
