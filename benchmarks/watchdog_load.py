@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from lightning_mpi_env.rollcall.batches import BATCH as READ_CHUNK  # noqa: E402
 from lightning_mpi_env.rollcall.stall import find_stall, interval_for, observe  # noqa: E402
 from lightning_mpi_env.rollcall.stall_verdict import EVENTS, KEY  # noqa: E402
-from lightning_mpi_env.rollcall.store_values import Report  # noqa: E402
+from lightning_mpi_env.rollcall.store_values import Report, read, report_of  # noqa: E402
 
 CONNECTIONS = 8
 TIMEOUT = 300.0
@@ -53,7 +53,8 @@ def one_interval(clients: list, reader, world: int, beat: int, seen: dict) -> tu
     keys = [KEY + str(rank) for rank in range(world)]
     reports = []
     for first in range(0, world, READ_CHUNK):
-        reports += [Report.from_json(value) for value in reader.multi_get(keys[first : first + READ_CHUNK])]
+        chunk = reader.multi_get(keys[first : first + READ_CHUNK])
+        reports += [read("report", value, report_of(None)) for value in chunk]
     now = time.monotonic()
     observe(seen, reports, now)
     find_stall(seen, now, TIMEOUT, 3 * interval_for(TIMEOUT, world), world)

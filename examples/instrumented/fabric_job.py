@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_mpi_env import MPIClusterEnvironment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tamper.py, beside this file
-from tamper import stall_here, start_gate  # noqa: E402
+from tamper import stall_here, start_gate, step_seconds  # noqa: E402
 
 
 def main():
@@ -34,6 +34,20 @@ def main():
     parser.add_argument("--tag", help="ignored: marks the processes of one run")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep in every training step (a long job)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader(num_workers=...)")
+    parser.add_argument(
+        "--slow-rank",
+        metavar="RANK:FACTOR",
+        help="that rank (or `all`) sleeps FACTOR times --step-seconds in each step: a straggler, or a slow job",
+    )
+    parser.add_argument("--steps", type=int, help="train this many steps, over as many epochs as it takes")
+    parser.add_argument("--root-dir", help="where --save-every saves its checkpoints (fabric.save)")
+    parser.add_argument("--save-every", type=int, default=0, help="fabric.save() every this many steps")
+    parser.add_argument(
+        "--slow-save",
+        type=float,
+        default=0.0,
+        help="rank 0 takes this many seconds more to save each checkpoint, while the others wait in its barrier",
+    )
     args = parser.parse_args()
     fabric_module = importlib.import_module(args.namespace)
 
@@ -60,12 +74,12 @@ def main():
     dataset = TensorDataset(index, x, x.sum(dim=1, keepdim=True) * 0.5)
     data = fabric.setup_dataloaders(DataLoader(dataset, batch_size=4, num_workers=args.workers))
     seen = []
-    for step, (indices, batch_x, batch_y) in enumerate(data):
+    for step, (indices, batch_x, batch_y) in enumerate(batches(data, args.steps)):
         if not seen:
             print(f"FIRST_STEP rank={fabric.global_rank} time={time.time()!r} step=0\n", end="", flush=True)
         seen += indices.tolist()
         stall_here(fabric.global_rank, step)
-        time.sleep(args.step_seconds)
+        time.sleep(step_seconds(args, fabric.global_rank))
         loss = torch.nn.functional.mse_loss(model(batch_x) / 100, batch_y / 100)
         if plugins:  # with the plugin, the loop tells the stall watchdog it reached backward ("ddp_mpi" does itself)
             plugins[0].progress(step)
@@ -74,6 +88,11 @@ def main():
             print(f"FIRST_BACKWARD rank={fabric.global_rank}\n", end="", flush=True)
         optimizer.step()
         optimizer.zero_grad()
+        if args.save_every and (step + 1) % args.save_every == 0:
+            if fabric.global_rank == 0:
+                print(f"CHECKPOINT rank=0 step={step + 1} for {args.slow_save} s\n", end="", flush=True)
+                time.sleep(args.slow_save)
+            fabric.save(os.path.join(args.root_dir, f"step-{step + 1}.ckpt"), {"model": model, "step": step + 1})
     rank_sum = fabric.all_reduce(torch.tensor(float(fabric.global_rank)), reduce_op="sum")
     print(
         "RESULT "
@@ -97,6 +116,20 @@ def main():
         end="",
         flush=True,
     )
+
+
+def batches(data, steps):
+    """The loader's batches: one epoch, or ``steps`` batches over as many epochs as they take."""
+    if steps is None:
+        yield from data
+        return
+    done = 0
+    while True:
+        for batch in data:
+            yield batch
+            done += 1
+            if done == steps:
+                return
 
 
 if __name__ == "__main__":  # not when pytest imports it to look for doctests

@@ -103,6 +103,15 @@ def fault_here(rank: int, step: int, faults: dict[str, str | None], once: str | 
             os.kill(os.getpid(), signum)
 
 
+def step_seconds(args: argparse.Namespace, rank: int) -> float:
+    """Seconds rank ``rank`` sleeps in a step: the job's ``--step-seconds``, times ``--slow-rank RANK:FACTOR``'s
+    factor where RANK is ``rank`` or ``all`` (a straggler, or every rank slow alike)."""
+    if not args.slow_rank:
+        return args.step_seconds
+    slow, factor = args.slow_rank.split(":")
+    return args.step_seconds * (float(factor) if slow in ("all", str(rank)) else 1.0)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rank", type=int)

@@ -2,8 +2,8 @@
 
 Run it under your launcher to check a cluster (unique ranks, node ranks matching the hosts, disjoint data shards,
 identical weights): `mpirun -np 4 python examples/instrumented/trainer_job.py --devices 2 --num-nodes 2`. The
-tests and the benchmarks run it on simulated nodes; `--vanish-rank`, `--freeze`, `--kill`, `--step-seconds`
-and `--tag` serve their fault and interruption scenarios.
+tests and the benchmarks run it on simulated nodes; `--vanish-rank`, `--freeze`, `--kill`, `--step-seconds`,
+`--slow-rank` and `--tag` serve their fault and interruption scenarios.
 
 It resumes as a requeue-ready script does: `--root-dir DIR` is the Trainer's `default_root_dir`, and
 `fit(model, ckpt_path=hpc_checkpoint(trainer))` takes this job's own newest complete HPC checkpoint there (a requeue's,
@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 from lightning_mpi_env import MPIClusterEnvironment, hpc_checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tamper.py, beside this file
-from tamper import block_here, fault_here, stall_here, start_gate  # noqa: E402
+from tamper import block_here, fault_here, stall_here, start_gate, step_seconds  # noqa: E402
 
 
 def main():
@@ -39,6 +39,11 @@ def main():
     parser.add_argument("--vanish-rank", type=int, help="this rank exits with status 0 at its second step")
     parser.add_argument("--plain-ddp", action="store_true", help="Lightning's DDPStrategy with its own environment")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep in every training step (a long job)")
+    parser.add_argument(
+        "--slow-rank",
+        metavar="RANK:FACTOR",
+        help="that rank (or `all`) sleeps FACTOR times --step-seconds in each step: a straggler, or a slow job",
+    )
     parser.add_argument(
         "--zero-config",
         action="store_true",
@@ -127,7 +132,7 @@ def main():
             self.seen += index.tolist()
             self.steps.append(self.trainer.global_step)
             stall_here(self.global_rank, self.trainer.global_step)
-            time.sleep(args.step_seconds)
+            time.sleep(step_seconds(args, self.global_rank))
             return torch.nn.functional.mse_loss(self.layer(x) / 100, y / 100)
 
         def configure_optimizers(self):

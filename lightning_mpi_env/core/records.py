@@ -22,7 +22,7 @@ from lightning_mpi_env.core.state_files import (
     whole_number,
     write_whole,
 )
-from lightning_mpi_env.core.values import MAX_WORLD_SIZE, shown
+from lightning_mpi_env.core.values import MAX_FACTOR, MAX_WORLD_SIZE, shown
 
 FORMAT = 1
 """The records' format version; a reader refuses any other."""
@@ -36,6 +36,9 @@ MAX_NAME = 255
 RECORD_NAME = re.compile(r"^failure-rank(\d{1,8})-(\d{1,10})\.json$")
 """The name of a failure record's file: the rank that wrote it and its process id."""
 FIRST_STEP = "first-step.json"
+STRAGGLERS = "stragglers.json"
+MAX_STRAGGLERS = 1024
+"""The most ranks a straggler record names: the slowest (a record stays small whatever the job's size)."""
 JOB_ID = re.compile(r"^[A-Za-z0-9._/\[\]-]{1,128}$")
 """A scheduler's job id as the records carry it: ``4242``, ``4242.pbs01``, ``77/3``, ``12[3]``."""
 _HOST = re.compile(r"^[A-Za-z0-9._:-]{1,255}$")  # a host name or an IPv4/IPv6 address, as the claims carry it
@@ -145,7 +148,36 @@ class FirstStep:
         return _to_json(self)
 
 
-class _Schema(NamedTuple):
+@dataclass(frozen=True)
+class StragglerFinding:
+    """A rank that rank 0 named as a straggler, as it last named it (:mod:`~lightning_mpi_env.rollcall.stragglers`)."""
+
+    rank: int
+    host: str
+    factor: float
+    """Its work a step over the median of all ranks'."""
+    steps: int
+    """The steps over which it stood out."""
+    step: int
+    """Its training step when it was named."""
+    when: float
+
+
+@dataclass(frozen=True)
+class StragglerRecord:
+    """The stragglers of one job step so far (``stragglers.json``, rewritten whole by rank 0 at each naming)."""
+
+    stragglers: tuple[StragglerFinding, ...]
+    job_id: str | None = None
+    format: int = field(default=FORMAT)
+
+    def to_json(self) -> str:
+        """The record as written: one JSON object."""
+        found = [{item.name: getattr(finding, item.name) for item in fields(finding)} for finding in self.stragglers]
+        return json.dumps({"format": self.format, "stragglers": found, "job_id": self.job_id}, separators=(",", ":"))
+
+
+class Schema(NamedTuple):
     """What one kind of record says of itself in errors, and how long a file of it may be."""
 
     what: str
@@ -154,13 +186,14 @@ class _Schema(NamedTuple):
     max_bytes: int
 
 
-FAILURES = _Schema("failure", "roll call or watchdog", FailureRecordError, MAX_RECORD_BYTES)
-PROGRESS = _Schema("progress", "callback", ProgressRecordError, MAX_FIRST_STEP_BYTES)
+FAILURES = Schema("failure", "roll call or watchdog", FailureRecordError, MAX_RECORD_BYTES)
+PROGRESS = Schema("progress", "callback", ProgressRecordError, MAX_FIRST_STEP_BYTES)
+STRAGGLING = Schema("straggler", "stall watchdog", ProgressRecordError, MAX_FIRST_STEP_BYTES * 2)
 
 _Record = TypeVar("_Record")
 
 
-def malformed(schema: _Schema, source: str, reason: str) -> MpiEnvError:
+def malformed(schema: Schema, source: str, reason: str) -> MpiEnvError:
     """The error for a file of ``schema`` at ``source`` that is not a record, ``reason`` saying why."""
     return schema.error(
         f"The {schema.what} record {source} is malformed: {reason}.",
@@ -169,14 +202,14 @@ def malformed(schema: _Schema, source: str, reason: str) -> MpiEnvError:
     )
 
 
-def _parse(raw: bytes | str, source: str, schema: _Schema, build: Callable[[object], _Record]) -> _Record:
+def _parse(raw: bytes | str, source: str, schema: Schema, build: Callable[[object], _Record]) -> _Record:
     try:
         return build(load_json(raw, schema.max_bytes))
     except FieldError as error:
         raise malformed(schema, source, str(error)) from None
 
 
-def _write(folder: str, name: str, text: str, schema: _Schema) -> str | None:
+def _write(folder: str, name: str, text: str, schema: Schema) -> str | None:
     """Write a record whole; a record that cannot be written must not hide what it records: the reason, one line."""
     try:
         write_whole(folder, name, text)
@@ -230,10 +263,42 @@ def _first_step(value: object) -> FirstStep:
         resumed_step = whole_number(data["resumed_step"], "resumed_step", MAX_STEP)
         if resumed_step > step:
             raise FieldError(f"resumed_step {resumed_step} is past step {step}")
-    job_id = data["job_id"]
+    return FirstStep(step, resumed_from, resumed_step, seconds(data["when"]), _job_id_field(data["job_id"]))
+
+
+def _job_id_field(job_id: object) -> str | None:
     if job_id is not None and not (isinstance(job_id, str) and JOB_ID.match(job_id)):
         raise FieldError(f"job_id holds {shown(str(job_id))}, which is not a job id")
-    return FirstStep(step, resumed_from, resumed_step, seconds(data["when"]), job_id)
+    return job_id
+
+
+def parse_stragglers(raw: bytes | str, source: str) -> StragglerRecord:
+    """The straggler record in ``raw``, checked field by field; else a :class:`ProgressRecordError`."""
+    return _parse(raw, source, STRAGGLING, _stragglers)
+
+
+def _stragglers(value: object) -> StragglerRecord:
+    data = versioned_object(value, FORMAT)
+    exact_fields(data, ("format", "stragglers", "job_id"))
+    found = []
+    for item in _list(data["stragglers"], "stragglers", MAX_STRAGGLERS):
+        if not isinstance(item, dict):
+            raise FieldError(f"a straggler is {type(item).__name__}, not an object")
+        exact_fields(item, tuple(entry.name for entry in fields(StragglerFinding)))
+        factor = seconds(item["factor"], "factor")
+        if not 1 <= factor <= MAX_FACTOR:
+            raise FieldError(f"factor holds {factor:g}, not a factor from 1 to {MAX_FACTOR:g}")
+        found.append(
+            StragglerFinding(
+                rank=whole_number(item["rank"], "rank", MAX_WORLD_SIZE - 1),
+                host=_matching(item["host"], "hosts", _HOST),
+                factor=factor,
+                steps=whole_number(item["steps"], "steps", MAX_STEP),
+                step=whole_number(item["step"], "step", MAX_STEP),
+                when=seconds(item["when"]),
+            )
+        )
+    return StragglerRecord(tuple(found), _job_id_field(data["job_id"]))
 
 
 def _list(value: object, name: str, limit: int = MAX_WORLD_SIZE) -> list[object]:
@@ -318,6 +383,13 @@ def first_step(
 def write_first_step(folder: str, record: FirstStep) -> str | None:
     """Write ``record`` as ``folder/first-step.json`` whole; ``None``, or why it could not be (never raised)."""
     return _write(folder, FIRST_STEP, record.to_json(), PROGRESS)
+
+
+def write_stragglers(folder: str, found: Iterable[StragglerFinding], job_id: str | None) -> str | None:
+    """Write the straggler record of ``found`` (the slowest :data:`MAX_STRAGGLERS`) whole; ``None``, or why not."""
+    slowest = sorted(found, key=lambda finding: -finding.factor)[:MAX_STRAGGLERS]
+    kept = tuple(finding for finding in slowest if _HOST.match(finding.host))
+    return _write(folder, STRAGGLERS, StragglerRecord(kept, _job_id(job_id)).to_json(), STRAGGLING)
 
 
 def hosts_of(ranks: Iterable[int], host_of: Mapping[int, str]) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from lightning_mpi_env.core.values import (
     SHOWN_NAME_CHARACTERS,
     as_count,
     count_or_off,
+    factor,
     folder,
     seconds,
     seconds_or_off,
@@ -62,6 +63,17 @@ SETTINGS: tuple[Setting, ...] = (
         "LIGHTNING_MPI_ENV_STALL_SOFT_TIMEOUT",
         "seconds without progress, ranks not level, before rank 0 reports the stall and the job goes on; `0`: no "
         "report; ignored unless below the hard timeout",
+    ),
+    Setting("stragglers", "LIGHTNING_MPI_ENV_STRAGGLERS", "`0` turns the straggler watch off"),
+    Setting(
+        "straggler_factor",
+        "LIGHTNING_MPI_ENV_STRAGGLER_FACTOR",
+        "how many times the median of all ranks a rank's own work a step must take, over the window, to be named",
+    ),
+    Setting(
+        "straggler_window",
+        "LIGHTNING_MPI_ENV_STRAGGLER_WINDOW",
+        "training steps over which each rank's work a step is taken (their median); `0`: no straggler watch",
     ),
     Setting(
         "max_requeues",
@@ -116,6 +128,10 @@ DEFAULT_STALL_TIMEOUT = 300.0
 DEFAULT_STALL_SOFT_TIMEOUT = 60.0
 """A report ends nothing, so it comes early: a fifth of the hard timeout."""
 
+DEFAULT_STRAGGLER_FACTOR, DEFAULT_STRAGGLER_WINDOW = 1.5, 20
+"""Below x1.5 the ranks' own noise names healthy ranks; in 20 steps one slow step (a save, a collection) moves no
+median."""
+
 OFF = {"stall_timeout": "no watchdog", "stall_soft_timeout": "no report"}
 """What ``0`` or ``off`` does for each timeout that takes them; its error for any other value says so."""
 
@@ -129,6 +145,9 @@ class Settings:
     requeue: bool = True
     stall_timeout: float = DEFAULT_STALL_TIMEOUT
     stall_soft_timeout: float = DEFAULT_STALL_SOFT_TIMEOUT
+    stragglers: bool = True
+    straggler_factor: float = DEFAULT_STRAGGLER_FACTOR
+    straggler_window: int = DEFAULT_STRAGGLER_WINDOW
     max_requeues: int = DEFAULT_MAX_REQUEUES
     debug: bool = False
     mixed_imports: MixedImportMode = MixedImportMode.WARN
@@ -361,6 +380,11 @@ _READERS: dict[str, Callable[[Mapping[str, str]], object]] = {
     ),
     "stall_soft_timeout": lambda env: seconds_or_off(
         None, env, VARIABLE["stall_soft_timeout"], DEFAULT_STALL_SOFT_TIMEOUT, off=OFF["stall_soft_timeout"]
+    ),
+    "stragglers": lambda env: switch(env, VARIABLE["stragglers"], default=True),
+    "straggler_factor": lambda env: factor(env, VARIABLE["straggler_factor"], DEFAULT_STRAGGLER_FACTOR),
+    "straggler_window": lambda env: count_or_off(
+        env, VARIABLE["straggler_window"], DEFAULT_STRAGGLER_WINDOW, high=10_000, zero="no straggler watch"
     ),
     "max_requeues": lambda env: count_or_off(env, VARIABLE["max_requeues"], DEFAULT_MAX_REQUEUES),
     "debug": lambda env: switch(env, VARIABLE["debug"], default=False),

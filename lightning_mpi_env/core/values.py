@@ -147,20 +147,20 @@ def parse_switch(raw: str, *, variable: str, default: bool, hint: str) -> bool:
     return value
 
 
+def plain_decimal(raw: str) -> float:
+    """``raw`` as a number where it is plain decimal digits with at most one dot (``12``, ``0.5``); else ``-1.0``."""
+    whole, _, fraction = raw.strip().partition(".")
+    plain = len(raw) <= 2 * MAX_DIGITS and (whole or fraction) and all(map(is_count, filter(None, (whole, fraction))))
+    return float(raw) if plain else -1.0
+
+
 def parse_seconds(raw: str | float, *, variable: str, hint: str, off: str = "") -> float:
     """Seconds from :data:`MIN_SECONDS` to :data:`MAX_SECONDS` in plain decimal digits; else a :class:`SettingError`.
 
     ``float()`` would also take ``1e18`` (which overflows a ``timedelta`` later), ``1_0``, ``٣``, ``inf`` and ``nan``.
     ``off``: what ``0`` or ``off`` does where the caller takes them (:func:`seconds_or_off`), said in the error.
     """
-    if isinstance(raw, str):
-        whole, _, fraction = raw.strip().partition(".")
-        plain = (
-            len(raw) <= 2 * MAX_DIGITS and (whole or fraction) and all(map(is_count, filter(None, (whole, fraction))))
-        )
-        seconds = float(raw) if plain else -1.0
-    else:
-        seconds = float(raw)
+    seconds = plain_decimal(raw) if isinstance(raw, str) else float(raw)
     if not MIN_SECONDS <= seconds <= MAX_SECONDS:  # also false for nan
         raise SettingError(
             f"{variable}={shown(str(raw))} is not a positive, finite number of seconds in plain digits, from "
@@ -223,6 +223,29 @@ def count_or_off(
             value=raw[:SHOWN_CHARACTERS],
         )
     return count
+
+
+MAX_FACTOR = 100.0
+
+
+def factor(env: Mapping[str, str], variable: str, default: float) -> float:
+    """A ratio above 1, at most :data:`MAX_FACTOR`, in plain decimal digits: ``variable`` of ``env``, else ``default``.
+
+    >>> factor({"F": "2.5"}, "F", 1.5)
+    2.5
+    """
+    raw = env.get(variable, "").strip()
+    if not raw:
+        return default
+    value = plain_decimal(raw)
+    if not 1.0 < value <= MAX_FACTOR:
+        raise SettingError(
+            f"{variable}={shown(raw)} is not a number above 1 and at most {MAX_FACTOR:g} in plain digits.",
+            f"Set {variable} to a factor such as {default:g}, or unset it.",
+            variable=variable,
+            value=raw[:SHOWN_CHARACTERS],
+        )
+    return value
 
 
 MAX_PATH = 4096

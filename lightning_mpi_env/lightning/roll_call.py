@@ -141,6 +141,7 @@ def run_roll_call(
             settings.stall_soft_timeout,
             sigterm=True,
             own_client=init_on_store,
+            stragglers=(settings.straggler_factor, settings.straggler_window if settings.stragglers else 0),
         )
     if claim.rank == 0 and result.summary:
         # One line per job, on stderr with the other diagnostics: stdout stays the program's.

@@ -8,7 +8,7 @@ One client a rank, two requests a rank other than 0 on the way to a verdict:
    written both.
 
 Rank 0 waits until every claim is in (asking about the batches not yet complete), judges the table
-(:func:`~lightning_mpi_env.rollcall.judge.judge`), and writes the verdict and every assignment. What only a failure
+(:func:`~lightning_mpi_env.rollcall.errors.judge`), and writes the verdict and every assignment. What only a failure
 needs costs the happy path nothing: rank 0 names missing ranks at the deadline from the claim keys, and a
 disagreement from the table. Rank 0 serves with ``multi_tenant=True``, and ``"ddp_mpi"`` opens the process group
 on this same client (``init_process_group(store=...)``).
@@ -29,14 +29,15 @@ from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault
 from lightning_mpi_env.rollcall.batches import Arrivals, multi_get, multi_set
 from lightning_mpi_env.rollcall.claims import Claim, NodeAssignment, summary
 from lightning_mpi_env.rollcall.errors import (
+    Refused,
     disagreement_message,
     duplicate_message,
     first_line,
+    judge,
     lost_store,
     serve_error,
     unreachable_error,
 )
-from lightning_mpi_env.rollcall.judge import Refused, judge
 from lightning_mpi_env.rollcall.network_view import NetworkView
 from lightning_mpi_env.rollcall.progress import ArrivalProgress
 from lightning_mpi_env.rollcall.stall_verdict import step_end

@@ -25,6 +25,7 @@ MAX_ITEMS = 65536
 MAX_COUNT = (1 << 63) - 1
 MAX_RANKS = 1 << 24
 """The largest world size believed."""
+MAX_WORK = 86400.0  # the most seconds of work a step believed
 PHASE_COUNT = 5
 """Phases a watchdog report may name (:data:`lightning_mpi_env.rollcall.stall.PHASES`)."""
 
@@ -43,11 +44,7 @@ class Malformed(ValueError):
 
 def read(key: str, raw: bytes | str, parser: Callable[[object], _T]) -> _T:
     """``parser``'s record of the JSON value under ``key``; a :class:`RendezvousError` naming the key if malformed."""
-
-    def parse(text: bytes | str) -> _T:
-        return parser(_json(text))
-
-    return read_raw(key, raw, parse)
+    return read_raw(key, raw, lambda text: parser(_json(text)))
 
 
 def malformed(key: str, raw: bytes | str, reason: str) -> RendezvousError:
@@ -110,9 +107,11 @@ def _texts(value: object, name: str) -> tuple[str, ...]:
     return tuple(_text(item, f"{name}[{index}]") for index, item in enumerate(value))
 
 
-def _finite(value: object, name: str) -> float:
+def _finite(value: object, name: str, low: float = -math.inf, high: float = math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise Malformed(f"{name} is {_kind(value)}, not a finite number")
+    if not low <= value <= high:
+        raise Malformed(f"{name}={value} is outside {low:g}..{high:g}")
     return float(value)
 
 
@@ -333,15 +332,14 @@ class Report:
     """``file:line in function`` of the main thread."""
     left: bool = False
     """The rank's watchdog stopped (its fit or program ended): its silence from now on is no freeze."""
+    work: float = 0.0
+    """The median seconds of this rank's own work a step over its last steps (:mod:`~.rollcall.stragglers`)."""
+    worked: int = 0
+    """The steps whose work it measured so far."""
 
     def to_json(self) -> str:
         """The report as stored."""
         return json.dumps(asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: bytes | str, key: str = "report") -> Report:
-        """A stored report, checked (see :func:`report_of`)."""
-        return read(key, text, report_of(None))
 
 
 def report_of(rank: int | None) -> Callable[[object], Report]:
@@ -350,7 +348,7 @@ def report_of(rank: int | None) -> Callable[[object], Report]:
     def parse(data: object) -> Report:
         fields = _object(data, "the report")
         names = tuple(Report.__dataclass_fields__)
-        _known_fields(fields, names, names[:-1], "the report")
+        _known_fields(fields, names, names[:7], "the report")
         reported = _integer(fields["rank"], "rank", 0, MAX_RANKS)
         if rank is not None and reported != rank:
             raise Malformed(f"it reports rank {reported} under the key of rank {rank}")
@@ -363,6 +361,8 @@ def report_of(rank: int | None) -> Callable[[object], Report]:
             beat=_integer(fields["beat"], "beat"),
             where=_text(fields["where"], "where", 4096),
             left=_flag(fields.get("left", False), "left"),
+            work=_finite(fields.get("work", 0.0), "work", 0.0, MAX_WORK),
+            worked=_integer(fields.get("worked", 0), "worked"),
         )
 
     return parse

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -24,7 +25,7 @@ from lightning_mpi_env.rollcall.agreement import StopAgreement
 from lightning_mpi_env.rollcall.batches import multi_get, present
 from lightning_mpi_env.rollcall.deadline import Deadline, Unanswered
 from lightning_mpi_env.rollcall.sigterm import SigtermStop
-from lightning_mpi_env.rollcall.stall import Seen, Stall, interval_for, judge, observe
+from lightning_mpi_env.rollcall.stall import PHASES, Seen, Stall, interval_for, judge, observe
 from lightning_mpi_env.rollcall.stall_verdict import (
     ENDS_WITHIN,
     EVENTS,
@@ -38,6 +39,7 @@ from lightning_mpi_env.rollcall.stall_verdict import (
     write_verdict,
 )
 from lightning_mpi_env.rollcall.store_values import Report, read, report_of
+from lightning_mpi_env.rollcall.stragglers import StragglerWatch, WorkTimes
 from lightning_mpi_env.rollcall.verdict import record
 
 if TYPE_CHECKING:
@@ -45,6 +47,10 @@ if TYPE_CHECKING:
 
     from lightning_mpi_env.core.rank_layout import RankLayout
     from lightning_mpi_env.rollcall.store import RendezvousResult
+
+IN_BACKWARD = PHASES.index("in backward")
+WORK_STARTS = (PHASES.index("in its training step"), PHASES.index("past backward"))
+"""The marks a rank's work a step starts at: the Trainer's step start; Fabric's end of the last ``backward``."""
 
 _NOT_THE_PLACE = ("<", os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
 """Frames that never say where a rank is stuck: the import system, the standard library, this package."""
@@ -75,6 +81,9 @@ class Watchdog:
     frozen rank; rank 0 runs it after a stall verdict, the ``stand_in`` rank when rank 0's store fell silent;
     ``end_hint``: what ends a step the command did not end. Every rank alive after that moment asks again while it
     lives (:func:`~lightning_mpi_env.rollcall.stall_verdict.end_at`), pausing with ``sleep``.
+
+    ``straggler_window`` steps (``0``: none) of this rank's own work go with each report; rank 0 names a rank whose
+    work stays above ``straggler_factor`` times the median (:mod:`~lightning_mpi_env.rollcall.stragglers`).
     """
 
     def __init__(
@@ -93,9 +102,12 @@ class Watchdog:
         recorder: FailureRecorder | None = None,
         main_host: str = "",
         soft_timeout: float = 0.0,
+        straggler_factor: float = 0.0,
+        straggler_window: int = 0,
         exit: Callable[[int], object] = os._exit,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], object] = time.sleep,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.rank, self.world_size, self.host, self.timeout = rank, world_size, host, timeout
         self.agreement, self.sigterm = agreement, sigterm
@@ -107,6 +119,12 @@ class Watchdog:
         self._connect, self._exit, self._clock, self._sleep = connect, exit, clock, sleep
         self._request_timeout = max(5.0, 2 * self.interval)
         self._progress, self._step, self._phase, self._beat = 0, 0, 0, 0
+        watched = bool(timeout and straggler_window and straggler_factor)
+        self.work = WorkTimes(straggler_window) if watched else None
+        """This rank's work a step (``None``: no straggler watch)."""
+        self._marked_at, self._timer = 0.0, timer  # when the last mark came, while work is measured
+        self.stragglers = StragglerWatch(straggler_factor, straggler_window) if watched and rank == 0 else None
+        """Rank 0's straggler watch."""
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._guarded, name="lightning-mpi-env-watchdog", daemon=True)
         self._requests = Deadline()
@@ -127,7 +145,16 @@ class Watchdog:
         return self
 
     def mark(self, step: int, phase: int) -> None:
-        """One more progress mark: ``step`` reached ``PHASES[phase]``. Cheap: no I/O, read by the thread later."""
+        """One more progress mark: ``step`` reached ``PHASES[phase]``. Cheap: no I/O, read by the thread later.
+
+        With the straggler watch, a mark before backward that follows the step's start or the last backward's end
+        adds the time since as this rank's work (:mod:`~lightning_mpi_env.rollcall.stragglers`).
+        """
+        if self.work is not None:
+            now = self._timer()
+            if phase == IN_BACKWARD and self._phase in WORK_STARTS:
+                self.work.add(now - self._marked_at)
+            self._marked_at = now
         self._step, self._phase = step, phase
         self._progress += 1
 
@@ -144,11 +171,16 @@ class Watchdog:
         self._thread.join(2 * self._request_timeout + 1.0)
         if self.verdict is not None:
             self._thread.join(ENDS_WITHIN)
+        summary = None if self.stragglers is None or self.verdict else self.stragglers.summary()
+        if summary is not None:
+            say(summary)
 
     def _report(self, left: bool = False) -> Report:
         self._beat += 1
         where = main_thread_place()
-        return Report(self.rank, self.host, self._progress, self._step, self._phase, self._beat, where, left)
+        work, worked = (0.0, 0) if self.work is None else (self.work.median(), self.work.count)
+        report = Report(self.rank, self.host, self._progress, self._step, self._phase, self._beat, where, left)
+        return replace(report, work=work, worked=worked) if worked else report
 
     def _guarded(self) -> None:
         """The thread: :meth:`_run`, and any exception that would end it silently, named on stderr."""
@@ -240,6 +272,8 @@ class Watchdog:
             if report is not None:
                 reports.append(report)
         observe(seen, reports, self._clock())
+        if self.stragglers is not None:
+            self.stragglers.name(reports, say, self.recorder)
         found = judge(seen, self._clock(), self.timeout, 3 * self.interval, self.world_size, started)
         if found is None and self.soft_timeout:
             self._report_softly(
@@ -300,6 +334,7 @@ def watch(
     soft_timeout: float = 0.0,
     sigterm: bool = False,
     own_client: bool = False,
+    stragglers: tuple[float, int] = (0.0, 0),
 ) -> Watchdog:
     """This rank's watchdog thread, started, on the roll call's client of its store, which the roll call is done with.
 
@@ -308,7 +343,8 @@ def watch(
 
     ``signalled`` says whether this rank's requeue signal came (``None``: no stop agreement for it); ``sigterm``: the
     thread also carries the stop after a ``SIGTERM`` to any rank. ``launch`` says how to end the step where the
-    launcher would wait for a frozen rank; where nothing would, rank 0 says what to add.
+    launcher would wait for a frozen rank; where nothing would, rank 0 says what to add. ``stragglers``: the factor
+    and the window of the straggler watch (a ``0``: none).
     """
     from datetime import timedelta
 
@@ -348,6 +384,8 @@ def watch(
         recorder=recorder,
         main_host=claim.main_address,
         soft_timeout=soft_timeout,
+        straggler_factor=stragglers[0],
+        straggler_window=stragglers[1],
     )
     return watchdog if own_client else watchdog.start()
 

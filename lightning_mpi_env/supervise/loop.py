@@ -26,7 +26,7 @@ from lightning_mpi_env.supervise.allocation import same_host
 from lightning_mpi_env.supervise.exits import died_record
 from lightning_mpi_env.supervise.policy import Action, RestartPolicy, StepOutcome, describe
 from lightning_mpi_env.supervise.probe import PROBE_TIMEOUT, probe
-from lightning_mpi_env.supervise.records import read_first_step, read_records
+from lightning_mpi_env.supervise.records import read_first_step, read_records, read_stragglers
 from lightning_mpi_env.supervise.relaunch_hosts import Relaunch, Shortfall
 from lightning_mpi_env.supervise.step import GRACE, StepEnd, run_step
 from lightning_mpi_env.supervise.steps import Step, step_line
@@ -51,6 +51,8 @@ class _Job:
     excluded: list[str] = field(default_factory=list)
     last_fault_step: int | None = None
     first_step_seen: bool = False
+    stragglers_said: dict[int, float] = field(default_factory=dict)
+    """This step's stragglers, each rank with the factor it was last shown at."""
 
 
 def supervise(
@@ -93,12 +95,12 @@ def supervise(
             folder = root / f"step-{step}"
             folder.mkdir(parents=True, exist_ok=True)
             job.timeline.add(Event(EventKind.LAUNCH, step, " ".join(argv), fields={"argv": list(argv)}))
-            job.first_step_seen = False
+            job.first_step_seen, job.stragglers_said = False, {}
             end = run(
                 argv,
                 {**step_env, VARIABLE["state_dir"]: str(folder)},
                 str(folder),
-                tick=functools.partial(_look_for_first_step, job, step, str(folder)),
+                tick=functools.partial(_look_at_progress, job, step, str(folder)),
                 grace=grace,
             )
             outcome = StepOutcome(end.status, _records(str(folder), end, line, job_id, say))
@@ -220,6 +222,29 @@ def _exclude(job: _Job, step: int, hosts: list[str], kind: EventKind, why: Mappi
     job.excluded.extend(new)
     text = ", ".join(f"{host} ({why[host]})" for host in new) if why else ", ".join(new)
     job.timeline.add(Event(kind, step, text, fields={"hosts": new}))
+
+
+def _look_at_progress(job: _Job, step: int, folder: str) -> None:
+    """What the step's rank 0 recorded while it runs: its first training step, and the stragglers it named."""
+    _look_for_first_step(job, step, folder)
+    try:
+        found = read_stragglers(folder)
+    except MpiEnvError as error:
+        if -1 not in job.stragglers_said:  # said once a step
+            job.stragglers_said[-1] = 0.0
+            job.timeline.say(f"lightning-mpi-env run: {error.one_line()}")
+        return
+    for finding in () if found is None else found.stragglers:
+        if job.stragglers_said.get(finding.rank) == finding.factor:
+            continue
+        job.stragglers_said[finding.rank] = finding.factor
+        message = (
+            f"rank {finding.rank} on {finding.host} works x{finding.factor:.1f} the median of all ranks a step, "
+            f"over its last {finding.steps} steps (training step {finding.step})"
+        )
+        fields: dict[str, Value] = {"rank": finding.rank, "host": finding.host, "factor": round(finding.factor, 3)}
+        fields.update({"steps": finding.steps, "training_step": finding.step})
+        job.timeline.add(Event(EventKind.STRAGGLER, step, message, when=finding.when, fields=fields))
 
 
 def _look_for_first_step(job: _Job, step: int, folder: str) -> None:

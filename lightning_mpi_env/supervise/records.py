@@ -10,11 +10,16 @@ from lightning_mpi_env.core.records import (
     FIRST_STEP,
     PROGRESS,
     RECORD_NAME,
+    STRAGGLERS,
+    STRAGGLING,
     FailureRecord,
     FirstStep,
+    Schema,
+    StragglerRecord,
     malformed,
     parse_first_step,
     parse_record,
+    parse_stragglers,
 )
 from lightning_mpi_env.core.state_files import read_capped, unreadable
 
@@ -61,11 +66,25 @@ def read_first_step(folder: str) -> FirstStep | None:
     Raises:
         ProgressRecordError: The record is not a regular file, is too long, or is malformed.
     """
-    path = os.path.join(folder, FIRST_STEP)
+    raw = _read(os.path.join(folder, FIRST_STEP), PROGRESS)
+    return None if raw is None else parse_first_step(raw, os.path.join(folder, FIRST_STEP))
+
+
+def read_stragglers(folder: str) -> StragglerRecord | None:
+    """The straggler record of the step whose state folder is ``folder``; ``None`` where no rank was named (yet).
+
+    Raises:
+        ProgressRecordError: The record is not a regular file, is too long, or is malformed.
+    """
+    raw = _read(os.path.join(folder, STRAGGLERS), STRAGGLING)
+    return None if raw is None else parse_stragglers(raw, os.path.join(folder, STRAGGLERS))
+
+
+def _read(path: str, schema: Schema) -> bytes | None:
+    """The bytes of the record at ``path`` (at most the schema's); ``None`` where it does not exist."""
     try:
-        raw = read_capped(path, PROGRESS.max_bytes)
+        return read_capped(path, schema.max_bytes)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as error:
-        raise malformed(PROGRESS, path, unreadable(error)) from error
-    return parse_first_step(raw, path)
+        raise malformed(schema, path, unreadable(error)) from error

@@ -24,6 +24,7 @@ class EventKind(enum.Enum):
     PROBE = "probe"
     RELAUNCH = "relaunch"
     FIRST_STEP = "first_step"
+    STRAGGLER = "straggler"
     DONE = "done"
     STOP = "stop"
 

@@ -60,7 +60,7 @@ def test_the_two_stall_thresholds_default_to_a_report_well_before_the_end():
         Settings().with_arguments(stall_soft_timeout=float("inf"))
 
 
-@pytest.mark.parametrize("field", ["roll_call", "requeue", "debug"])
+@pytest.mark.parametrize("field", ["roll_call", "requeue", "debug", "stragglers"])
 def test_every_switch_reads_the_one_table(field):
     for word, meaning in SWITCH_WORDS.items():
         for spelled in (word, word.upper(), f" {word} "):
@@ -91,3 +91,25 @@ def test_checkpoint_every_is_plain_digits_in_a_range(value):
         Settings.from_env({VARIABLE["checkpoint_every"]: value})
     assert raised.value.hint == "Set LIGHTNING_MPI_ENV_CHECKPOINT_EVERY to a number, e.g. 100 (0: none), or unset it."
     assert raised.value.variable == VARIABLE["checkpoint_every"]
+
+
+def test_the_straggler_watch_is_on_with_its_defaults_unless_turned_off():
+    assert (Settings().stragglers, Settings().straggler_factor, Settings().straggler_window) == (True, 1.5, 20)
+    read = Settings.from_env({VARIABLE["straggler_factor"]: " 2.5 ", VARIABLE["straggler_window"]: "50"})
+    assert (read.straggler_factor, read.straggler_window) == (2.5, 50)
+    assert Settings.from_env({VARIABLE["straggler_window"]: "0"}).straggler_window == 0
+
+
+@pytest.mark.parametrize("value", ["1", "0.99", "0", "off", "1e1", "inf", "nan", "101", "-2", "\u0663", "2,5", "9" * 9])
+def test_the_straggler_factor_is_a_plain_number_above_one(value):
+    variable = VARIABLE["straggler_factor"]
+    with pytest.raises(SettingError, match=rf"{variable}=.* is not a number above 1 and at most 100") as raised:
+        Settings.from_env({variable: value})
+    assert raised.value.hint == f"Set {variable} to a factor such as 1.5, or unset it."
+    assert raised.value.variable == variable
+
+
+@pytest.mark.parametrize("value", ["-1", "2.5", "10001", "twenty"])
+def test_the_straggler_window_is_a_count_of_steps(value):
+    with pytest.raises(SettingError, match=r"STRAGGLER_WINDOW=.* is not a whole number from 0 to 10000"):
+        Settings.from_env({VARIABLE["straggler_window"]: value})

@@ -41,6 +41,8 @@ def test_good_values_round_trip():
     assert read("k", UNEVEN_CLAIM.to_json(), claim_of(1)) == UNEVEN_CLAIM
     assert read("k", "[0, 2, 1, 3, null]", node_of(UNEVEN_CLAIM)) == (NodeAssignment(0, 2, 1, 3), None)  # 3 + 1
     assert read("k", REPORT.to_json(), report_of(2)) == REPORT
+    measured = dataclasses.replace(REPORT, work=0.125, worked=40)
+    assert read("k", measured.to_json(), report_of(2)) == measured
     assert read("k", '{"summary": "met", "notes": ["a"]}', roll_call_verdict).notes == ("a",)
     assert read("k", '{"problem": "p", "hint": "h", "value": null}', roll_call_verdict).error().problem == "p"
     assert read("k", '{"problem": "p", "hint": "h", "value": "5", "exit_at": 1.5}', stall_verdict).exit_at == 1.5
@@ -124,6 +126,17 @@ MALFORMED = {
         json.dumps({**json.loads(REPORT.to_json()), "left": "yes"}),
         "left is str, not true or false",
     ),
+    "report negative work": (report_of(2), json.dumps({**json.loads(REPORT.to_json()), "work": -0.5}), "work=-0.5"),
+    "report work past a day": (
+        report_of(2),
+        json.dumps({**json.loads(REPORT.to_json()), "work": 1e9}),
+        "work=1000000000.0 is outside 0..86400",
+    ),
+    "report worked not a count": (
+        report_of(2),
+        json.dumps({**json.loads(REPORT.to_json()), "worked": "20"}),
+        "worked is str, not an integer",
+    ),
     "stall verdict infinite exit": (
         stall_verdict,
         '{"problem": "p", "hint": "h", "exit_at": 1e999}',
@@ -186,7 +199,7 @@ def test_the_records_read_back_through_the_parser():
     with pytest.raises(RendezvousError, match="under 'claim': the claim lacks"):
         read("claim", '{"rank": 0}', claim_of(None))
     with pytest.raises(RendezvousError, match="under 'report': it is not JSON"):
-        Report.from_json(b"\xff")
+        read("report", b"\xff", report_of(None))
     with pytest.raises(RendezvousError, match="under 'network view'"):
         read("network view", "[1]", network_view)
     view = NetworkView.here("localhost")

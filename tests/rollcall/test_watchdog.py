@@ -18,11 +18,16 @@ from lightning_mpi_env.core.errors import StallError
 from lightning_mpi_env.core.records import FailureKind, FailureRecorder
 from lightning_mpi_env.rollcall.stall import BEFORE_THE_FIRST_STEP, Seen, find_stall, interval_for, judge, observe
 from lightning_mpi_env.rollcall.stall_verdict import KEY
-from lightning_mpi_env.rollcall.store_values import Report
+from lightning_mpi_env.rollcall.store_values import Report, read, report_of
 from lightning_mpi_env.rollcall.watchdog import Watchdog, main_thread_place
 from lightning_mpi_env.supervise.records import read_records
 
 # --- the rule -------------------------------------------------------------------------------------------------------
+
+
+def read_report(raw: bytes | str) -> Report:
+    """A stored report, checked as rank 0 reads it."""
+    return read("report", raw, report_of(None))
 
 
 def report(rank: int, progress: int, beat: int = 1, where: str = "train.py:7 in training_step") -> Report:
@@ -131,7 +136,7 @@ def test_the_interval_widens_with_the_world_and_stays_below_the_timeout():
 
 def test_report_round_trips():
     original = report(5, 21)
-    assert Report.from_json(original.to_json()) == original
+    assert read_report(original.to_json()) == original
 
 
 def test_main_thread_place_names_where_the_main_thread_is():
@@ -217,7 +222,7 @@ class _Clock:
         beats = []
         for key in (KEY + str(dog.rank) for dog in dogs):
             try:
-                beats.append(Report.from_json(self._store.get(key)).beat if self._store.check([key]) else 0)
+                beats.append(read_report(self._store.get(key)).beat if self._store.check([key]) else 0)
             except ValueError:  # a malformed report (store_values.Malformed)
                 beats.append(0)
         return beats
@@ -585,9 +590,9 @@ def test_a_stopped_watchdog_says_it_left(store_port):
     client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
     dog.start()
     assert _wait_for(lambda: client.check([KEY + "0"]), HANG)  # its first report, which does not say it left
-    assert not Report.from_json(client.get(KEY + "0")).left
+    assert not read_report(client.get(KEY + "0")).left
     dog.stop()
-    assert Report.from_json(client.get(KEY + "0")).left
+    assert read_report(client.get(KEY + "0")).left
 
 
 def test_rank_zero_ends_the_step_after_the_verdict_and_every_rank_alive_asks_again(store_port, tmp_path, capsys):
@@ -786,7 +791,7 @@ def test_after_the_first_step_a_rank_alone_outside_a_collective_is_no_stall():
 
 def test_a_report_of_a_mark_before_the_first_step_round_trips():
     marked = first_marks(1, 4)
-    assert Report.from_json(marked.to_json()) == marked
+    assert read_report(marked.to_json()) == marked
 
 
 def test_a_rank_that_stops_marking_before_the_first_step_is_named_over_a_real_store(store_port, tmp_path):

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault, first_step, write_first_step
+from lightning_mpi_env.core.records import (
+    FailureKind,
+    FailureRecorder,
+    Fault,
+    StragglerFinding,
+    first_step,
+    write_first_step,
+    write_stragglers,
+)
 from lightning_mpi_env.supervise.loop import supervise
 from lightning_mpi_env.supervise.policy import RestartPolicy
 from lightning_mpi_env.supervise.srun_line import SrunLineError
@@ -305,3 +313,40 @@ def test_a_frozen_rank_s_step_is_relaunched_without_its_node(slurm_cluster: Slur
         f"the freeze, step 2 started {relaunched - frozen_at:.1f} s after it, and finished "
         f"{finished_at - frozen_at:.1f} s after it (Lightning's start included)"
     )
+
+
+def straggling(*named: tuple[int, str, float]):
+    """A step that succeeds after rank 0 named ``(rank, host, factor)`` stragglers, each written as it would be."""
+
+    def play(folder: str) -> StepEnd:
+        findings: dict[int, StragglerFinding] = {}
+        for rank, host, factor in named:
+            findings[rank] = StragglerFinding(rank, host, factor, 20, 21, 5.0)
+            write_stragglers(folder, findings.values(), "77")
+        return StepEnd(0)
+
+    return play
+
+
+def test_the_stragglers_rank_zero_named_are_events_of_the_timeline(tmp_path):
+    steps = Steps(straggling((3, "node2", 2.0), (3, "node2", 2.6), (1, "node1", 1.7)))
+    status, events, _, shown = _supervise(tmp_path, steps)
+    assert status == 0
+    said = [event for event in events if event["event"] == "straggler"]
+    # The step's tick reads the record once, after all three namings: each rank once, as last named, slowest first.
+    assert [(event["rank"], event["host"], event["factor"]) for event in said] == [(3, "node2", 2.6), (1, "node1", 1.7)]
+    assert said[0]["training_step"] == 21
+    assert "rank 3 on node2 works x2.6 the median of all ranks a step" in said[0]["message"]
+    assert [event["event"] for event in events] == ["launch", "straggler", "straggler", "done"]
+    assert len(_events_said(shown)) == len(events)
+
+
+def test_a_malformed_straggler_record_is_said_once_and_the_step_goes_on(tmp_path):
+    def forged(folder: str) -> StepEnd:
+        Path(folder, "stragglers.json").write_text('{"format": 1, "stragglers": [{"rank": -1}], "job_id": null}')
+        return StepEnd(0)
+
+    status, events, _, shown = _supervise(tmp_path, Steps(forged))
+    assert status == 0
+    assert [event["event"] for event in events] == ["launch", "done"]
+    assert sum("stragglers.json is malformed" in line for line in shown) == 1

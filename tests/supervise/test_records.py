@@ -9,9 +9,19 @@ import re
 import pytest
 
 from lightning_mpi_env.core.errors import ProgressRecordError
-from lightning_mpi_env.core.records import FIRST_STEP, FirstStep, first_step, parse_first_step, write_first_step
+from lightning_mpi_env.core.records import (
+    FIRST_STEP,
+    MAX_STRAGGLERS,
+    FirstStep,
+    StragglerFinding,
+    first_step,
+    parse_first_step,
+    parse_stragglers,
+    write_first_step,
+    write_stragglers,
+)
 from lightning_mpi_env.core.records import MAX_FIRST_STEP_BYTES as MAX_RECORD_BYTES
-from lightning_mpi_env.supervise.records import read_first_step
+from lightning_mpi_env.supervise.records import read_first_step, read_stragglers
 
 GOOD = {"format": 1, "step": 11, "resumed_from": "hpc_ckpt_2.ckpt", "resumed_step": 10, "when": 5.5, "job_id": "77"}
 
@@ -111,3 +121,44 @@ def test_the_error_names_the_file_and_the_fix(tmp_path):
         read_first_step(str(tmp_path))
     assert raised.value.value == str(tmp_path / FIRST_STEP)
     assert "Delete the file" in raised.value.hint
+
+
+FINDING = StragglerFinding(3, "node2", 2.0, 20, 21, 5.0)
+
+
+def test_a_straggler_record_is_written_then_read_back_slowest_first(tmp_path):
+    assert read_stragglers(str(tmp_path)) is None
+    slower = StragglerFinding(5, "node3", 3.5, 40, 60, 9.0)
+    assert write_stragglers(str(tmp_path), [FINDING, slower], "77") is None
+    record = read_stragglers(str(tmp_path))
+    assert record is not None
+    assert record.stragglers == (slower, FINDING)
+    assert record.job_id == "77"
+
+
+def test_a_straggler_record_keeps_the_slowest_and_leaves_out_hosts_that_are_no_names(tmp_path):
+    many = [StragglerFinding(rank, f"nid{rank:05d}", 1.5 + rank / 1000, 20, 21, 5.0) for rank in range(2000)]
+    write_stragglers(str(tmp_path), [*many, StragglerFinding(7, "node 2; rm", 90.0, 20, 21, 5.0)], None)
+    record = read_stragglers(str(tmp_path))
+    assert record is not None
+    assert len(record.stragglers) == MAX_STRAGGLERS - 1  # the forged host took a place among the slowest, then went
+    assert record.stragglers[0].rank == 1999
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"rank": -1}, "rank holds '-1'"),
+        ({"host": "a b"}, "which is not a host name"),
+        ({"factor": 0.5}, "not a factor from 1 to 100"),
+        ({"factor": 1e300}, "not a factor from 1 to 100"),
+        ({"steps": "20"}, "steps holds"),
+        ({"when": -1}, "not a time in seconds"),
+        ({"extra": 1}, "['extra'] are unknown"),
+    ],
+)
+def test_every_field_of_a_straggler_is_checked(change, reason):
+    finding = {"rank": 3, "host": "node2", "factor": 2.0, "steps": 20, "step": 21, "when": 5.0, **change}
+    raw = json.dumps({"format": 1, "stragglers": [finding], "job_id": None})
+    with pytest.raises(ProgressRecordError, match=re.escape(reason)):
+        parse_stragglers(raw, "stragglers.json")
