@@ -39,9 +39,9 @@ CONFIGURATIONS: dict[str, dict[str, str]] = {
 }
 
 
-def run(cluster: SimulatedCluster, samples: int, configuration: str, root: str) -> tuple[float, int]:
-    """Rank 0's training-loop seconds and its number of steps."""
-    export = {"MASTER_ADDR": "127.0.0.2", "JOB_ID": "4242", "OMP_NUM_THREADS": "1", **CONFIGURATIONS[configuration]}
+def run(cluster: SimulatedCluster, samples: int, variables: dict[str, str], root: str) -> tuple[float, int]:
+    """Rank 0's training-loop seconds and its number of steps, with the settings ``variables``."""
+    export = {"MASTER_ADDR": "127.0.0.2", "JOB_ID": "4242", "OMP_NUM_THREADS": "1", **variables}
     command = [sys.executable, str(JOB), "--samples", str(samples), "--root-dir", root]
     done = cluster.run(command, timeout=600, export=export)
     if done.returncode != 0:
@@ -63,7 +63,7 @@ def main() -> None:
         cluster = SimulatedCluster(Path(workdir))
         for index in range(args.repeat):
             for name in names[index % len(names) :] + names[: index % len(names)]:
-                seconds, steps = run(cluster, args.samples, name, workdir)
+                seconds, steps = run(cluster, args.samples, CONFIGURATIONS[name], workdir)
                 times[name].append(seconds)
             print(f"  run {index + 1}: " + ", ".join(f"{n} {times[n][-1]:.2f} s" for n in names), flush=True)
     load = os.getloadavg()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from lightning_mpi_env.core.records import FailureRecorder, StragglerFinding, write_stragglers
 from lightning_mpi_env.core.settings import VARIABLE
-from lightning_mpi_env.core.values import MAX_FACTOR
+from lightning_mpi_env.core.values import MAX_FACTOR, shown
 from lightning_mpi_env.rollcall.claims import format_ranks
 from lightning_mpi_env.rollcall.store_values import Report
 
@@ -83,11 +83,12 @@ class Straggler:
 
     def line(self, factor: float) -> str:
         """What rank 0 says: the rank, its host, its time against the median, for how many steps, and what to do."""
+        host = _host(self.host)
         return (
-            f"lightning-mpi-env: straggler: rank {self.rank} on {self.host} takes {seconds_text(self.work)} of its own "
+            f"lightning-mpi-env: straggler: rank {self.rank} on {host} takes {seconds_text(self.work)} of its own "
             f"work a step, x{self.factor:.1f} the median of all ranks ({seconds_text(self.median)}), over its last "
             f"{self.steps} steps (step {self.step}); every rank waits for it at each step's collectives. Look at "
-            f"{self.host}: its load, clocks, data loading and devices ({VARIABLE['straggler_factor']}={factor:g} "
+            f"{host}: its load, clocks, data loading and devices ({VARIABLE['straggler_factor']}={factor:g} "
             "sets the bar; docs/stragglers.md)."
         )
 
@@ -163,4 +164,9 @@ class StragglerWatch:
 def _host_text(host: str, stragglers: Sequence[Straggler]) -> str:
     """``node2 x2.0 (rank 3)``: a host, its highest factor, its ranks that stood out."""
     ranks = format_ranks(sorted(straggler.rank for straggler in stragglers))
-    return f"{host} x{max(straggler.factor for straggler in stragglers):.1f} ({ranks})"
+    return f"{_host(host)} x{max(straggler.factor for straggler in stragglers):.1f} ({ranks})"
+
+
+def _host(host: str) -> str:
+    """A host name as a report gave it, quoted and escaped where it is not printable (a forged report's)."""
+    return host if host.isprintable() and " " not in host else shown(host)

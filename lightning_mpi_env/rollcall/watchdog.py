@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -179,8 +178,8 @@ class Watchdog:
         self._beat += 1
         where = main_thread_place()
         work, worked = (0.0, 0) if self.work is None else (self.work.median(), self.work.count)
-        report = Report(self.rank, self.host, self._progress, self._step, self._phase, self._beat, where, left)
-        return replace(report, work=work, worked=worked) if worked else report
+        marks = (self._progress, self._step, self._phase, self._beat)
+        return Report(self.rank, self.host, *marks, where, left, work, worked)
 
     def _guarded(self) -> None:
         """The thread: :meth:`_run`, and any exception that would end it silently, named on stderr."""

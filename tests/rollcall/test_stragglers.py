@@ -205,3 +205,15 @@ def test_rank_zero_names_a_slow_rank_over_a_real_store_and_sums_up_at_the_end(st
     record = read_stragglers(str(tmp_path))
     assert record is not None
     assert [(found.rank, found.host, found.factor, found.step) for found in record.stragglers] == [(3, "node1", 3.0, 7)]
+
+
+def test_a_forged_host_cannot_forge_a_line():
+    watch = StragglerWatch(1.5, WINDOW)
+    forged = reports([0.05, 0.05, 0.05, 0.10])
+    forged[3] = dataclasses.replace(forged[3], host="node1\nlightning-mpi-env: all is well")
+    (found,) = watch.judge(forged)
+    assert "\n" not in found.line(watch.factor)
+    assert "rank 3 on 'node1\\nlightning-mpi-env: all is well'" in found.line(watch.factor)
+    summary = watch.summary()
+    assert summary is not None
+    assert "\n" not in summary
