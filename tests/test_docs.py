@@ -60,6 +60,8 @@ ERRORS = {
     "DeviceIndexWarning",
     "DeviceIdWarning",
     "UnknownSettingWarning",
+    "NodeCheckError",
+    "NodeCheckWarning",
 }
 
 

@@ -58,16 +58,18 @@ LAYERS = {
     "core": set(),
     "gpu": {"core"},
     "rollcall": {"core", "gpu"},
+    "checks": {"core", "gpu"},
     "imports": {"core"},
-    "lightning": {"core", "gpu", "rollcall", "imports"},
+    "lightning": {"core", "gpu", "rollcall", "checks", "imports"},
     "supervise": {"core"},
-    "tools": {"core", "gpu", "rollcall", "supervise", ""},  # "": the package itself, for its __version__
+    "tools": {"core", "gpu", "rollcall", "checks", "supervise", ""},  # "": the package itself, for its __version__
 }
 """What each layer may import of this package (docs/architecture.md)."""
 
 THIRD_PARTY = {
     "core": set(),
     "rollcall": {"torch"},
+    "checks": {"torch"},
     "gpu": set(),
     "imports": set(),
     "lightning": {"typing_extensions", "lightning_utilities", "torch"},

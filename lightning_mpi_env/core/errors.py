@@ -98,6 +98,10 @@ class StallError(MpiEnvError, RuntimeError):
     """A rank stopped making progress while the others wait for it (the stall watchdog)."""
 
 
+class NodeCheckError(MpiEnvError, RuntimeError):
+    """A node cannot do its part, found before the first step (a folder it must write, the all-reduce, its GPU)."""
+
+
 class MixedImportError(MpiEnvError, TypeError):
     """Objects from both Lightning namespaces meet, or the namespaces cannot be unified."""
 
@@ -136,6 +140,10 @@ class DeviceIndexWarning(LayoutWarning):
 
 class DeviceIdWarning(LayoutWarning):
     """torch 2.15's ``nccl2`` will bind another GPU than the rank's: ``init_process_group`` gets no ``device_id``."""
+
+
+class NodeCheckWarning(LayoutWarning):
+    """A node cannot write the checkpoint folder where none of its ranks writes: the run goes on, a relaunch may not."""
 
 
 class FabricWarning(LayoutWarning):

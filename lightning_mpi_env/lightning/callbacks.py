@@ -7,7 +7,10 @@ import os
 import warnings
 from typing import Any
 
-from lightning_mpi_env.core.errors import MixedImportError, MixedImportWarning
+from lightning_mpi_env.checks.findings import Writers, go_on_warning, stop_error
+from lightning_mpi_env.checks.node_check import TIMEOUT as NODE_CHECK_TIMEOUT
+from lightning_mpi_env.checks.node_check import Place, local_findings, run_node_check
+from lightning_mpi_env.core.errors import LayoutError, MixedImportError, MixedImportWarning
 from lightning_mpi_env.core.namespaces import STANDALONE, UNIFIED
 from lightning_mpi_env.core.report import shows_errors_briefly
 from lightning_mpi_env.core.settings import MixedImportMode
@@ -47,7 +50,10 @@ def callback_class(package: str) -> type:
 
         @shows_errors_briefly
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-            """Name objects of the other Lightning namespace before the Trainer uses them (warn, or refuse)."""
+            """The node check (``"ddp_mpi"`` ran it already); objects of the other namespace (warn, or refuse)."""
+            environment = _environment(trainer)
+            if environment is not None and not environment.any_layout:
+                check_nodes(trainer.strategy, package, trainer)
             if not both_namespaces_loaded():
                 return
             current = mode()  # a bad LIGHTNING_MPI_ENV_MIXED_IMPORTS is a SettingError here, where it is used
@@ -192,6 +198,61 @@ def _mark(trainer: Any, phase: int) -> None:
     environment = _environment(trainer)
     if environment is not None:
         environment.mark_progress(trainer.global_step, phase)
+
+
+SHARDED_STRATEGIES = ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
+"""Lightning's strategies whose checkpoints every rank writes a part of (FSDP's full state dict too: it is private)."""
+
+
+def check_nodes(strategy: Any, package: str, trainer: Any = None) -> None:
+    """The node check, on every rank once the process group is open and before the model is built.
+
+    ``strategy`` is of ``package``; a fitting ``trainer``'s checkpoint folders are checked (Fabric names none). Raises
+    a ``NodeCheckError`` where the job stops; rank 0 warns where it goes on. Without the roll call, nothing runs.
+    """
+    environment = getattr(strategy, "cluster_environment", None)
+    if not isinstance(environment, MPIClusterEnvironment) or environment.met is None:
+        return
+    met = environment.met
+    import torch.distributed
+
+    if not torch.distributed.is_initialized():
+        return
+    place = Place(
+        environment.global_rank(),
+        environment.world_size(),
+        met.claim.host,
+        met.nodes.node_rank,
+        met.nodes.local_rank == 0,
+    )
+    device = strategy.root_device
+    choice = None
+    if device.type == "cuda":
+        try:
+            choice = environment.device_for("cuda")
+        except LayoutError:
+            choice = None  # the launch gave this rank no known device: nothing to compare
+    found = local_findings(place, _checkpoint_folders(trainer, environment), choice)
+    nccl = device.type == "cuda" and "nccl" in str(torch.distributed.get_backend())
+    sharded = importlib.import_module(f"{package}.strategies")
+    classes = tuple(getattr(sharded, name) for name in SHARDED_STRATEGIES if hasattr(sharded, name))
+    writers = Writers.EVERY_RANK if isinstance(strategy, classes) else Writers.RANK_ZERO
+    # A job the roll call allows this long to meet gets as long for its first collective (NCCL's set-up at scale).
+    bound = max(NODE_CHECK_TIMEOUT, environment.rendezvous_timeout)
+    outcome = run_node_check(met.store, place, found, writers=writers, device=device if nccl else "cpu", timeout=bound)
+    if outcome.stop:
+        raise stop_error(outcome.findings, outcome.unnamed, writers)
+    if outcome.findings:
+        warnings.warn(go_on_warning(outcome.findings, outcome.unnamed, writers), stacklevel=4)  # Lightning's call
+
+
+def _checkpoint_folders(trainer: Any, environment: MPIClusterEnvironment) -> list[str]:
+    """Where a fitting Trainer saves: each checkpoint callback's folder, and the requeue's (``default_root_dir``)."""
+    if trainer is None or getattr(trainer.state.fn, "value", None) != "fit":
+        return []
+    root = str(trainer.default_root_dir)
+    folders = [str(callback.dirpath or root) for callback in trainer.checkpoint_callbacks]
+    return [*folders, root] if environment.requeue is not None else folders
 
 
 def _new_callback(package: str) -> Any:

@@ -19,7 +19,7 @@ from lightning_mpi_env.core.report import shows_errors_briefly
 from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT
 from lightning_mpi_env.core.values import seconds
 from lightning_mpi_env.gpu.nccl import TORCH_DEVICE_ID_SINCE, installed_torch
-from lightning_mpi_env.lightning.callbacks import attach
+from lightning_mpi_env.lightning.callbacks import attach, check_nodes
 from lightning_mpi_env.lightning.compat import init_dist_connection, passes_device_id, strategy_registry
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
 from lightning_mpi_env.lightning.errors import nodes_against_launch
@@ -151,6 +151,8 @@ def _build(package: str, strategies: ModuleType) -> type:
                 environment.meet_now()
                 self._check_nodes_met(environment)
                 self.open_process_group()
+                trainer = self.lightning_module.trainer if trainer_side and self.lightning_module is not None else None
+                check_nodes(self, package, trainer)  # before Lightning's first barrier, and the model
                 environment.watch_after_init()  # on a client of its own: init's pending requests never hold it up
             super().setup_environment()
 

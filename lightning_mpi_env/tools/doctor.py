@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import os
 import socket
 import sys
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from lightning_mpi_env.checks.findings import FOLDER_HINT
+from lightning_mpi_env.checks.folder import FolderCheck, check_folder, shown_path
 from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.launchers import LAUNCHERS, detect_launcher, inherited_variables
 from lightning_mpi_env.core.layout import from_env
@@ -97,8 +100,14 @@ def diagnose(
     gpu_count: Callable[[], int | None] = _nvidia_gpu_count,
     resolve: Callable[[str], str] = _resolve,
     bind: Callable[[str, int], None] = _bind,
+    folders: Sequence[str] | None = None,
+    probe_folder: Callable[[str], FolderCheck] = check_folder,
 ) -> list[Finding]:
-    """Check the launcher, the settings, stale variables, Lightning and mpi4py, GPUs, and the main address and port.
+    """Check the launcher, settings, stale variables, Lightning, mpi4py, GPUs, main address and port, and folders.
+
+    ``folders`` are checkpoint folders, probed as the node check does (by default the working folder, Lightning's
+    default ``default_root_dir``): one this host cannot use is an error on rank 0's host, which writes checkpoints,
+    a warning elsewhere.
 
     Each ``LIGHTNING_MPI_ENV_*`` setting is read by the ranks' own reader: a value they would refuse is an error here
     too. Pure apart from the probes given (the tests replace them); the defaults look at this machine without
@@ -121,6 +130,14 @@ def diagnose(
     if layout is not None:
         findings.extend(_gpu_findings(env, layout, gpu_count()))
         findings.extend(_network_findings(layout, resolve, bind))
+    writer = layout is None or layout.rank == 0
+    for checked in map(probe_folder, [os.getcwd()] if folders is None else folders):
+        if checked.fault is None:
+            free = f" ({checked.free / (1 << 30):.1f} GiB free)" if checked.free is not None else ""
+            findings.append(Finding(Level.OK, "checkpoint folder", f"{shown_path(checked.folder)} is writable{free}."))
+        else:
+            level = Level.ERROR if writer else Level.WARN  # elsewhere it matters to sharded checkpoints and relaunches
+            findings.append(Finding(level, "checkpoint folder", f"{checked.sentence()} from this host.", FOLDER_HINT))
     return findings
 
 

@@ -1,0 +1,54 @@
+"""The node check in real jobs: 4 ranks on 2 simulated nodes, the checkpoint folder read-only on one node only.
+
+Each job is the instrumented Trainer job as users write it (data loader workers, a validation loop, a
+``ModelCheckpoint``) under Open MPI's ``mpirun``; ``jobs/read_only_node.sh`` gives the ranks of one node a mount
+namespace of their own in which the folder is bound read-only, as a node whose mount of a shared folder went
+read-only. Rank 0 runs on 127.0.0.2 (``--map-by slot``, 2 slots a node).
+"""
+
+import sys
+
+import pytest
+
+from tests.conftest import JOBS, TRAINER_JOB
+
+READ_ONLY_NODE = JOBS / "read_only_node.sh"
+TIMEOUT = 600  # a hang's bound, not an expected time: the jobs end in well under a minute
+
+
+def run_job(cluster, tmp_path, read_only_host: str, strategy: str):
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    job = [str(READ_ONLY_NODE), read_only_host, str(root), sys.executable, str(TRAINER_JOB), "--strategy", strategy]
+    job += ["--root-dir", str(root), "--validate", "--workers", "2", "--samples", "32"]
+    result = cluster.run(job, timeout=TIMEOUT, export={"MASTER_ADDR": "127.0.0.2", "OMP_NUM_THREADS": "1"})
+    return result, root
+
+
+@pytest.mark.mpi
+def test_under_ddp_a_node_without_rank_0_is_named_and_the_job_goes_on(cluster, tmp_path):
+    result, root = run_job(cluster, tmp_path, "127.0.0.3", "ddp_mpi")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert output.count("NodeCheckWarning") <= 1  # rank 0 alone says it
+    line = next(line for line in output.splitlines() if "The node check before the first step found" in line)
+    assert "on node 1 (host 127.0.0.3, rank 2)" in line
+    assert f"the checkpoint folder {str(root)!r} cannot be written (Read-only file system)" in line
+    assert "a relaunch that puts rank 0 on 127.0.0.3" in line
+    assert output.count("RESULT ") == 4
+    assert (root / "checkpoints" / "last.ckpt").exists()  # rank 0 saved from its own node
+
+
+@pytest.mark.mpi
+def test_rank_0_s_node_without_the_folder_stops_every_rank_before_the_first_step(cluster, tmp_path):
+    result, root = run_job(cluster, tmp_path, "127.0.0.2", "ddp")  # the plugin under Lightning's own DDP
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-4000:]
+    assert "FIRST_STEP" not in output
+    stops = [line for line in output.splitlines() if line.startswith("NodeCheckError: rank ")]
+    assert len(stops) == 4, output[-4000:]  # every rank, one line each, no traceback
+    for line in stops:
+        assert "on node 0 (host 127.0.0.2, rank 0) the checkpoint folder" in line
+        assert f"{str(root)!r} cannot be written (Read-only file system)" in line
+        assert "rank 0, which writes the checkpoints, runs there" in line
+        assert "HINT: Make the folder writable" in line
