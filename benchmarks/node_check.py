@@ -17,7 +17,7 @@ mount namespace), where the machine's resolver stalls. The figure is the time fr
 is through; median and range.
 
 Usage: ``.venv/bin/python benchmarks/node_check.py [--job-repeat 3] [--sizes 4 1024] [--repeat 3]
-[--ranks-per-process 128]``
+[--ranks-per-process 128] [--check-timeout 60]``
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from roll_call_scale import files_only_resolver  # noqa: E402  (the script beside this one)
+
+from lightning_mpi_env.checks.node_check import TIMEOUT as CHECK_TIMEOUT  # noqa: E402  (imports no torch)
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "instrumented" / "trainer_job.py"
@@ -81,7 +83,7 @@ def job_figures(repeat: int) -> list[float]:
     return slowest
 
 
-def worker(port: int, first: int, count: int, size: int, found: bool, folder: str) -> None:
+def worker(port: int, first: int, count: int, size: int, found: bool, folder: str, bound: float) -> None:
     """Ranks ``first`` .. ``first + count - 1`` as threads; each reports its end time under ``done/<rank>``."""
     import torch.distributed as dist
 
@@ -104,6 +106,7 @@ def worker(port: int, first: int, count: int, size: int, found: bool, folder: st
             local_findings(place, folders, None, min_free=1),
             writers=Writers.RANK_ZERO,
             reduce=lambda tensor: group.allreduce([tensor]),
+            timeout=bound,
         )
         assert not outcome.stop, outcome
         assert rank != 0 or bool(outcome.findings) == found, outcome
@@ -117,7 +120,7 @@ def worker(port: int, first: int, count: int, size: int, found: bool, folder: st
         thread.join()
 
 
-def simulated_once(size: int, per_process: int, found: bool, folder: str, prefix: list[str]) -> float:
+def simulated_once(size: int, per_process: int, found: bool, folder: str, prefix: list[str], bound: float) -> float:
     import torch.distributed as dist
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
@@ -134,6 +137,7 @@ def simulated_once(size: int, per_process: int, found: bool, folder: str, prefix
                 str(size),
                 "1" if found else "0",
                 folder,
+                str(bound),
             ],
             env=env,
         )
@@ -158,6 +162,12 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[4, 1024])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--ranks-per-process", type=int, default=128)
+    parser.add_argument(
+        "--check-timeout",
+        type=float,
+        default=CHECK_TIMEOUT,
+        help=f"the check's bound in the simulation (the package's: {CHECK_TIMEOUT:g} s, or the rendezvous timeout)",
+    )
     args = parser.parse_args()
     import torch
 
@@ -183,7 +193,7 @@ def main() -> None:
             times: dict[bool, list[float]] = {False: [], True: []}
             for round_ in range(args.repeat):
                 for found in (False, True) if round_ % 2 == 0 else (True, False):  # alternate the order
-                    seconds = simulated_once(size, args.ranks_per_process, found, folder, prefix)
+                    seconds = simulated_once(size, args.ranks_per_process, found, folder, prefix, args.check_timeout)
                     times[found].append(seconds)
                     print(f"  {size} ranks, {'found' if found else 'clean'}: {seconds * 1000:.1f} ms", flush=True)
             for found, values in times.items():
@@ -200,6 +210,6 @@ if __name__ == "__main__":
         rank_job(sys.argv[2:])
     elif sys.argv[1:2] == ["--worker"]:
         port, first, count, size, found = map(int, sys.argv[2:7])
-        worker(port, first, count, size, bool(found), sys.argv[7])
+        worker(port, first, count, size, bool(found), sys.argv[7], float(sys.argv[8]))
     else:
         main()

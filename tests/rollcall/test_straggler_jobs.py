@@ -98,3 +98,14 @@ def test_srun_names_a_rank_twice_as_slow_with_its_host(slurm_cluster: SlurmClust
         ["srun", "-N2", "--ntasks-per-node=2", *job(api, tmp_path, "--slow-rank", "3:2")], timeout=TIMEOUT
     )
     assert_slow_rank_named(done.returncode, done.stdout, done.stderr, host="node2")  # block: ranks 2, 3 on node2
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+@pytest.mark.parametrize("api", ["trainer", "fabric"])
+def test_srun_names_no_one_when_every_rank_is_slow_and_rank_zero_saves_slowly(
+    slurm_cluster: SlurmCluster, api: str, tmp_path: Path
+):
+    slow = ["--slow-rank", "all:3", "--slow-eval" if api == "trainer" else "--slow-save", "2"]
+    done = slurm_cluster.run(["srun", "-N2", "--ntasks-per-node=2", *job(api, tmp_path, *slow)], timeout=TIMEOUT)
+    assert_no_one_named(done.returncode, done.stdout, done.stderr)
