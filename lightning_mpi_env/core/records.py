@@ -188,7 +188,7 @@ class Schema(NamedTuple):
 
 FAILURES = Schema("failure", "roll call or watchdog", FailureRecordError, MAX_RECORD_BYTES)
 PROGRESS = Schema("progress", "callback", ProgressRecordError, MAX_FIRST_STEP_BYTES)
-STRAGGLING = Schema("straggler", "stall watchdog", ProgressRecordError, MAX_FIRST_STEP_BYTES * 2)
+STRAGGLING = Schema("straggler", "stall watchdog", ProgressRecordError, MAX_RECORD_BYTES)
 
 _Record = TypeVar("_Record")
 
@@ -285,14 +285,14 @@ def _stragglers(value: object) -> StragglerRecord:
         if not isinstance(item, dict):
             raise FieldError(f"a straggler is {type(item).__name__}, not an object")
         exact_fields(item, tuple(entry.name for entry in fields(StragglerFinding)))
-        factor = seconds(item["factor"], "factor")
-        if not 1 <= factor <= MAX_FACTOR:
-            raise FieldError(f"factor holds {factor:g}, not a factor from 1 to {MAX_FACTOR:g}")
+        factor = item["factor"]
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 1 <= factor <= MAX_FACTOR:
+            raise FieldError(f"factor holds {shown(str(factor))}, not a factor from 1 to {MAX_FACTOR:g}")
         found.append(
             StragglerFinding(
                 rank=whole_number(item["rank"], "rank", MAX_WORLD_SIZE - 1),
                 host=_matching(item["host"], "hosts", _HOST),
-                factor=factor,
+                factor=float(factor),
                 steps=whole_number(item["steps"], "steps", MAX_STEP),
                 step=whole_number(item["step"], "step", MAX_STEP),
                 when=seconds(item["when"]),

@@ -53,6 +53,8 @@ class _Job:
     first_step_seen: bool = False
     stragglers_said: dict[int, float] = field(default_factory=dict)
     """This step's stragglers, each rank with the factor it was last shown at."""
+    stragglers_unreadable: bool = False
+    """This step's straggler record could not be read, and that was said."""
 
 
 def supervise(
@@ -95,7 +97,7 @@ def supervise(
             folder = root / f"step-{step}"
             folder.mkdir(parents=True, exist_ok=True)
             job.timeline.add(Event(EventKind.LAUNCH, step, " ".join(argv), fields={"argv": list(argv)}))
-            job.first_step_seen, job.stragglers_said = False, {}
+            job.first_step_seen, job.stragglers_said, job.stragglers_unreadable = False, {}, False
             end = run(
                 argv,
                 {**step_env, VARIABLE["state_dir"]: str(folder)},
@@ -230,8 +232,8 @@ def _look_at_progress(job: _Job, step: int, folder: str) -> None:
     try:
         found = read_stragglers(folder)
     except MpiEnvError as error:
-        if -1 not in job.stragglers_said:  # said once a step
-            job.stragglers_said[-1] = 0.0
+        if not job.stragglers_unreadable:  # said once a step
+            job.stragglers_unreadable = True
             job.timeline.say(f"lightning-mpi-env run: {error.one_line()}")
         return
     for finding in () if found is None else found.stragglers:

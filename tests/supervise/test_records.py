@@ -162,3 +162,12 @@ def test_every_field_of_a_straggler_is_checked(change, reason):
     raw = json.dumps({"format": 1, "stragglers": [finding], "job_id": None})
     with pytest.raises(ProgressRecordError, match=re.escape(reason)):
         parse_stragglers(raw, "stragglers.json")
+
+
+def test_a_straggler_record_of_the_most_ranks_with_the_longest_host_names_is_read_back(tmp_path):
+    host = "n" * 250
+    longest = [StragglerFinding(rank, f"{rank:05d}{host}", 99.123456789, 10**9, 10**9, 1.8e9) for rank in range(2000)]
+    assert write_stragglers(str(tmp_path), longest, "77") is None
+    record = read_stragglers(str(tmp_path))
+    assert record is not None
+    assert len(record.stragglers) == MAX_STRAGGLERS
