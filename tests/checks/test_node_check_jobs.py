@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from tests.conftest import JOBS, TRAINER_JOB
+from tests.lightning.test_deepspeed import JOB as DEEPSPEED_JOB
 
 READ_ONLY_NODE = JOBS / "read_only_node.sh"
 TIMEOUT = 600  # a hang's bound, not an expected time: the jobs end in well under a minute
@@ -52,3 +53,24 @@ def test_rank_0_s_node_without_the_folder_stops_every_rank_before_the_first_step
         assert f"{str(root)!r} cannot be written (Read-only file system)" in line
         assert "rank 0, which writes the checkpoints, runs there" in line
         assert "HINT: Make the folder writable" in line
+
+
+@pytest.mark.mpi
+def test_under_deepspeed_a_node_without_rank_0_that_cannot_write_stops_every_rank(cluster, deepspeed, tmp_path):
+    # Lightning's own DeepSpeedStrategy (ZeRO 2) with the plugin, under a scheduler (the requeue is on, so its folder,
+    # default_root_dir, is checked): every rank writes its shard there, so a node that cannot stops the job.
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    job = [str(READ_ONLY_NODE), "127.0.0.3", str(root), str(deepspeed.python), str(DEEPSPEED_JOB)]
+    job += ["--samples", "32", "--root-dir", str(root)]
+    export = {**cluster.job_environment(), **deepspeed.environ({}), "OMP_NUM_THREADS": "1"}
+    result = cluster.run(job, timeout=TIMEOUT, export=export)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-4000:]
+    assert "RESULT " not in output, output[-4000:]
+    stops = [line for line in output.splitlines() if line.startswith("NodeCheckError: rank ")]
+    assert len(stops) == 4, output[-4000:]
+    for line in stops:
+        assert "on node 1 (host 127.0.0.3, rank 2) the checkpoint folder" in line, line
+        assert f"{str(root)!r} cannot be written (Read-only file system)" in line, line
+        assert "every rank writes its shard there" in line, line

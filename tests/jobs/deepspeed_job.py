@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--num-nodes", type=int, default=2)
     parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--root-dir", help="Trainer(default_root_dir=...): where the requeue's checkpoint would go")
     args = parser.parse_args()
     pl = importlib.import_module(args.namespace)
     accelerators = importlib.import_module(args.namespace + ".accelerators")
@@ -118,6 +119,7 @@ def main() -> None:
         max_epochs=1,
         logger=False,
         enable_checkpointing=False,
+        default_root_dir=args.root_dir,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
