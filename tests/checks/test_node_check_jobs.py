@@ -74,3 +74,30 @@ def test_under_deepspeed_a_node_without_rank_0_that_cannot_write_stops_every_ran
         assert "on node 1 (host 127.0.0.3, rank 2) the checkpoint folder" in line, line
         assert f"{str(root)!r} cannot be written (Read-only file system)" in line, line
         assert "every rank writes its shard there" in line, line
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+@pytest.mark.parametrize(("read_only", "stops"), [("node2", False), ("node1", True)])
+def test_under_srun_the_node_that_cannot_write_is_named_before_the_first_step(
+    slurm_cluster, tmp_path, read_only: str, stops: bool
+):
+    # srun waits for every task: where the job stops, every rank raises the same error and exits, so the step ends.
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    job = [str(READ_ONLY_NODE), read_only, str(root), sys.executable, str(TRAINER_JOB), "--strategy", "ddp_mpi"]
+    job += ["--zero-config", "--root-dir", str(root), "--validate", "--workers", "2", "--samples", "32"]
+    done = slurm_cluster.run(["srun", "-N2", "--ntasks-per-node=2", *job], timeout=TIMEOUT)
+    output = done.stdout + done.stderr
+    node = "node 0 (host node1, rank 0)" if stops else "node 1 (host node2, rank 2)"
+    if stops:
+        assert done.returncode != 0, output[-4000:]
+        assert "FIRST_STEP" not in output, output[-4000:]
+        stopped = [line for line in done.stderr.splitlines() if line.startswith("NodeCheckError: rank ")]
+        assert len(stopped) == 4, output[-4000:]
+        assert all(f"on {node} the checkpoint folder {str(root)!r} cannot be written" in line for line in stopped)
+    else:
+        assert done.returncode == 0, output[-4000:]
+        assert output.count("RESULT ") == 4, output[-4000:]
+        line = next(line for line in output.splitlines() if "The node check before the first step found" in line)
+        assert f"on {node} the checkpoint folder {str(root)!r} cannot be written" in line, line
