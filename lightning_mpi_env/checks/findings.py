@@ -125,13 +125,15 @@ def from_wire(raw: bytes, rank: int, world_size: int) -> list[Finding]:
         kind = _text(entry[0], "kind")
         if kind not in {member.value for member in Kind}:
             raise FieldError(f"kind {kind[:40]!r} is not one of {', '.join(member.value for member in Kind)}")
-        found.append(Finding(rank, host, node, Kind(kind), _text(entry[1], "clause"), _text(entry[2], "folder")))
+        folder = _text(entry[2], "folder", printable=False)  # a path as given; the lines show the clause's
+        found.append(Finding(rank, host, node, Kind(kind), _text(entry[1], "clause"), folder))
     return found
 
 
-def _text(value: object, name: str) -> str:
-    if not isinstance(value, str) or len(value) > MAX_TEXT:
-        raise FieldError(f"{name} is not a text of at most {MAX_TEXT} characters")
+def _text(value: object, name: str, printable: bool = True) -> str:
+    """A text field; one that a line repeats must be printable (a line break in it would forge a line)."""
+    if not isinstance(value, str) or len(value) > MAX_TEXT or (printable and not value.isprintable()):
+        raise FieldError(f"{name} is not a printable text of at most {MAX_TEXT} characters")
     return value
 
 

@@ -61,6 +61,8 @@ def test_findings_read_back_from_the_store_as_written():
         (json.dumps({"rank": 2, "host": 7, "node": 0, "findings": [["folder", "c", "/f"]]}).encode(), "host"),
         (json.dumps({"rank": 2, "host": "h", "node": 0, "findings": [["folder", "c" * 5000, ""]]}).encode(), "clause"),
         (json.dumps({"rank": True, "host": "h", "node": 0, "findings": [["folder", "c", ""]]}).encode(), "rank"),
+        (json.dumps({"rank": 2, "host": "h\nHINT: x", "node": 0, "findings": [["folder", "c", ""]]}).encode(), "host"),
+        (json.dumps({"rank": 2, "host": "h", "node": 0, "findings": [["folder", "c\x1b[2J", ""]]}).encode(), "clause"),
     ],
 )
 def test_a_record_in_the_store_is_checked_before_use(raw, problem):
