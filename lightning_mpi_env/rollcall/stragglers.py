@@ -1,4 +1,4 @@
-"""Stragglers, pure: each rank's own work a step, and the ranks rank 0 names as slower than the others.
+"""Stragglers: each rank's own work a step, and the ranks rank 0 names as slower than the others, and records.
 
 A rank's *work* is the part of a training step that waits for no other rank: from the step's start to ``backward``
 (the Trainer's ``on_train_batch_start`` to ``on_before_backward``; Fabric under ``"ddp_mpi"``: from the end of one
@@ -153,10 +153,10 @@ class StragglerWatch:
         for straggler in self.worst.values():
             hosts.setdefault(straggler.host, []).append(straggler)
         ranked = sorted(hosts.items(), key=lambda item: -max(s.factor for s in item[1]))
-        shown = [_host_text(host, stragglers) for host, stragglers in ranked[:SHOWN_HOSTS]]
+        parts = [_host_text(host, stragglers) for host, stragglers in ranked[:SHOWN_HOSTS]]
         more = f" and {len(ranked) - SHOWN_HOSTS} more host(s)" if len(ranked) > SHOWN_HOSTS else ""
         return (
-            f"lightning-mpi-env: stragglers in this run: {', '.join(shown)}{more}; every rank waited for them at each "
+            f"lightning-mpi-env: stragglers in this run: {', '.join(parts)}{more}; every rank waited for them at each "
             "step (docs/stragglers.md)."
         )
 
