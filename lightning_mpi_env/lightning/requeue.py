@@ -354,10 +354,16 @@ def let_workers_end() -> Any:
 
     For a rank that stops: past the requeue's save, or after a ``SIGTERM`` that reached the workers too. torch's
     ``SIGCHLD`` handler would raise "DataLoader worker ... is killed by signal" wherever the rank's main thread is.
+    A handler that does nothing, not ``SIG_DFL``: a ``SIGCHLD`` that came with the ``SIGTERM`` is run after it, and
+    Python names one whose handler became ``SIG_DFL`` meanwhile ("Signal 17 ignored due to race condition").
     """
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    return signal.signal(signal.SIGCHLD, _worker_ended)
+
+
+def _worker_ended(signum: int, frame: FrameType | None) -> None:
+    """A data loader worker of a stopping rank ended: no error (multiprocessing reaps it, as under ``SIG_DFL``)."""
 
 
 def requeue_due(

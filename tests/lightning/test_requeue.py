@@ -1086,3 +1086,26 @@ def test_fabric_loop_checkpoints_and_requeues(tmp_path):
     assert "CHECKPOINT at step 3" in result.stdout
     assert (tmp_path / "state.ckpt").exists()
     assert (tmp_path / "record").read_text().splitlines() == ["scontrol requeue 31 checkpoints=0"]
+
+
+def test_a_worker_s_end_that_comes_with_the_sigterm_is_no_race_condition_line():
+    # Slurm's time limit signals every process of the step: a data loader worker's SIGCHLD is often pending with the
+    # rank's SIGTERM. Python runs the SIGTERM handler first (the lower number), which swaps torch's SIGCHLD handler
+    # for the package's; a SIG_DFL there made Python print "Signal 17 ignored due to race condition" with a traceback.
+    code = """
+        import os, signal, sys
+        from lightning_mpi_env.lightning.requeue import let_workers_end
+        seen = []
+        sys.unraisablehook = lambda unraisable: seen.append(str(unraisable.exc_value))
+        signal.signal(signal.SIGCHLD, lambda signum, frame: seen.append("torch's handler"))
+        signal.signal(signal.SIGTERM, lambda signum, frame: let_workers_end())
+        both = {signal.SIGTERM, signal.SIGCHLD}
+        signal.pthread_sigmask(signal.SIG_BLOCK, both)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGCHLD)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, both)  # both handlers run at the next bytecode, SIGTERM's first
+        print(seen, signal.getsignal(signal.SIGCHLD) not in (signal.SIG_DFL, signal.SIG_IGN))
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] True", done.stdout + done.stderr
