@@ -23,6 +23,7 @@ not how unevenly 4 imports of torch and Lightning share 2 busy cores (up to 23 s
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -105,11 +106,12 @@ def fault_here(rank: int, step: int, faults: dict[str, str | None], once: str | 
 
 def step_seconds(args: argparse.Namespace, rank: int) -> float:
     """Seconds rank ``rank`` sleeps in a step: the job's ``--step-seconds``, times ``--slow-rank RANK:FACTOR``'s
-    factor where RANK is ``rank`` or ``all`` (a straggler, or every rank slow alike)."""
+    factor where RANK is ``rank``, ``all`` (a straggler, or every rank slow alike), or ``@HOST``: every rank on the
+    host of that name (a slow node, which stays slow in every step launched there)."""
     if not args.slow_rank:
         return args.step_seconds
-    slow, factor = args.slow_rank.split(":")
-    return args.step_seconds * (float(factor) if slow in ("all", str(rank)) else 1.0)
+    slow, factor = args.slow_rank.rsplit(":", 1)
+    return args.step_seconds * (float(factor) if slow in ("all", str(rank), f"@{socket.gethostname()}") else 1.0)
 
 
 def main():

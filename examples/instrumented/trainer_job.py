@@ -42,7 +42,8 @@ def main():
     parser.add_argument(
         "--slow-rank",
         metavar="RANK:FACTOR",
-        help="that rank (or `all`) sleeps FACTOR times --step-seconds in each step: a straggler, or a slow job",
+        help="that rank (or `all`, or `@HOST`: the ranks on that host) sleeps FACTOR times --step-seconds in each "
+        "step: a straggler, a slow job, or a slow node",
     )
     parser.add_argument(
         "--zero-config",

@@ -62,6 +62,8 @@ class FailureKind(str, enum.Enum):
     """Rank 0's store (the main address) stopped answering."""
     DIED = "died"
     """The step ended with no record: the supervisor read the launcher's report of ranks a signal ended."""
+    STRAGGLER = "straggler"
+    """Ranks stayed slower than the others, and the step ended at a checkpoint for ``run`` to leave their hosts out."""
 
     @property
     def blames_hosts(self) -> bool:

@@ -139,6 +139,44 @@ def write_whole(folder: str, name: str, text: str) -> None:
         raise
 
 
+LEAVE_OUT = "leave-out.json"
+"""What ``run --leave-out-stragglers`` writes into a step's state folder: how many of the allocation's hosts the step
+leaves spare, the most stragglers' hosts rank 0 leaves out at its next periodic checkpoint."""
+MAX_SPARES = 1 << 20
+_LEAVE_OUT_BYTES = 64
+
+
+def ask_to_leave_out(folder: str, spares: int) -> str | None:
+    """Write the request of ``spares`` hosts into ``folder``; ``None``, or why it could not be written (one line)."""
+    try:
+        write_whole(folder, LEAVE_OUT, json.dumps({"format": 1, "spares": spares}))
+    except OSError as error:
+        return f"could not write {os.path.join(folder, LEAVE_OUT)} ({error.strerror or error})"
+    return None
+
+
+def spares_given(folder: str) -> int:
+    """How many stragglers' hosts the request in ``folder`` lets rank 0 leave out; ``0`` where there is none.
+
+    Raises:
+        FieldError: A request that is not a regular file, is too long, or holds anything but the request (the message
+            names the file).
+    """
+    path = os.path.join(folder, LEAVE_OUT)
+    try:
+        raw = read_capped(path, _LEAVE_OUT_BYTES)
+    except FileNotFoundError:
+        return 0
+    except OSError as error:
+        raise FieldError(f"{path}: {unreadable(error)}") from None
+    try:
+        data = versioned_object(load_json(raw, _LEAVE_OUT_BYTES), 1)
+        exact_fields(data, ("format", "spares"))
+        return whole_number(data["spares"], "spares", MAX_SPARES)
+    except FieldError as error:
+        raise FieldError(f"{path}: {error}") from None
+
+
 MAX_HOST_FILE_BYTES = 1 << 20
 """The most bytes read from a host file before the host lines needed: thousands of lines of comments."""
 

@@ -127,7 +127,10 @@ def callback_class(package: str) -> type:
 
         @shows_errors_briefly
         def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
-            """Progress; checkpoint and requeue when any rank got the requeue signal, else a periodic save where due."""
+            """Progress; checkpoint and requeue when any rank got the requeue signal, else a periodic save where due.
+
+            After a periodic save, the step ends where ``run --leave-out-stragglers`` asked to leave stragglers out.
+            """
             _mark(trainer, 0)
             self._finished += 1
             environment = _environment(trainer)
@@ -144,7 +147,10 @@ def callback_class(package: str) -> type:
                     checkpoint_and_requeue(trainer, environment.requeue, environment.settings.max_requeues, limit)
                 _stop_on_sigterm(trainer, environment, sigterm_exception)
             if self._fit is not None:
-                self._fit = self._fit.after_batch(trainer)
+                progress, self._fit = self._fit, self._fit.after_batch(trainer)
+                if self._fit.last_saved > progress.last_saved:  # every rank saved a periodic checkpoint just now
+                    step, broadcast = trainer.global_step, trainer.strategy.broadcast
+                    environment.leave_out_stragglers(trainer.global_rank, step, broadcast)
 
         def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
             """``SIGTERMException`` exits 0; make it 143: the job did not finish (a script's ``&&`` stops).

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault
 from lightning_mpi_env.core.report import shows_errors_briefly
+from lightning_mpi_env.core.settings import Settings
+from lightning_mpi_env.core.state_files import FieldError, spares_given
 from lightning_mpi_env.lightning.process_state import Change, ProcessChanges
-from lightning_mpi_env.lightning.requeue import Requeue, requeue_at_time_limit, requeue_due, requeue_now
+from lightning_mpi_env.lightning.requeue import (
+    Requeue,
+    let_workers_end,
+    requeue_at_time_limit,
+    requeue_due,
+    requeue_now,
+)
+from lightning_mpi_env.rollcall.stragglers import leave_out_line, to_leave_out
 
 if TYPE_CHECKING:
     from lightning_mpi_env.rollcall.sigterm import SigtermStop
@@ -19,6 +30,8 @@ class LoopCalls:
     """The environment's methods for a running loop (``changes`` is the environment's)."""
 
     changes: ProcessChanges
+    settings: Settings
+    _recorder: FailureRecorder | None
 
     def _plan_loop_calls(
         self,
@@ -33,6 +46,7 @@ class LoopCalls:
         self._steps_asked = 0  # requeue_requested() calls: a Fabric loop's steps
         self._sigterm_asks = 0  # exit_on_sigterm() calls: a Fabric loop's steps
         self._limit_pending: int | None = None  # the step a Fabric loop stops at on SIGTERM, pending the time limit
+        self._request_unreadable = False  # run's request to leave stragglers out could not be read, and that was said
         # Now, before any data loader worker forks: a one-device Fabric calls nothing of the environment before its
         # loop's first requeue_requested(), and the workers of its first epoch, without the handler, die of the signal.
         self.watch_requeue_signal()
@@ -120,3 +134,50 @@ class LoopCalls:
     def requeue_now(self, fabric: object) -> NoReturn:
         """After a Fabric loop's checkpoint: rank 0 requeues, every rank exits; ``SettingError`` if none can requeue."""
         requeue_now(self.requeue, fabric)
+
+    def leave_out_stragglers(self, rank: int, step: int, broadcast: Callable[..., Any]) -> None:
+        """Every rank, after a periodic checkpoint at ``step``: exit 1 where rank 0 leaves stragglers' hosts out.
+
+        ``lightning-mpi-env run --leave-out-stragglers`` asks for it in the state folder when the allocation has
+        spare hosts; rank 0 then records the hosts of the ranks that still stand out (at most as many as are spare)
+        as failed, and ``run`` relaunches the step without them, from this checkpoint. ``broadcast``: the strategy's
+        (a collective, only where a state folder is set).
+        """
+        if not self.settings.state_dir:
+            return
+        if not broadcast(rank == 0 and self._stragglers_left_out(step), src=0):
+            return
+        let_workers_end()
+        raise SystemExit(1)  # every rank, after the collective: the checkpoint is saved
+
+    def _stragglers_left_out(self, step: int) -> bool:
+        """Rank 0: whether it recorded stragglers' hosts to leave out (and said so)."""
+        watch = None if self._watchdog is None else self._watchdog.stragglers
+        if watch is None or self._recorder is None:
+            return False
+        try:
+            spares = spares_given(self.settings.state_dir)
+        except FieldError as error:
+            if not self._request_unreadable:
+                self._request_unreadable = True
+                _say(f"lightning-mpi-env: straggler: the request to leave stragglers out is not read: {error}.")
+            return False
+        left_out = to_leave_out(watch.standing(), spares) if spares else []
+        if not left_out:
+            return False
+        text = leave_out_line(left_out, step)
+        ranks, hosts = [s.rank for s in left_out], [s.host for s in left_out]
+        fault = Fault(FailureKind.STRAGGLER, tuple(ranks), tuple(dict.fromkeys(hosts)), step)
+        if not self._recorder.record(fault, problem=text, written_by=0).hosts:
+            return False  # no host name the record keeps (a forged report's): nothing for run to leave out
+        problem = self._recorder.write(fault, problem=text, written_by=0)
+        if problem is not None:  # without the record, run would not know whom to leave out: train on
+            _say(f"lightning-mpi-env: straggler: no host is left out: {problem}")
+            return False
+        _say(f"lightning-mpi-env: straggler: {text}")
+        return True
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

@@ -145,6 +145,11 @@ class StragglerWatch:
                 found.append(straggler)
         return found
 
+    def standing(self) -> list[Straggler]:
+        """The ranks named that still stood out at the last reports, as last named, the slowest first (any thread)."""
+        since, named = self._since.copy(), self.named.copy()  # each one C call: the watchdog's thread may write them
+        return sorted((named[rank] for rank in since if rank in named), key=lambda straggler: -straggler.factor)
+
     def summary(self) -> str | None:
         """One line for the end of a fit: the slowest hosts and their factor; ``None`` when no rank stood out."""
         if not self.worst:
@@ -159,6 +164,25 @@ class StragglerWatch:
             f"lightning-mpi-env: stragglers in this run: {', '.join(parts)}{more}; every rank waited for them at each "
             "step (docs/stragglers.md)."
         )
+
+
+def to_leave_out(standing: Sequence[Straggler], spares: int) -> list[Straggler]:
+    """The stragglers on the ``spares`` hosts to leave out: the hosts of the slowest first, each host's ranks."""
+    hosts = list(dict.fromkeys(straggler.host for straggler in standing))[:spares]
+    return [straggler for straggler in standing if straggler.host in hosts]
+
+
+def leave_out_line(left_out: Sequence[Straggler], step: int) -> str:
+    """What rank 0 says (after ``lightning-mpi-env: straggler:``) and records, when it leaves stragglers' hosts out."""
+    hosts: dict[str, list[Straggler]] = {}
+    for straggler in left_out:
+        hosts.setdefault(straggler.host, []).append(straggler)
+    parts = ", ".join(_host_text(host, stragglers) for host, stragglers in hosts.items())
+    return (
+        f"leaving out {parts}, still slower than the others: the step ends at the "
+        f"checkpoint of step {step}, and lightning-mpi-env run relaunches it from there on a spare host "
+        "(run --leave-out-stragglers; docs/stragglers.md)."
+    )
 
 
 def _host_text(host: str, stragglers: Sequence[Straggler]) -> str:

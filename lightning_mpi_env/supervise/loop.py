@@ -16,11 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lightning_mpi_env.core.errors import FailureRecordError, MpiEnvError
+from lightning_mpi_env.core.errors import FailureRecordError, MpiEnvError, SettingError
 from lightning_mpi_env.core.network import host_of_fabric_name
 from lightning_mpi_env.core.records import FailureRecord
 from lightning_mpi_env.core.schedulers import job_identity
-from lightning_mpi_env.core.settings import VARIABLE, host_template
+from lightning_mpi_env.core.settings import VARIABLE, Settings, host_template
+from lightning_mpi_env.core.state_files import ask_to_leave_out
 from lightning_mpi_env.core.torch_names import TORCH
 from lightning_mpi_env.supervise.allocation import same_host
 from lightning_mpi_env.supervise.exits import died_record
@@ -55,6 +56,10 @@ class _Job:
     """This step's stragglers, each rank with the factor it was last shown at."""
     stragglers_unreadable: bool = False
     """This step's straggler record could not be read, and that was said."""
+    leave_out: bool = False
+    """Whether to ask a step to end at a checkpoint and leave its stragglers' hosts out (where there are spares)."""
+    leave_out_asked: bool = False
+    """This step was asked to, or told that no host is spare."""
 
 
 def supervise(
@@ -66,6 +71,7 @@ def supervise(
     probe_timeout: float = PROBE_TIMEOUT,
     grace: float = GRACE,
     min_nodes: int | None = None,
+    leave_out_stragglers: bool = False,
     say: Callable[[str], object] = lambda line: print(line, file=sys.stderr, flush=True),
     run: RunStep = run_step,
     check: Probe = probe,
@@ -74,9 +80,14 @@ def supervise(
     """Run the launcher line ``words`` under ``policy`` until it succeeds or the policy stops; the last step's status.
 
     ``min_nodes``: an ``mpirun`` line may be relaunched on as few hosts (see :mod:`.steps`). A line the supervisor
-    cannot relaunch raises :func:`~.steps.step_line`'s errors before anything runs.
+    cannot relaunch raises :func:`~.steps.step_line`'s errors, and settings under which no host would be left out
+    :func:`check_leave_out`'s, before anything runs. ``leave_out_stragglers``: once
+    rank 0 names a straggler, ask the step to end at its next periodic checkpoint and leave the straggler's host out
+    of the relaunch, where the allocation has a spare host for it.
     """
     line = step_line(words, env, min_nodes=min_nodes)
+    if leave_out_stragglers:
+        check_leave_out(env)
     template = host_template(env)
     identity = job_identity(env)
     job_id = identity[0] if identity is not None else None
@@ -88,7 +99,7 @@ def supervise(
             journal.write(text + "\n")
             journal.flush()  # a reader (or the next step's supervisor) sees each event as it happens
 
-        job = _Job(line, Timeline(say, keep))
+        job = _Job(line, Timeline(say, keep), leave_out=leave_out_stragglers)
         argv = list(line.words)
         step_env: Mapping[str, str] = env  # the relaunch's own (rank 0's host) over the supervisor's
         step = 0
@@ -98,6 +109,7 @@ def supervise(
             folder.mkdir(parents=True, exist_ok=True)
             job.timeline.add(Event(EventKind.LAUNCH, step, " ".join(argv), fields={"argv": list(argv)}))
             job.first_step_seen, job.stragglers_said, job.stragglers_unreadable = False, {}, False
+            job.leave_out_asked = False
             end = run(
                 argv,
                 {**step_env, VARIABLE["state_dir"]: str(folder)},
@@ -141,6 +153,27 @@ def supervise(
             relaunch["dropped_main_address"] = stale
             text = _relaunch_text(decision.message, placed, stale)
             job.timeline.add(Event(EventKind.RELAUNCH, step + 1, text, fields=relaunch))
+
+
+def check_leave_out(env: Mapping[str, str]) -> None:
+    """A ``SettingError`` where the ranks would never leave a straggler's host out (``--leave-out-stragglers``)."""
+    settings = Settings.from_env(env)
+    every = VARIABLE["checkpoint_every"]
+    if not settings.checkpoint_every:
+        raise SettingError(
+            f"--leave-out-stragglers ends the step at a periodic checkpoint, and {every} is unset or 0: there is none.",
+            f"Export {every}=N for the step: a checkpoint every N training steps (docs/recovery.md).",
+            variable=every,
+            value=env.get(every, ""),
+        )
+    if not (settings.stragglers and settings.straggler_window):
+        off = VARIABLE["stragglers"] if not settings.stragglers else VARIABLE["straggler_window"]
+        raise SettingError(
+            f"--leave-out-stragglers acts on the stragglers rank 0 names, and {off}=0 turns the straggler watch off.",
+            f"Unset {off}, or run without --leave-out-stragglers.",
+            variable=off,
+            value=env.get(off, ""),
+        )
 
 
 def _records(
@@ -247,6 +280,28 @@ def _look_at_progress(job: _Job, step: int, folder: str) -> None:
         fields: dict[str, Value] = {"rank": finding.rank, "host": finding.host, "factor": round(finding.factor, 3)}
         fields.update({"steps": finding.steps, "training_step": finding.step})
         job.timeline.add(Event(EventKind.STRAGGLER, step, message, when=finding.when, fields=fields))
+    if job.leave_out and job.stragglers_said and not job.leave_out_asked:
+        _ask_to_leave_out(job, folder)
+
+
+def _ask_to_leave_out(job: _Job, folder: str) -> None:
+    """Ask the step's rank 0 to leave its stragglers' hosts out at its next periodic checkpoint: at most the spares."""
+    job.leave_out_asked = True
+    spares = job.line.spares(job.excluded)
+    if not spares:
+        job.timeline.say(
+            f"{PREFIX}: the stragglers' hosts stay in the step: the allocation has no host the step leaves spare "
+            "(--leave-out-stragglers needs one: a host more in the allocation than the step runs on)"
+        )
+        return
+    problem = ask_to_leave_out(folder, spares)
+    if problem is not None:
+        job.timeline.say(f"{PREFIX}: the stragglers' hosts stay in the step: {problem}")
+        return
+    job.timeline.say(
+        f"{PREFIX}: asked the step to end at its next periodic checkpoint and leave out the hosts of the ranks that "
+        f"still stand out then, at most {spares} (the allocation's spare hosts)"
+    )
 
 
 def _look_for_first_step(job: _Job, step: int, folder: str) -> None:

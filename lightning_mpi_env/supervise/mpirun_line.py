@@ -183,6 +183,19 @@ class MpirunLine:
             return StepShape(world, per_node, min(len(slots), -(-world // per_node)))
         return StepShape(world, None, len(_fill(allocation.hosts, world) or allocation.hosts))
 
+    def spares(self, allocation: Allocation, excluded: Iterable[str]) -> int:
+        """How many hosts of ``allocation`` without ``excluded`` the step as the line asks for it leaves unused.
+
+        Raises:
+            MpirunLineError: The world size cannot be told (no ``-np``, and hosts whose slots are not known).
+        """
+        shape = self.shape(allocation)
+        left, _ = allocation.split(excluded)
+        if shape.per_node is not None:
+            return max(0, len(left) - shape.nodes)
+        filled = _fill(left, shape.world)
+        return 0 if filled is None else len(left) - len(filled)
+
     def relaunch(
         self,
         allocation: Allocation,

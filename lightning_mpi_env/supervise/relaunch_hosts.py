@@ -83,3 +83,17 @@ def place(
         f'{high}); or, where the program takes its size from the launch (Trainer(strategy="ddp_mpi") '
         f"without devices and num_nodes), let the step run on fewer nodes: srun --nodes=1-{high}.",
     )
+
+
+def spares(line: SrunLine, hosts: Sequence[str] | None, excluded: Sequence[str]) -> int:
+    """How many of the allocation's ``hosts`` without ``excluded`` a step of ``line`` leaves unused.
+
+    ``0`` where the allocation is unknown, or the line gives no ``--nodes``: srun then takes the allocation's node
+    count (``SLURM_NNODES``), every host.
+    """
+    wanted = line.nodes()
+    if hosts is None or wanted is None:
+        return 0
+    whole = Allocation(tuple(Host(host, None) for host in hosts), "allocation")
+    kept, _ = whole.split([*line.excluded(), *excluded])
+    return max(0, len(kept) - wanted[1])

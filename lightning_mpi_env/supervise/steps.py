@@ -22,7 +22,7 @@ from lightning_mpi_env.supervise.mpirun_family import detect_family
 from lightning_mpi_env.supervise.mpirun_line import MpirunLine, TooFewHostsError
 from lightning_mpi_env.supervise.mpirun_options import LAUNCHER_NAMES
 from lightning_mpi_env.supervise.probe import probe_line
-from lightning_mpi_env.supervise.relaunch_hosts import Relaunch, Shortfall, allocation_hosts, place
+from lightning_mpi_env.supervise.relaunch_hosts import Relaunch, Shortfall, allocation_hosts, place, spares
 from lightning_mpi_env.supervise.srun_line import SrunLine, SrunLineError
 
 HOST_FILE = "hosts"
@@ -44,12 +44,15 @@ class Step:
     probe_line: Callable[[str], list[str]]
     exits: Callable[[str], list[TaskExit]]
     """The ranks the launcher's standard error says ended badly."""
+    spares: Callable[[Sequence[str]], int]
+    """``spares(excluded)``: how many hosts of the allocation a step without ``excluded`` leaves unused."""
 
 
 def mpirun_step(line: MpirunLine, hosts: Allocation, min_nodes: int | None, main_host: str = "") -> Step:
     """The step of an ``mpirun`` line on ``hosts``; ``main_host``: ``LIGHTNING_MPI_ENV_MAIN_HOST``'s template."""
     relaunch = functools.partial(_mpirun_relaunch, line, hosts, min_nodes, main_host)
-    return Step(line.family.name, line.words, tuple(hosts.names()), relaunch, line.probe_line, mpirun_exits)
+    spare = functools.partial(line.spares, hosts)
+    return Step(line.family.name, line.words, tuple(hosts.names()), relaunch, line.probe_line, mpirun_exits, spare)
 
 
 def _mpirun_relaunch(
@@ -116,4 +119,4 @@ def step_line(words: Sequence[str], env: Mapping[str, str], *, min_nodes: int | 
         )
     hosts = allocation_hosts(env)
     relaunch = functools.partial(_srun_relaunch, srun, hosts)
-    return Step(SRUN.name, srun.words, hosts, relaunch, probe_line, srun_exits)
+    return Step(SRUN.name, srun.words, hosts, relaunch, probe_line, srun_exits, functools.partial(spares, srun, hosts))

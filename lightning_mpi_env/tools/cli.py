@@ -373,6 +373,7 @@ def _supervise(args: argparse.Namespace) -> int:
         probe_timeout=args.probe_timeout,
         grace=args.grace,
         min_nodes=args.min_nodes,
+        leave_out_stragglers=args.leave_out_stragglers,
         say=lambda line: emit(line, stderr=True),  # the step's words echoed escaped
     )
 

@@ -4,24 +4,30 @@ from __future__ import annotations
 
 import argparse
 import errno
-import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from lightning_mpi_env import __version__
 from lightning_mpi_env.core.errors import escaped
 from lightning_mpi_env.core.rank_layout import STRATEGIES, UNEVEN_STRATEGY
-from lightning_mpi_env.core.values import MAX_LOCAL_SIZE, MAX_WORLD_SIZE, as_count, shown
+from lightning_mpi_env.core.values import MAX_WORLD_SIZE, shown
 from lightning_mpi_env.supervise.loop import DEFAULT_STATE
-from lightning_mpi_env.supervise.policy import MAX_RESTARTS
 from lightning_mpi_env.supervise.probe import PROBE_TIMEOUT
 from lightning_mpi_env.supervise.step import GRACE
 from lightning_mpi_env.tools.cli_output import PROG as PROG
 from lightning_mpi_env.tools.cli_output import HelpFormatter as _Formatter
 from lightning_mpi_env.tools.cli_output import SystemRefusal
+from lightning_mpi_env.tools.cli_values import (
+    assignment,
+    at_most,
+    nproc,
+    positive,
+    positive_seconds,
+    restarts_count,
+)
 from lightning_mpi_env.tools.interop import TORCH_VARIABLES
 from lightning_mpi_env.tools.simcluster import MAX_NODES, MAX_SLOTS
 from lightning_mpi_env.tools.simulated_launch import LAUNCHER_KEYS, SCHEDULERS, MapBy
@@ -33,8 +39,6 @@ class _Writer(Protocol):
 
 JSON_HELP = 'print one JSON object on one line, with "ok" (and "error" on an error)'
 PER_NODE_HELP = "slots (ranks) per node"
-MAX_SECONDS = 86_400
-"""The most seconds an option takes (a day)."""
 
 
 class ArgumentsError(Exception):
@@ -112,67 +116,6 @@ def wants_json(argv: Sequence[str]) -> bool:
     return command in JSON_COMMANDS and "--json" in options
 
 
-def _positive(text: str) -> int:
-    number = as_count(text)
-    if number is None or number < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {shown(text)}")  # of at most 18 digits
-    return number
-
-
-def _at_most(maximum: int, what: str) -> Callable[[str], int]:
-    """A positive count of at most ``maximum`` (``what``: the limit, for the message)."""
-
-    def check(text: str) -> int:
-        number = _positive(text)
-        if number > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum} ({what}), got {shown(text)}")
-        return number
-
-    return check
-
-
-def _count(text: str) -> int:
-    number = as_count(text)
-    if number is None or number > MAX_RESTARTS:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {MAX_RESTARTS}, got {shown(text)}")
-    return number
-
-
-NPROC_WORDS = ("gpu", "cpu", "auto")
-"""What ``torchrun --nproc-per-node`` takes besides a count."""
-
-
-def _nproc(text: str) -> int | str:
-    if text in NPROC_WORDS:
-        return text
-    number = as_count(text)
-    if number is None or not 1 <= number <= MAX_LOCAL_SIZE:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive integer of at most {MAX_LOCAL_SIZE} (ranks on one node), or one of "
-            f"{', '.join(NPROC_WORDS)}; got {shown(text)}"
-        )
-    return number
-
-
-def _seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
-        raise argparse.ArgumentTypeError(
-            f"must be a positive number of seconds, got {shown(text)} (at most {MAX_SECONDS})"
-        )
-    return seconds
-
-
-def _assignment(text: str) -> tuple[str, str]:
-    name, equals, value = text.partition("=")
-    if not equals or not name.isidentifier():
-        raise argparse.ArgumentTypeError(f"must be NAME=VALUE, got {shown(text)}")
-    return name, value
-
-
 def make_state_dir(path: str) -> None:
     """Make ``run``'s state folder, or refuse it in one line when it cannot be made or written."""
     try:
@@ -229,11 +172,11 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
         f'nodes under a strategy that needs even ones). Uneven nodes are fine for strategy="{UNEVEN_STRATEGY}", '
         "the default.",
     )
-    sim.add_argument("--nodes", type=_positive, required=True, metavar="N", help="number of nodes")
+    sim.add_argument("--nodes", type=positive, required=True, metavar="N", help="number of nodes")
     sim.add_argument(
-        "--per-node", "--ppn", dest="per_node", type=_positive, required=True, metavar="P", help=PER_NODE_HELP
+        "--per-node", "--ppn", dest="per_node", type=positive, required=True, metavar="P", help=PER_NODE_HELP
     )
-    sim.add_argument("--np", type=_positive, metavar="K", help="number of ranks (default: N x P)")
+    sim.add_argument("--np", type=positive, metavar="K", help="number of ranks (default: N x P)")
     sim.add_argument("--map-by", choices=[m.value for m in MapBy], default="slot", help="block or round-robin")
     sim.add_argument("--launcher", choices=LAUNCHER_KEYS, default="openmpi", help="default: openmpi")
     sim.add_argument(
@@ -274,7 +217,7 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
     )
     targs.add_argument(
         "--nproc-per-node",
-        type=_nproc,
+        type=nproc,
         default=1,
         metavar="N|gpu|cpu|auto",
         help="workers per node: a positive count, or gpu, cpu or auto as torchrun takes them (default 1)",
@@ -285,7 +228,7 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
         parents=[common],
         formatter_class=_Formatter,
         usage=f"{PROG} run [-h] [--debug] [--restarts N] [--backoff S] [--probe-timeout S] [--grace S] [--min-nodes K] "
-        "[--state-dir D] -- srun|mpirun|mpiexec [OPTIONS] CMD ...",
+        "[--leave-out-stragglers] [--state-dir D] -- srun|mpirun|mpiexec [OPTIONS] CMD ...",
         help="run a job step, and relaunch it without the failed hosts when the roll call or the watchdog stops it",
         description="Run the srun, mpirun or mpiexec line; when a step fails, read the failure records its ranks "
         "wrote, and relaunch it in the same allocation without the hosts to blame (srun --exclude, or a host file "
@@ -294,24 +237,26 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
         "loop as the program's. One line per event on stderr, and JSON lines in STATE_DIR/<job>/timeline.jsonl. "
         "The exit status is the last step's.",
     )
-    supervisor.add_argument("--restarts", type=_count, default=3, metavar="N", help="relaunches at most (default 3)")
+    supervisor.add_argument(
+        "--restarts", type=restarts_count, default=3, metavar="N", help="relaunches at most (default 3)"
+    )
     supervisor.add_argument(
         "--backoff",
-        type=_seconds,
+        type=positive_seconds,
         metavar="S",
         default=10.0,
         help="seconds before the first relaunch, doubled for each next one (default 10)",
     )
     supervisor.add_argument(
         "--probe-timeout",
-        type=_seconds,
+        type=positive_seconds,
         metavar="S",
         default=PROBE_TIMEOUT,
         help=f"seconds each host has to run the health probe before a relaunch (default {PROBE_TIMEOUT:g})",
     )
     supervisor.add_argument(
         "--grace",
-        type=_seconds,
+        type=positive_seconds,
         metavar="S",
         default=GRACE,
         help=f"seconds a step has to end after its failure is recorded, before its launcher is killed (default "
@@ -319,10 +264,17 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
     )
     supervisor.add_argument(
         "--min-nodes",
-        type=_at_most(MAX_WORLD_SIZE, "ranks in one job"),
+        type=at_most(MAX_WORLD_SIZE, "ranks in one job"),
         metavar="K",
         help="an mpirun line may be relaunched on as few hosts, with its ranks per host (a program that takes its "
         "size from the launch, ddp_mpi); an srun line says it as --nodes=MIN-MAX",
+    )
+    supervisor.add_argument(
+        "--leave-out-stragglers",
+        action="store_true",
+        help="once a straggler is named, end the step at its next periodic checkpoint and relaunch it without the "
+        "straggler's host, where the allocation has a spare host (a Trainer job with "
+        "LIGHTNING_MPI_ENV_CHECKPOINT_EVERY set)",
     )
     supervisor.add_argument(
         "--state-dir",
@@ -360,7 +312,7 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
     )
     cluster.add_argument(
         "--nodes",
-        type=_at_most(MAX_NODES, "nodes of a simulated cluster"),
+        type=at_most(MAX_NODES, "nodes of a simulated cluster"),
         default=2,
         metavar="N",
         help=f"simulated nodes (default 2, at most {MAX_NODES})",
@@ -369,23 +321,25 @@ def build_parser(*, raise_errors: bool = False) -> argparse.ArgumentParser:
         "--per-node",
         "--ppn",
         dest="per_node",
-        type=_at_most(MAX_SLOTS, "slots of a simulated cluster"),
+        type=at_most(MAX_SLOTS, "slots of a simulated cluster"),
         default=2,
         metavar="P",
         help=f"{PER_NODE_HELP} (default 2; at most {MAX_SLOTS} in all)",
     )
-    cluster.add_argument("--np", type=_positive, metavar="K", help="number of ranks (default: N x P)")
+    cluster.add_argument("--np", type=positive, metavar="K", help="number of ranks (default: N x P)")
     cluster.add_argument("--map-by", choices=[m.value for m in MapBy], default="slot", help="block or round-robin")
     cluster.add_argument(
         "-x",
         "--export",
-        type=_assignment,
+        type=assignment,
         action="append",
         default=[],
         metavar="NAME=VALUE",
         help="a variable for every rank (repeatable), as mpirun -x",
     )
-    cluster.add_argument("--timeout", type=_seconds, metavar="S", help="stop the job after S seconds and exit 124")
+    cluster.add_argument(
+        "--timeout", type=positive_seconds, metavar="S", help="stop the job after S seconds and exit 124"
+    )
     cluster.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command every rank runs")
 
     demo = commands.add_parser(

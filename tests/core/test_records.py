@@ -34,6 +34,7 @@ def _record(**changes: object) -> dict[str, object]:
     [
         (FailureKind.MISSING, True),
         (FailureKind.FROZEN, True),
+        (FailureKind.STRAGGLER, True),  # a slow host: the relaunch runs on a spare instead
         (FailureKind.DUPLICATE, False),
         (FailureKind.MISMATCH, False),
     ],

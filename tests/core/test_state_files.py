@@ -13,10 +13,13 @@ from lightning_mpi_env.core.errors import LayoutError
 from lightning_mpi_env.core.layout import from_env
 from lightning_mpi_env.core.state_files import (
     HOST_LINES_NEEDED,
+    LEAVE_OUT,
     MAX_HOST_FILE_BYTES,
+    MAX_SPARES,
     FieldError,
     HostFileError,
     NotARegularFile,
+    ask_to_leave_out,
     exact_fields,
     host_file_head,
     load_json,
@@ -25,6 +28,7 @@ from lightning_mpi_env.core.state_files import (
     read_host_file,
     read_whole_host_file,
     seconds,
+    spares_given,
     versioned_object,
     whole_number,
     write_whole,
@@ -240,3 +244,38 @@ def test_the_whole_file_is_read_or_refused_never_cut(tmp_path: Path):
         read_whole_host_file(str(nodefile), max_bytes=20)  # the head holds hosts: still refused, not cut
     with pytest.raises(HostFileError, match=r"/dev/zero is a character device"):
         read_whole_host_file("/dev/zero", max_bytes=100)
+
+
+def test_run_s_request_to_leave_stragglers_out_reads_back_its_spares(tmp_path: Path):
+    assert spares_given(str(tmp_path)) == 0  # none asked
+    assert ask_to_leave_out(str(tmp_path), 2) is None
+    assert spares_given(str(tmp_path)) == 2
+    assert ask_to_leave_out(str(tmp_path / "file" / "below"), 1) is None  # the folder is made
+    (tmp_path / "blocked").write_text("")
+    assert "could not write" in (ask_to_leave_out(str(tmp_path / "blocked"), 1) or "")
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('{"format": 1, "spares": -1}', "not a whole number from 0 to"),
+        (f'{{"format": 1, "spares": {MAX_SPARES + 1}}}', "not a whole number from 0 to"),
+        ('{"format": 1, "spares": true}', "not a whole number"),
+        ('{"format": 1, "spares": 1, "hosts": ["node2"]}', "unknown"),
+        ('{"format": 2, "spares": 1}', "format='2' is not 1"),
+        ('{"format": 1, "spares": NaN}', "NaN is not a number"),
+        ("1", "not an object"),
+        ('{"format": 1, "spares": 1}' + " " * 64, "more than 64 bytes"),
+    ],
+)
+def test_a_request_that_is_not_run_s_is_one_named_error(tmp_path: Path, text: str, reason: str):
+    (tmp_path / LEAVE_OUT).write_text(text)
+    with pytest.raises(FieldError, match=reason) as raised:
+        spares_given(str(tmp_path))
+    assert str(raised.value).startswith(str(tmp_path / LEAVE_OUT))
+
+
+def test_a_request_that_is_a_fifo_is_refused_without_waiting(tmp_path: Path):
+    os.mkfifo(tmp_path / LEAVE_OUT)
+    with pytest.raises(FieldError, match="it is not a regular file"):
+        spares_given(str(tmp_path))

@@ -10,7 +10,15 @@ import pytest
 from lightning_mpi_env.core.records import FailureRecorder
 from lightning_mpi_env.rollcall.stall import PHASES
 from lightning_mpi_env.rollcall.store_values import Report
-from lightning_mpi_env.rollcall.stragglers import MIN_EXCESS, WORSE, StragglerWatch, WorkTimes, seconds_text
+from lightning_mpi_env.rollcall.stragglers import (
+    MIN_EXCESS,
+    WORSE,
+    StragglerWatch,
+    WorkTimes,
+    leave_out_line,
+    seconds_text,
+    to_leave_out,
+)
 from lightning_mpi_env.rollcall.watchdog import Watchdog
 from lightning_mpi_env.supervise.records import read_stragglers
 from tests.rollcall.test_watchdog import HANG, _Clock, _shows, _wait_for, _watchdogs, store_port  # noqa: F401
@@ -217,3 +225,26 @@ def test_a_forged_host_cannot_forge_a_line():
     summary = watch.summary()
     assert summary is not None
     assert "\n" not in summary
+
+
+def test_the_stragglers_standing_are_those_named_that_still_stand_out_slowest_first():
+    watch = StragglerWatch(1.5, WINDOW)
+    watch.judge(reports([0.05, 0.05, 0.05, 0.05, 0.10, 0.15]))  # ranks 4 and 5, on node2
+    assert [straggler.rank for straggler in watch.standing()] == [5, 4]
+    watch.judge(reports([0.05, 0.05, 0.05, 0.05, 0.05, 0.15]))  # rank 4 recovered: it no longer stands
+    assert [straggler.rank for straggler in watch.standing()] == [5]
+    watch.judge(reports([0.05] * 6))
+    assert watch.standing() == []
+    assert set(watch.named) == {4, 5}  # named once, whatever came after
+
+
+def test_the_hosts_left_out_are_the_slowest_first_at_most_the_spares_each_with_its_ranks():
+    watch = StragglerWatch(1.5, WINDOW)
+    watch.judge(reports([0.05, 0.05, 0.15, 0.05, 0.10, 0.12, 0.05, 0.05]))  # node1: rank 2; node2: ranks 4, 5
+    standing = watch.standing()
+    assert [(s.rank, s.host) for s in to_leave_out(standing, 1)] == [(2, "node1")]
+    assert [(s.rank, s.host) for s in to_leave_out(standing, 2)] == [(2, "node1"), (5, "node2"), (4, "node2")]
+    assert to_leave_out(standing, 0) == []
+    line = leave_out_line(to_leave_out(standing, 2), 30)
+    assert line.startswith("leaving out node1 x3.0 (rank 2), node2 x2.4 (ranks 4-5), still slower than the others")
+    assert "the step ends at the checkpoint of step 30" in line

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_mpi_env.core.errors import SettingError
 from lightning_mpi_env.core.records import (
     FailureKind,
     FailureRecorder,
@@ -23,6 +24,7 @@ from lightning_mpi_env.core.records import (
     write_first_step,
     write_stragglers,
 )
+from lightning_mpi_env.core.state_files import LEAVE_OUT, spares_given
 from lightning_mpi_env.supervise.loop import supervise
 from lightning_mpi_env.supervise.policy import RestartPolicy
 from lightning_mpi_env.supervise.srun_line import SrunLineError
@@ -85,7 +87,7 @@ def killed_by_srun(folder: str) -> StepEnd:
     return StepEnd(137, "srun: error: node2: task 3: Killed\nsrun: error: node1: tasks 0-1: Exited with exit code 1\n")
 
 
-def _supervise(tmp_path, steps, *, probe_fails=None, line=LINE, env=ALLOCATION, backoff=0, trace=None):
+def _supervise(tmp_path, steps, *, probe_fails=None, line=LINE, env=ALLOCATION, backoff=0, trace=None, **given):
     """Run the loop on fakes; ``trace`` (a list) gets every line said, wait and probe, in order."""
     shown: list[str] = []
     probed: list[list[str]] = []
@@ -110,6 +112,7 @@ def _supervise(tmp_path, steps, *, probe_fails=None, line=LINE, env=ALLOCATION, 
         run=steps,
         check=check,
         sleep=lambda seconds: trace.append(("sleep", seconds)),
+        **given,
     )
     (journal,) = tmp_path.glob("*/timeline.jsonl")
     return status, [json.loads(line) for line in journal.read_text().splitlines()], probed, shown
@@ -350,3 +353,91 @@ def test_a_malformed_straggler_record_is_said_once_and_the_step_goes_on(tmp_path
     assert status == 0
     assert [event["event"] for event in events] == ["launch", "done"]
     assert sum("stragglers.json is malformed" in line for line in shown) == 1
+
+
+LEAVING_OUT = {**ALLOCATION, "LIGHTNING_MPI_ENV_CHECKPOINT_EVERY": "5"}
+
+
+class SlowNode:
+    """Step 1: rank 0 names rank 3 on node2; then, asked by the supervisor (read back here, as rank 0 reads it at its
+    checkpoint), it records node2 as a straggler's host and every rank exits 1. Step 2 resumes from that checkpoint."""
+
+    def __init__(self) -> None:
+        self.argvs: list[list[str]] = []
+        self.asked: list[int] = []
+
+    def __call__(self, argv, env, folder, *, tick, grace):
+        self.argvs.append(list(argv))
+        if len(self.argvs) > 1:
+            end = resumed(11, 10)(folder)
+            tick()
+            return end
+        straggling((3, "node2", 2.0))(folder)
+        tick()
+        self.asked.append(spares_given(folder))
+        if self.asked[-1]:
+            recorder = FailureRecorder.plan(folder, "Slurm srun", "77")
+            assert recorder is not None
+            fault = Fault(FailureKind.STRAGGLER, (3,), ("node2",), 10)
+            recorder.write(fault, problem="leaving out node2 x2.0 (rank 3)", written_by=0)
+            return StepEnd(1)
+        return StepEnd(0)
+
+
+def test_leave_out_asks_the_step_for_its_spares_and_relaunches_without_the_straggler_s_host(tmp_path):
+    steps = SlowNode()
+    status, events, _, shown = _supervise(tmp_path, steps, env=LEAVING_OUT, leave_out_stragglers=True)
+    assert status == 0
+    assert steps.asked == [1]  # node[1-3], a step of 2 nodes: one spare
+    assert [event["event"] for event in events] == [
+        "launch",
+        "straggler",
+        "failure",
+        "excluded",
+        "relaunch",
+        "launch",
+        "first_step",
+        "done",
+    ]
+    assert events[2]["message"] == "straggler: rank(s) 3 on node2 at step 10", events[2]
+    assert events[3]["hosts"] == ["node2"]
+    assert steps.argvs[1][:2] == ["srun", "--exclude=node2"]
+    assert events[6]["steps_lost"] == 0
+    assert sum("asked the step to end at its next periodic checkpoint" in line for line in shown) == 1
+    assert "at most 1 (the allocation's spare hosts)" in "\n".join(shown)
+
+
+def test_leave_out_without_a_spare_says_the_hosts_stay_and_asks_nothing(tmp_path):
+    steps = SlowNode()
+    line = ["srun", "--nodes=3", "--ntasks-per-node=2", "python", "train.py"]
+    status, events, _, shown = _supervise(tmp_path, steps, line=line, env=LEAVING_OUT, leave_out_stragglers=True)
+    assert status == 0
+    assert steps.asked == [0]
+    assert not list(tmp_path.glob(f"*/step-1/{LEAVE_OUT}"))
+    assert [event["event"] for event in events] == ["launch", "straggler", "done"]
+    assert sum("the stragglers' hosts stay in the step: the allocation has no host" in line for line in shown) == 1
+
+
+def test_without_leave_out_a_straggler_is_only_named(tmp_path):
+    steps = SlowNode()
+    status, events, _, _ = _supervise(tmp_path, steps, env=LEAVING_OUT)
+    assert (status, steps.asked) == (0, [0])
+    assert [event["event"] for event in events] == ["launch", "straggler", "done"]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (ALLOCATION, r"LIGHTNING_MPI_ENV_CHECKPOINT_EVERY is unset or 0: there is none"),
+        ({**ALLOCATION, "LIGHTNING_MPI_ENV_CHECKPOINT_EVERY": "0"}, r"CHECKPOINT_EVERY is unset or 0"),
+        ({**LEAVING_OUT, "LIGHTNING_MPI_ENV_STRAGGLERS": "0"}, r"LIGHTNING_MPI_ENV_STRAGGLERS=0 turns the straggler"),
+        ({**LEAVING_OUT, "LIGHTNING_MPI_ENV_STRAGGLER_WINDOW": "0"}, r"STRAGGLER_WINDOW=0 turns the straggler watch"),
+        ({**LEAVING_OUT, "LIGHTNING_MPI_ENV_STRAGGLER_WINDOW": "x"}, r"LIGHTNING_MPI_ENV_STRAGGLER_WINDOW='x'"),
+    ],
+)
+def test_leave_out_where_no_host_would_be_left_out_is_refused_before_anything_runs(tmp_path, env, message):
+    ran: list[list[str]] = []
+    with pytest.raises(SettingError, match=message):
+        supervise(LINE, RestartPolicy(1), env=env, state=str(tmp_path), run=ran.append, leave_out_stragglers=True)
+    assert ran == []
+    assert list(tmp_path.iterdir()) == []

@@ -270,6 +270,22 @@ def test_the_relaunch_keeps_the_world_on_the_hosts_left(family, line, excluded, 
     assert relaunch.main_address == host_file.split()[0].partition(":")[0]  # the host file's first: rank 0's
 
 
+@pytest.mark.parametrize(
+    ("line", "allocation", "excluded", "spares"),
+    [
+        ("mpirun -np 4 -N 2 ./a.out", THREE, [], 1),  # n1, n2 run it; n3 is spare
+        ("mpirun -np 4 -N 2 ./a.out", THREE, ["n3"], 0),
+        ("mpirun -np 4 -N 2 ./a.out", THREE, ["n1", "n2"], 0),  # it does not fit at all: none spare
+        ("mpirun -N 2 ./a.out", THREE, [], 0),  # no -np: a process per slot, every host
+        ("mpirun -np 2 ./a.out", THREE, [], 2),  # by slot: n1 holds both
+        ("mpirun -np 3 ./a.out", Allocation((Host("a", 1), Host("b", 2), Host("c", 4)), "x"), [], 1),
+        ("mpirun -np 3 ./a.out", Allocation((Host("a", 1), Host("b", 2), Host("c", 4)), "x"), ["b"], 0),
+    ],
+)
+def test_the_spares_are_the_hosts_the_step_leaves_unused(line, allocation, excluded, spares):
+    assert _parse(line).spares(allocation, excluded) == spares
+
+
 def test_with_a_spare_the_step_keeps_its_node_count_and_leaves_the_spare_out():
     relaunch = _parse("mpirun -np 4 -N 2 ./a.out").relaunch(THREE, [], "/h")
     assert [host.name for host in relaunch.hosts] == ["n1", "n2"]  # n3 stays spare

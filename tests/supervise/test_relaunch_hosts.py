@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_mpi_env.core.errors import LayoutError
-from lightning_mpi_env.supervise.relaunch_hosts import Relaunch, Shortfall, allocation_hosts, place
+from lightning_mpi_env.supervise.relaunch_hosts import Relaunch, Shortfall, allocation_hosts, place, spares
 from lightning_mpi_env.supervise.srun_line import SrunLine, SrunLineError
 
 FIXED = SrunLine.parse(["srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "python", "train.py"])
@@ -92,3 +92,19 @@ def test_the_allocation_is_slurm_s_node_list_and_a_malformed_one_is_named():
     assert allocation_hosts({}) is None
     with pytest.raises(LayoutError, match="SLURM_JOB_NODELIST"):
         allocation_hosts({"SLURM_JOB_NODELIST": "node[1-"})
+
+
+@pytest.mark.parametrize(
+    ("line", "hosts", "excluded", "expected"),
+    [
+        (FIXED, THREE, [], 1),
+        (FIXED, THREE, ["node3"], 0),
+        (FIXED, ("node1.cluster", "node2.cluster", "node3.cluster", "node4.cluster"), ["node4"], 1),  # its spelling
+        (RANGE, THREE, [], 1),  # up to 2 nodes: the third is spare
+        (SrunLine.parse(["srun", "--exclude=node1", "--nodes=2", "python", "train.py"]), THREE, [], 0),
+        (SrunLine.parse(["srun", "--ntasks=4", "python", "train.py"]), THREE, [], 0),  # every host: SLURM_NNODES
+        (FIXED, None, [], 0),  # outside an allocation: unknown
+    ],
+)
+def test_the_spares_are_the_allocation_s_hosts_an_srun_step_leaves_unused(line, hosts, excluded, expected):
+    assert spares(line, hosts, excluded) == expected

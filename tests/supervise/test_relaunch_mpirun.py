@@ -18,7 +18,16 @@ import pytest
 
 from lightning_mpi_env.tools.simcluster import find_mpirun, session_dir_arguments
 from tests.clusters.slurm import SlurmCluster
-from tests.supervise.test_relaunch_slurm import EVERY, STEPS, _results, _train, _validated_to_the_end
+from tests.supervise.test_relaunch_slurm import (
+    EVERY,
+    LEAVE_OUT,
+    SLOW_NODE,
+    STEPS,
+    _results,
+    _train,
+    _validated_to_the_end,
+    left_out_and_resumed,
+)
 from tests.supervise.test_relaunch_slurm import _supervised as supervised_in_salloc
 from tests.test_slurm import FABRIC_FREEZE
 
@@ -31,10 +40,10 @@ def _mpirun(tmp_path: Path) -> list[str]:
 
 
 def _supervised(
-    cluster: SlurmCluster, tmp_path: Path, program: list[str], launcher: list[str] | None = None
+    cluster: SlurmCluster, tmp_path: Path, program: list[str], launcher: list[str] | None = None, **given: object
 ) -> tuple[str, int, list[dict]]:
     """``program`` under ``launcher`` (Open MPI's mpirun by default), supervised in ``salloc --no-kill -N3``."""
-    return supervised_in_salloc(cluster, tmp_path, [*(launcher or _mpirun(tmp_path)), *program])
+    return supervised_in_salloc(cluster, tmp_path, [*(launcher or _mpirun(tmp_path)), *program], **given)
 
 
 def _relaunched_through_a_host_file(output: str, status: int, events: list[dict], tmp_path: Path) -> None:
@@ -83,6 +92,15 @@ def test_an_mpirun_fabric_loop_under_ddp_mpi_is_relaunched_on_the_spare_and_resu
         "rank=2 host=node3 first=10",
         "rank=3 host=node3 first=10",
     ], output[-8000:]
+
+
+def test_leave_out_stragglers_relaunches_an_mpirun_step_without_the_slow_node(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
+):
+    given = {"exported": LEAVE_OUT, "options": ("--leave-out-stragglers",)}
+    output, status, events = _supervised(slurm_cluster_with_spare, tmp_path, _train(tmp_path, *SLOW_NODE), **given)
+    second = left_out_and_resumed(output, status, events, tmp_path)
+    assert Path(second["argv"][2]).read_text() == "node1 slots=2\nnode3 slots=2\n", second
 
 
 @pytest.mark.hydra

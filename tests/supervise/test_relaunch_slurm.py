@@ -54,10 +54,12 @@ def _supervised(
     nodes: int = 3,
     restarts: int = 2,
     exported: dict[str, str] | None = None,
+    options: tuple[str, ...] = (),
 ) -> tuple[str, int, list[dict]]:
     """Run the supervisor in ``salloc --no-kill -N<nodes>``; its output, exit status and timeline events."""
     state = tmp_path / "state"
     supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", str(restarts), "--backoff", "1"]
+    supervisor += options
     supervisor += ["--probe-timeout", "10", "--state-dir", str(state), "--", *step]
     env = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(STALL_TIMEOUT), "LIGHTNING_MPI_ENV_CHECKPOINT_EVERY": str(EVERY)}
     env.update(exported or {})
@@ -149,6 +151,53 @@ def test_a_killed_rank_on_node2_is_relaunched_on_the_spare_and_resumes(
     _relaunched_and_resumed(output, status, events, tmp_path, "")
     failure = events[_kinds(events).index("failure")]
     assert "rank(s) 3 on node2" in failure["message"], failure
+
+
+SLOW_NODE = ["--step-seconds", "0.1", "--slow-rank", "@node2:3"]
+"""Every rank on node2 (ranks 2 and 3) takes 3 times as long a step, wherever a step puts them: a slow node."""
+LEAVE_OUT = {"LIGHTNING_MPI_ENV_STRAGGLER_WINDOW": "5"}
+
+
+def left_out_and_resumed(output: str, status: int, events: list[dict], tmp_path: Path) -> dict:
+    """node2 named, left out at a periodic checkpoint, and the step resumed from it on node1 and node3; the launch."""
+    assert status == 0, output[-8000:]
+    kinds = _kinds(events)
+    assert kinds.count("launch") == 2, kinds
+    assert kinds[-1] == "done", kinds
+    assert {event["host"] for event in events if event["event"] == "straggler"} == {"node2"}, events
+    assert "asked the step to end at its next periodic checkpoint" in output, output[-8000:]
+    failure = events[kinds.index("failure")]
+    assert failure["hosts"] == ["node2"], failure
+    assert failure["message"].startswith("straggler: rank(s) 2, 3 on node2 at step "), failure
+    left_at = int(failure["message"].rsplit(" ", 1)[1])
+    assert left_at % EVERY == 0, failure
+    assert "straggler: leaving out node2 x" in output, output[-8000:]
+    relaunched = [result for result in _results(tmp_path) if result["step_id"] != "0"]
+    assert sorted(result["hostname"] for result in relaunched) == ["node1", "node1", "node3", "node3"], relaunched
+    assert {result["global_step"] for result in relaunched} == {STEPS}, relaunched
+    first = [event for event in events if event["event"] == "first_step" and event["step"] == 2]
+    assert len(first) == 1, events
+    assert first[0]["resumed_step"] == left_at, first  # from the checkpoint the step ended at: no step lost
+    assert first[0]["steps_lost"] == 0, first
+    _validated_to_the_end(tmp_path)
+    named, failure_at = events[kinds.index("straggler")], failure["when"]
+    print(
+        f"FIGURE leave-out: named at training step {named['training_step']}, left out at the checkpoint of {left_at}; "
+        f"the relaunch's first step {first[0]['when'] - failure_at:.1f} s after the step ended"
+    )
+    return events[kinds.index("launch", kinds.index("failure"))]
+
+
+def test_leave_out_stragglers_ends_the_step_at_a_checkpoint_and_resumes_it_without_the_slow_node(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
+):
+    # Rank 0 names node2's ranks, run asks the step to leave their host out, and rank 0 does at its next periodic
+    # checkpoint; the relaunch excludes node2.
+    step = [*STEP, *_train(tmp_path, *SLOW_NODE)]
+    options = ("--leave-out-stragglers",)
+    output, status, events = _supervised(slurm_cluster_with_spare, tmp_path, step, exported=LEAVE_OUT, options=options)
+    second = left_out_and_resumed(output, status, events, tmp_path)
+    assert "--exclude=node2" in second["argv"], second
 
 
 @contextmanager

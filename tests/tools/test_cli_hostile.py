@@ -163,6 +163,17 @@ def test_a_state_folder_that_is_a_file_is_one_named_error(tmp_path, capsys):
         assert "Give --state-dir a folder you may write" in line
 
 
+def test_leave_out_stragglers_without_periodic_checkpoints_is_one_named_error(tmp_path, capsys):
+    allocation = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-3]"}
+    with mock.patch.dict(os.environ, allocation, clear=True):
+        line = ["run", "--leave-out-stragglers", "--state-dir", str(tmp_path / "state"), "--"]
+        assert main([*line, "srun", "--nodes=2", "python", "train.py"]) == 1
+    line = _named_error(capsys.readouterr().err)
+    assert "--leave-out-stragglers ends the step at a periodic checkpoint" in line, line
+    assert "Export LIGHTNING_MPI_ENV_CHECKPOINT_EVERY=N for the step" in line, line
+    assert list((tmp_path / "state").iterdir()) == []  # refused before any step ran
+
+
 def test_a_temporary_folder_that_cannot_be_made_is_one_named_error(tmp_path, capsys):
     blocker = tmp_path / "tmp"
     blocker.write_text("a file, not a folder")

@@ -69,6 +69,7 @@ OPTIONS: dict[str, dict[str, st.SearchStrategy[list[str]]]] = {
         "--probe-timeout": _one(SECONDS),
         "--grace": _one(SECONDS),
         "--min-nodes": _one(COUNT),
+        "--leave-out-stragglers": FLAG,
         "--state-dir": _one(st.sampled_from(["state", ""])),
         "cmd": COMMAND,
     },
