@@ -1,4 +1,8 @@
-"""What a training loop calls on ``MPIClusterEnvironment`` during a run: progress marks, the requeue, ``SIGTERM``."""
+"""What a training loop calls on ``MPIClusterEnvironment`` during a run: progress marks, the requeue, ``SIGTERM``.
+
+After a periodic checkpoint, a Trainer's callback also asks whether to end the step there and leave stragglers'
+hosts out (``lightning-mpi-env run --leave-out-stragglers``).
+"""
 
 from __future__ import annotations
 

@@ -81,9 +81,9 @@ def supervise(
 
     ``min_nodes``: an ``mpirun`` line may be relaunched on as few hosts (see :mod:`.steps`). A line the supervisor
     cannot relaunch raises :func:`~.steps.step_line`'s errors, and settings under which no host would be left out
-    :func:`check_leave_out`'s, before anything runs. ``leave_out_stragglers``: once
-    rank 0 names a straggler, ask the step to end at its next periodic checkpoint and leave the straggler's host out
-    of the relaunch, where the allocation has a spare host for it.
+    :func:`check_leave_out`'s, before anything runs. ``leave_out_stragglers``: once rank 0 names a straggler, ask
+    the step to end at its next periodic checkpoint and leave the straggler's host out of the relaunch, where the
+    allocation has a spare host for it.
     """
     line = step_line(words, env, min_nodes=min_nodes)
     if leave_out_stragglers:
