@@ -7,7 +7,6 @@ hosts out (``lightning-mpi-env run --leave-out-stragglers``).
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -23,6 +22,7 @@ from lightning_mpi_env.lightning.requeue import (
     requeue_due,
     requeue_now,
 )
+from lightning_mpi_env.rollcall.stall_verdict import say
 from lightning_mpi_env.rollcall.stragglers import leave_out_line, to_leave_out
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ class LoopCalls:
         except FieldError as error:
             if not self._request_unreadable:
                 self._request_unreadable = True
-                _say(f"lightning-mpi-env: straggler: the request to leave stragglers out is not read: {error}.")
+                say(f"lightning-mpi-env: straggler: the request to leave stragglers out is not read: {error}.")
             return False
         left_out = to_leave_out(watch.standing(), spares) if spares else []
         if not left_out:
@@ -176,12 +176,7 @@ class LoopCalls:
             return False  # no host name the record keeps (a forged report's): nothing for run to leave out
         problem = self._recorder.write(fault, problem=text, written_by=0)
         if problem is not None:  # without the record, run would not know whom to leave out: train on
-            _say(f"lightning-mpi-env: straggler: no host is left out: {problem}")
+            say(f"lightning-mpi-env: straggler: no host is left out: {problem}")
             return False
-        _say(f"lightning-mpi-env: straggler: {text}")
+        say(f"lightning-mpi-env: straggler: {text}")
         return True
-
-
-def _say(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()

@@ -62,9 +62,7 @@ def place(
     gone = list(dict.fromkeys([*line.excluded(), *excluded]))
     # A record names a host as the rank saw it (node2); the scheduler may spell it in full (node2.cluster), and srun
     # takes only its own spelling (it refuses a name it does not know): the allocation's names are excluded.
-    whole = Allocation(tuple(Host(host, None) for host in hosts), "allocation")
-    kept, _ = whole.split(gone)
-    left = tuple(host.name for host in kept)
+    whole, left = _left(line, hosts, excluded)
     still, unmatched = whole.split(excluded)
     spelled = [host for host in hosts if host not in {host.name for host in still}]
     low, high = wanted if wanted is not None else (1, 1)
@@ -94,6 +92,11 @@ def spares(line: SrunLine, hosts: Sequence[str] | None, excluded: Sequence[str])
     wanted = line.nodes()
     if hosts is None or wanted is None:
         return 0
+    return max(0, len(_left(line, hosts, excluded)[1]) - wanted[1])
+
+
+def _left(line: SrunLine, hosts: Sequence[str], excluded: Sequence[str]) -> tuple[Allocation, tuple[str, ...]]:
+    """The allocation of ``hosts``, and the names of its hosts left without the line's exclusions and ``excluded``."""
     whole = Allocation(tuple(Host(host, None) for host in hosts), "allocation")
     kept, _ = whole.split([*line.excluded(), *excluded])
-    return max(0, len(kept) - wanted[1])
+    return whole, tuple(host.name for host in kept)
