@@ -164,7 +164,10 @@ class LoopCalls:
         except FieldError as error:
             if not self._request_unreadable:
                 self._request_unreadable = True
-                say(f"lightning-mpi-env: straggler: the request to leave stragglers out is not read: {error}.")
+                say(
+                    f"lightning-mpi-env: straggler: the request to leave stragglers out is not read: {error}; no host "
+                    "is left out. Delete the file: only lightning-mpi-env run writes it, one state folder per step."
+                )
             return False
         left_out = to_leave_out(watch.standing(), spares) if spares else []
         if not left_out:

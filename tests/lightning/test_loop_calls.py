@@ -129,3 +129,4 @@ def test_a_request_that_is_not_run_s_is_said_once_and_the_job_goes_on(tmp_path, 
     err = capsys.readouterr().err
     assert err.count("the request to leave stragglers out is not read:") == 1, err
     assert f"{LEAVE_OUT}: spares holds 'all', not a whole number" in err, err
+    assert "Delete the file: only lightning-mpi-env run writes it" in err, err
