@@ -68,6 +68,12 @@ def _loopback_getaddrinfo(host, port, *args, **kwargs):
     raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
 
+@pytest.fixture(autouse=True)
+def _in_a_folder_of_its_own(tmp_path, monkeypatch):
+    """``run`` makes its state folder under the working folder: each test's goes to its own, not the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _run(argv, env=None, **patches):
     """``main(argv)`` in ``env`` (PATH kept) with nothing launched; ``patches``: further targets and side effects."""
     done = subprocess.CompletedProcess(args=[], returncode=0)
