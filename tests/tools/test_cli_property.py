@@ -14,6 +14,7 @@ import socket
 import subprocess
 from unittest import mock
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +28,12 @@ HOSTILE = ["", "x", "-1", "0", "1e3", "\u0663", "9" * 40, "nan", "a=b", "--"]
 COUNT = st.one_of(st.integers(1, 4).map(str), st.sampled_from(HOSTILE))
 SECONDS = st.one_of(st.sampled_from(["0.5", "2", "86400", "86401", "inf"]), st.sampled_from(HOSTILE))
 FLAG: st.SearchStrategy[list[str]] = st.just([])
+
+
+@pytest.fixture(autouse=True)
+def _in_a_folder_of_its_own(tmp_path, monkeypatch):
+    """``run`` makes its state folder under the working folder: each test's goes to its own, not the checkout."""
+    monkeypatch.chdir(tmp_path)
 
 
 def _one(values: st.SearchStrategy[str]) -> st.SearchStrategy[list[str]]:
