@@ -13,6 +13,7 @@ from lightning_mpi_env.core.errors import LayoutError as LayoutError
 from lightning_mpi_env.core.errors import MixedImportError as MixedImportError
 from lightning_mpi_env.core.errors import MixedImportWarning as MixedImportWarning
 from lightning_mpi_env.core.errors import MpiEnvError as MpiEnvError
+from lightning_mpi_env.core.errors import RecoveryError as RecoveryError
 from lightning_mpi_env.core.errors import RendezvousError as RendezvousError
 from lightning_mpi_env.core.layout import from_env as from_env
 from lightning_mpi_env.core.placement import Placement as Placement
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from lightning_mpi_env.lightning.environment import MPIClusterEnvironment as MPIClusterEnvironment
     from lightning_mpi_env.lightning.requeue import hpc_checkpoint as hpc_checkpoint
     from lightning_mpi_env.lightning.strategy import strategy_class as strategy_class
+    from lightning_mpi_env.recovery.restart import Generation as Generation
+    from lightning_mpi_env.recovery.restart import restartable as restartable
     from lightning_mpi_env.tools.interop import jax_distributed_kwargs as jax_distributed_kwargs
     from lightning_mpi_env.tools.interop import torch_env as torch_env
 
@@ -39,10 +42,13 @@ _LAZY = {
     "torch_env": "lightning_mpi_env.tools.interop",
     "unify_imports": "lightning_mpi_env.imports.unify",
     "hpc_checkpoint": "lightning_mpi_env.lightning.requeue",
+    "restartable": "lightning_mpi_env.recovery.restart",
+    "Generation": "lightning_mpi_env.recovery.restart",
 }
 """Public names whose modules load on first use (PEP 562): the Lightning-facing ones, and the rarely used."""
 
 __all__ = [
+    "Generation",
     "LayoutError",
     "MPIClusterEnvironment",
     "MixedImportError",
@@ -50,12 +56,14 @@ __all__ = [
     "MpiEnvError",
     "Placement",
     "RankLayout",
+    "RecoveryError",
     "RendezvousError",
     "__version__",
     "check_mixed_imports",
     "from_env",
     "hpc_checkpoint",
     "jax_distributed_kwargs",
+    "restartable",
     "strategy_class",
     "torch_env",
     "unify_imports",

@@ -62,6 +62,7 @@ ERRORS = {
     "UnknownSettingWarning",
     "NodeCheckError",
     "NodeCheckWarning",
+    "RecoveryError",
 }
 
 

@@ -62,6 +62,7 @@ LAYERS = {
     "imports": {"core"},
     "lightning": {"core", "gpu", "rollcall", "checks", "imports"},
     "supervise": {"core"},
+    "recovery": {"core", "rollcall"},
     "tools": {"core", "gpu", "rollcall", "checks", "supervise", ""},  # "": the package itself, for its __version__
 }
 """What each layer may import of this package (docs/architecture.md)."""
@@ -74,6 +75,7 @@ THIRD_PARTY = {
     "imports": set(),
     "lightning": {"typing_extensions", "lightning_utilities", "torch"},
     "supervise": set(),
+    "recovery": {"torch"},
     "tools": {"torch"},
 }
 """What each layer may import besides the standard library (third-party imports may be lazy, inside functions)."""

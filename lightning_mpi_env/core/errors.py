@@ -98,6 +98,10 @@ class StallError(MpiEnvError, RuntimeError):
     """A rank stopped making progress while the others wait for it (the stall watchdog)."""
 
 
+class RecoveryError(MpiEnvError, RuntimeError):
+    """The ranks left after a lost rank cannot go on in their processes (``restartable``): the job is to start again."""
+
+
 class NodeCheckError(MpiEnvError, RuntimeError):
     """A node cannot do its part, found before the first step (a folder it must write, the all-reduce, its GPU)."""
 

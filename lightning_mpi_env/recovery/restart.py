@@ -1,0 +1,172 @@
+"""``restartable(main)``: run a training function and, when a rank is lost, run it again in the same processes.
+
+Generation 1 is the launch: the roll call meets every rank in rank 0's store, and the process group opens on that
+store. When a collective fails (a peer died), every living rank destroys its group, the ranks agree which are lost
+(:mod:`.agreement`), and the survivors open the next generation's group on the same store under the next
+generation's keys, take rank 0's kept state (:func:`.hand_over`) and call ``main`` again. What cannot go on that
+way (rank 0 lost, no way to replace a rank without shrinking) ends every process with one :class:`RecoveryError`,
+for the launcher or ``lightning-mpi-env run`` to start the job again.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from lightning_mpi_env.core.errors import RecoveryError
+from lightning_mpi_env.core.layout import from_env
+from lightning_mpi_env.core.settings import Settings
+from lightning_mpi_env.recovery.agreement import LOOKOUT_WAIT, Lookout, agree_on_lost
+from lightning_mpi_env.recovery.handover import hand_over
+from lightning_mpi_env.recovery.worlds import Relaunch, World, first, prefix, successor
+from lightning_mpi_env.rollcall.claims import Claim
+from lightning_mpi_env.rollcall.process_info import process_info
+from lightning_mpi_env.rollcall.store import rendezvous
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store  # the public torch.distributed.Store
+
+T = TypeVar("T")
+
+DEFAULT_SETTLE = 3.0
+"""Seconds rank 0 waits, after the last rank that answered the alarm, for another before it names the rest lost."""
+
+GROUP_TIMEOUT = 1800.0
+"""The process group's timeout without a stall timeout set: torch's own default for gloo."""
+
+
+@dataclass
+class Generation:
+    """What ``main`` is called with: this process's place in the current generation and the state it goes on from."""
+
+    number: int
+    """1 for the launch; one more after each recovery."""
+    rank: int
+    """This process's rank in the default process group now (survivors are renumbered when the world shrinks)."""
+    world_size: int
+    resumed: Any = None
+    """The state the previous generation kept (:meth:`keep`), as rank 0 held it; ``None`` in generation 1."""
+    kept: Any = field(default=None, repr=False)
+
+    def keep(self, state: Any) -> None:
+        """Keep ``state`` (a reference: no copy) as what the next generation resumes from; call it after each step.
+
+        Keep what a finished step leaves: model and optimizer state dictionaries and the loop's position. A lost
+        peer fails a step's collective before the optimizer steps, so the live tensors are those of the last
+        finished step, and the step that failed is done again.
+        """
+        self.kept = state
+
+
+def restartable(
+    main: Callable[[Generation], T],
+    *,
+    shrink: bool = False,
+    settle: float = DEFAULT_SETTLE,
+    backend: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> T:
+    """Call ``main`` on every rank; when a rank is lost, call it again in the surviving processes. Returns its result.
+
+    ``shrink``: go on with the survivors alone, renumbered (rank 0 stays rank 0): the world is smaller, so each
+    step's global batch is too, and rank 0 says so once. Without it, a lost rank ends every process with a
+    :class:`RecoveryError` (nothing replaces a rank in the running processes yet), as does losing rank 0 (its
+    process served the store). ``backend``: the process group's (torch's default where ``None``); its timeout is the
+    stall timeout (``LIGHTNING_MPI_ENV_STALL_TIMEOUT``), which is how long the survivors wait on a frozen peer.
+
+    An exception of ``main`` with no rank lost is the program's own: every rank raises it (or the collective error
+    it met) as it would without ``restartable``.
+    """
+    import torch.distributed as dist
+
+    environ = os.environ if env is None else env
+    layout = from_env(environ)
+    settings = Settings.from_env(environ)
+    claim = Claim.here(
+        rank=layout.rank,
+        world_size=layout.world_size,
+        local_rank=layout.local_rank,
+        main_address=layout.main_address,
+        main_port=layout.main_port,
+        local_size=layout.local_size,
+        **process_info(backend, environ=environ),
+    )
+    met = rendezvous(claim, timeout=settings.rendezvous_timeout, launch=layout)
+    if claim.rank == 0 and met.summary:
+        print(met.summary, file=sys.stderr, flush=True)
+    store = met.store
+    timeout = settings.stall_timeout if settings.stall_timeout > 0 else GROUP_TIMEOUT
+    world, rank, kept = first(layout.world_size), layout.rank, None
+    while True:
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(prefix(world.number) + "group/", store),  # type: ignore[attr-defined]
+            rank=rank,
+            world_size=world.world_size,
+            timeout=timedelta(seconds=timeout),
+        )
+        lookout = Lookout(store, met.client(LOOKOUT_WAIT), world, rank).start()
+        generation = Generation(world.number, rank, world.world_size)
+        try:
+            if world.number > 1:
+                generation.resumed = hand_over(kept, 0)
+            return main(generation)
+        except Exception as error:
+            _leave_group(error)
+            world, rank = _next(store, world, rank, error, shrink=shrink, settle=settle, timeout=timeout)
+            kept = generation.kept
+        finally:
+            lookout.close()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _leave_group(error: BaseException) -> None:
+    """Close this process's group, so that peers inside a collective with it fail at once rather than wait.
+
+    The group's connections close only when nothing holds it: not the default group's table, and not what ``main``'s
+    frames, kept alive by ``error``'s traceback, still hold. So those frames' variables are cleared (the traceback
+    keeps its lines), and their cycles collected. Over gloo, torch's ``DistributedDataParallel`` still holds it: a
+    peer waiting on this rank inside DDP's gradient all-reduce waits the group's timeout.
+    """
+    import torch.distributed as dist
+
+    traceback.clear_frames(error.__traceback__)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
+
+
+def _next(
+    store: Store, world: World, rank: int, failure: Exception, *, shrink: bool, settle: float, timeout: float
+) -> tuple[World, int]:
+    """The next generation and this process's rank in it, or ``failure`` (no rank lost) or a ``RecoveryError``."""
+    lost = agree_on_lost(store, world, rank, settle=settle, timeout=timeout)
+    if not lost:
+        raise failure
+    after = successor(world, lost, shrink=shrink)
+    names = ", ".join(str(number) for number in lost)
+    if isinstance(after, Relaunch):
+        raise RecoveryError(
+            f"generation {world.number} of {world.world_size} ranks lost rank {names}, and this process cannot go on:"
+            f" {after.reason}",
+            "start the job again (`lightning-mpi-env run` does), or pass `shrink=True` to `restartable` to go on"
+            " with the survivors",
+        ) from failure
+    new_rank = after.rank_of(world.launch_ranks[rank])
+    assert new_rank is not None  # a rank that agreed on the list is not in it
+    if new_rank == 0:
+        print(
+            f"lightning-mpi-env: generation {world.number} lost rank {names} of {world.world_size}; generation"
+            f" {after.number} goes on with the {after.world_size} survivors, renumbered: each step's global batch is"
+            f" {after.world_size}/{world.world_size} of what it was",
+            file=sys.stderr,
+            flush=True,
+        )
+    return after, new_rank

@@ -1,0 +1,100 @@
+"""A plain PyTorch DDP job under ``lightning_mpi_env.restartable``, shaped like a user's: a ``DataLoader`` with a
+worker, momentum SGD, the model and optimizer state kept after each step. One rank can SIGKILL itself at a step.
+
+Every item of the data is a pure function of its index, and each step takes the next ``world_size * BATCH`` items
+(rank ``r`` the ``r``-th slice), so the test can compute the weights a job that shrank at a given step must end with.
+Each rank writes ``rank-<launch rank>.json`` into ``--out``: its process id at the start and at the end, the world size
+of each step it finished, when it finished the first step after a recovery, and its final weights; the rank that
+kills itself writes when, to ``fault``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_mpi_env import Generation, restartable
+
+BATCH = 4
+FEATURES = 3
+LR = 0.05
+MOMENTUM = 0.9
+
+
+def item(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.tensor([math.sin(index * (k + 1) * 0.37) for k in range(FEATURES)], dtype=torch.float64)
+    y = torch.tensor([math.cos(index * 0.11) + 0.5 * x.sum().item()], dtype=torch.float64)
+    return x, y
+
+
+class Items(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return item(index)
+
+
+def model() -> torch.nn.Linear:
+    torch.manual_seed(0)
+    return torch.nn.Linear(FEATURES, 1, dtype=torch.float64)
+
+
+def main(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
+    def train(generation: Generation) -> None:
+        net = model()
+        optimizer = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+        step, position = 0, 0
+        if generation.resumed is not None:
+            net.load_state_dict(generation.resumed["model"])
+            optimizer.load_state_dict(generation.resumed["optimizer"])
+            step, position = generation.resumed["step"], generation.resumed["position"]
+        record["generations"].append([generation.number, generation.rank, generation.world_size, step])
+        ddp = torch.nn.parallel.DistributedDataParallel(net)
+        size, rank = generation.world_size, generation.rank
+        batches = [
+            list(range(position + (s * size + rank) * BATCH, position + (s * size + rank + 1) * BATCH))
+            for s in range(args.steps - step)
+        ]
+        for x, y in DataLoader(Items(), batch_sampler=batches, num_workers=1):
+            if launch_rank == args.fault_rank and step == args.fault_step:
+                (args.out / "fault").write_text(repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            optimizer.step()
+            step, position = step + 1, position + size * BATCH
+            record["worlds"].append(size)
+            if generation.number > 1 and "recovered_at" not in record:
+                record["recovered_at"] = time.time()  # the first step done after the recovery
+            generation.keep(
+                {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "position": position}
+            )
+        record["weights"] = [float(v) for v in torch.cat([p.detach().flatten() for p in net.parameters()])]
+
+    restartable(train, shrink=args.shrink)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--fault-rank", type=int, default=-1)
+    parser.add_argument("--fault-step", type=int, default=-1)
+    parser.add_argument("--shrink", action="store_true")
+    arguments = parser.parse_args()
+    from lightning_mpi_env import from_env
+
+    launch_rank = from_env(os.environ).rank
+    record: dict = {"pid_start": os.getpid(), "generations": [], "worlds": []}
+    main(arguments, launch_rank, record)
+    record["pid_end"] = os.getpid()
+    (arguments.out / f"rank-{launch_rank}.json").write_text(json.dumps(record))

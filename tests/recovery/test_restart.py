@@ -1,0 +1,102 @@
+"""``restartable`` in real jobs on the simulated two-node Slurm cluster: 4 ranks of plain PyTorch DDP, one killed.
+
+srun runs the step with ``--kill-on-bad-exit=0`` (its default: the other tasks go on when one dies), as in-process
+recovery needs. The job (``tests/jobs/restartable_job.py``) trains from data that is a pure function of the index, so
+the weights a job must end with are computed here, step by step, for the world size each step had.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.clusters.slurm import SlurmCluster
+from tests.jobs.restartable_job import BATCH, LR, MOMENTUM, item, model
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slurm]
+
+JOB = Path(__file__).parents[1] / "jobs" / "restartable_job.py"
+TIMEOUT = 120  # four torch processes and their loader workers on two (maybe busy) cores
+STEPS = 16
+FAULT_STEP = 10
+SRUN = ["srun", "-N2", "--ntasks-per-node=2", "--kill-on-bad-exit=0"]
+GROUP_TIMEOUT = 10  # the stall timeout, which restartable makes the process group's: how long a survivor inside
+# DDP's all-reduce with another survivor may wait (gloo cannot end it sooner)
+
+
+def run_job(cluster: SlurmCluster, out: Path, *args: str) -> tuple[int, str, dict[int, dict]]:
+    out.mkdir()
+    command = [*SRUN, sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS), *args]
+    done = cluster.run(command, timeout=TIMEOUT, env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(GROUP_TIMEOUT)})
+    records = {int(path.stem.split("-")[1]): json.loads(path.read_text()) for path in out.glob("rank-*.json")}
+    return done.returncode, done.stdout + done.stderr, records
+
+
+def expected_weights(worlds: list[int]) -> list[float]:
+    """The weights after one step per entry of ``worlds`` (its world size), each on the next global batch."""
+    net = model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    position = 0
+    for size in worlds:
+        pairs = [item(index) for index in range(position, position + size * BATCH)]
+        x, y = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        optimizer.step()
+        position += size * BATCH
+    return [float(v) for v in torch.cat([p.detach().flatten() for p in net.parameters()])]
+
+
+def test_without_a_fault_the_job_trains_as_plain_ddp(slurm_cluster: SlurmCluster, tmp_path: Path):
+    code, output, records = run_job(slurm_cluster, tmp_path / "out")
+    assert code == 0, output[-4000:]
+    assert sorted(records) == [0, 1, 2, 3], output[-4000:]
+    expected = expected_weights([4] * STEPS)
+    for record in records.values():
+        assert record["generations"] == [[1, record["generations"][0][1], 4, 0]]
+        assert record["weights"] == pytest.approx(expected, abs=1e-9)
+    assert "goes on with the" not in output
+
+
+def test_shrink_goes_on_with_the_survivors_in_their_processes(slurm_cluster: SlurmCluster, tmp_path: Path):
+    code, output, records = run_job(
+        slurm_cluster, tmp_path / "out", "--shrink", "--fault-rank", "2", "--fault-step", str(FAULT_STEP)
+    )
+    # srun reports the killed task and ends non-zero; the three others finished the job.
+    assert "srun: error: node2: task 2: Killed" in output, output[-4000:]
+    assert sorted(records) == [0, 1, 3], output[-4000:]
+    for launch_rank, record in records.items():
+        assert record["pid_start"] == record["pid_end"]  # the same process from the launch to the end
+        new_rank = {0: 0, 1: 1, 3: 2}[launch_rank]
+        assert record["generations"] == [[1, launch_rank, 4, 0], [2, new_rank, 3, FAULT_STEP]], record
+        assert record["worlds"] == [4] * FAULT_STEP + [3] * (STEPS - FAULT_STEP)
+    # The step the loss interrupted is done again on three ranks, from rank 0's state: the weights are those of a
+    # job that took 10 steps on four ranks and 6 on three.
+    expected = expected_weights([4] * FAULT_STEP + [3] * (STEPS - FAULT_STEP))
+    for record in records.values():
+        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+    fault = float((tmp_path / "out" / "fault").read_text())
+    took = max(record["recovered_at"] for record in records.values()) - fault
+    print(
+        f"FIGURE shrink, DDP over gloo, group timeout {GROUP_TIMEOUT} s: fault to the first step after it {took:.2f} s"
+    )
+    said = [line for line in output.splitlines() if "goes on with the" in line]
+    assert said == [
+        "lightning-mpi-env: generation 1 lost rank 2 of 4; generation 2 goes on with the 3 survivors, renumbered:"
+        " each step's global batch is 3/4 of what it was"
+    ], output[-4000:]
+
+
+def test_without_shrink_a_lost_rank_ends_every_process_with_one_named_error(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+):
+    code, output, records = run_job(slurm_cluster, tmp_path / "out", "--fault-rank", "2", "--fault-step", "3")
+    assert code != 0
+    assert records == {}, records  # no rank finished
+    ended = [line for line in output.splitlines() if "lost rank 2, and this process cannot go on" in line]
+    assert len(ended) == 3, output[-4000:]  # each survivor says it, none waits
+    assert "pass `shrink=True`" in output, output[-4000:]
