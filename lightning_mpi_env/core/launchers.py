@@ -52,6 +52,10 @@ class Launcher(NamedTuple):
     """The command that ends this launch's step at once, frozen ranks included, where the launcher would wait."""
     end_hint: str = ""
     """What to add to the launch so that it ends with a frozen rank, where nothing above ends it."""
+    on_node: tuple[str, ...] = ()
+    """A command's prefix that runs it on one node of this launch's job beside the running step (``{node}``)."""
+    node_name: str | None = None
+    """The variable naming the node a rank runs on, as :attr:`on_node` takes it."""
     rank_twin: str | None = None
     """Another variable this launcher sets to the same rank; both set and different, one was set after the launch."""
 
@@ -201,6 +205,9 @@ SRUN = Launcher(
     # srun waits for every task by default; scancel(1) `job_id.step_id --signal=KILL` ends a stopped one at once.
     end_step=("scancel", "--signal=KILL", "{SLURM_JOB_ID}.{SLURM_STEP_ID}"),
     end_hint="`srun --kill-on-bad-exit=1` (or `scancel` on the compute nodes' PATH)",
+    # srun(1): --overlap shares the step's resources; SLURMD_NODENAME is "Name of the node running the task".
+    on_node=("srun", "--jobid={SLURM_JOB_ID}", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist={node}"),
+    node_name="SLURMD_NODENAME",
 )
 FLUX = Launcher(
     key="flux",
@@ -296,16 +303,31 @@ def started_by_launcher(env: Mapping[str, str]) -> bool:
 
 def end_step_command(launcher: Launcher | None, env: Mapping[str, str]) -> tuple[str, ...] | None:
     """The command that ends this launch's step, filled from ``env``; ``None``: none, or a value not ASCII digits."""
-    if launcher is None or not launcher.end_step:
+    return None if launcher is None else _filled(launcher.end_step, env, {})
+
+
+def on_node_command(launcher: Launcher | None, env: Mapping[str, str], node: str) -> tuple[str, ...] | None:
+    """The prefix that runs a command on ``node`` of this launch's job; ``None``: none, or a value it cannot take."""
+    if launcher is None or not NODE_NAME.fullmatch(node):
         return None
-    values = {}
-    for part in launcher.end_step:
+    return _filled(launcher.on_node, env, {"node": node})
+
+
+NODE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
+"""A node's name as a command line may carry it: a host name's characters, never an option's leading dash."""
+
+
+def _filled(template: tuple[str, ...], env: Mapping[str, str], given: Mapping[str, str]) -> tuple[str, ...] | None:
+    if not template:
+        return None
+    values = dict(given)
+    for part in template:
         for name in _FIELD.findall(part):
             value = env.get(name, "")
             if not (value.isascii() and value.isdigit() and len(value) <= 20):
                 return None
             values[name] = value
-    return tuple(part.format_map(values) for part in launcher.end_step)
+    return tuple(part.format_map(values) for part in template)
 
 
 _FIELD = re.compile(r"{([A-Z_][A-Z0-9_]*)}")

@@ -3,9 +3,10 @@
 A rank whose collective fails sounds the alarm: one key per rank of the generation. Each process keeps a lookout
 thread waiting on its own key, which answers at once, whatever the main thread is doing (computing a step, or still
 inside a collective with a peer that has already given up on it). A process that is gone or frozen does not
-answer. Rank 0 waits until every rank has answered or, once some have, until ``settle`` seconds pass without
-another, and writes the list by ``compare_set``: the first list written is the one every rank reads. A rank that
-finds itself in it answered too late, and ends.
+answer. Rank 0's lookout then waits until every rank has answered or, once some have, until ``settle`` seconds pass
+without another, and writes the list by ``compare_set``: the first list written is the one every rank reads. Being
+a thread, it names the lost while rank 0's main thread may still be held in a collective. A rank that finds itself
+in the list answered too late, and ends.
 """
 
 from __future__ import annotations
@@ -58,12 +59,19 @@ def keys_of(world: World) -> Keys:
 class Lookout:
     """A thread of this process that answers the alarm of its generation at once (:mod:`.agreement`)."""
 
-    def __init__(self, store: Store, client: Store, world: World, rank: int) -> None:
-        """``client``: a client of ``store``'s server of the thread's own (a pending wait holds up its client)."""
+    def __init__(self, store: Store, client: Store, world: World, rank: int, *, settle: float, timeout: float) -> None:
+        """``client``: a client of ``store``'s server of the thread's own (a pending wait holds up its client).
+
+        ``settle`` and ``timeout``: rank 0's lookout names the lost once no rank answered for ``settle`` seconds,
+        or at the latest ``timeout`` seconds after the alarm.
+        """
         self._store = store
         self._client = client
+        self._world = world
         self._keys = keys_of(world)
         self._rank = rank
+        self._settle = settle
+        self._timeout = timeout
         self._thread = threading.Thread(target=self._run, name="lightning-mpi-env-lookout", daemon=True)
 
     def start(self) -> Lookout:
@@ -90,6 +98,8 @@ class Lookout:
                 if self._client.get(key) == FAILED:
                     self._client.set(self._keys.alive + str(self._rank), "1")
                     self._client.add(self._keys.answered, 1)
+                    if self._rank == 0:
+                        _name_lost(self._client, self._world, self._settle, self._timeout)
                 return
             except DistError:
                 if time.monotonic() - started < LOOKOUT_WAIT / 2:
@@ -120,8 +130,6 @@ def agree_on_lost(store: Store, world: World, rank: int, *, settle: float, timeo
     try:
         store.set_timeout(timedelta(seconds=timeout + settle + GRACE))
         sound_alarm(store, world)
-        if rank == 0:
-            _name_lost(store, world, settle, timeout)
         store.wait([keys.lost])
         lost = read_lost(store.get(keys.lost), world.world_size, keys.lost)
     except DistError as error:

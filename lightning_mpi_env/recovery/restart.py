@@ -13,29 +13,31 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from lightning_mpi_env.core.errors import RecoveryError
 from lightning_mpi_env.core.layout import from_env
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.recovery.agreement import LOOKOUT_WAIT, Lookout, agree_on_lost
+from lightning_mpi_env.recovery.ending import end_lost, post_task
 from lightning_mpi_env.recovery.handover import hand_over
 from lightning_mpi_env.recovery.worlds import Relaunch, World, first, prefix, successor
 from lightning_mpi_env.rollcall.claims import Claim
 from lightning_mpi_env.rollcall.process_info import process_info
 from lightning_mpi_env.rollcall.store import rendezvous
 
-if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store  # the public torch.distributed.Store
-
 T = TypeVar("T")
 
 DEFAULT_SETTLE = 3.0
 """Seconds rank 0 waits, after the last rank that answered the alarm, for another before it names the rest lost."""
+
+ENDING_WAIT = 300.0
+"""Seconds the end of ``restartable`` waits for the ending of lost processes still under way (it is bounded itself)."""
 
 GROUP_TIMEOUT = 1800.0
 """The process group's timeout without a stall timeout set: torch's own default for gloo."""
@@ -101,30 +103,40 @@ def restartable(
     if claim.rank == 0 and met.summary:
         print(met.summary, file=sys.stderr, flush=True)
     store = met.store
+    post_task(store, layout, environ)
+    endings: list[threading.Thread] = []
     timeout = settings.stall_timeout if settings.stall_timeout > 0 else GROUP_TIMEOUT
     world, rank, kept = first(layout.world_size), layout.rank, None
-    while True:
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore(prefix(world.number) + "group/", store),  # type: ignore[attr-defined]
-            rank=rank,
-            world_size=world.world_size,
-            timeout=timedelta(seconds=timeout),
-        )
-        lookout = Lookout(store, met.client(LOOKOUT_WAIT), world, rank).start()
-        generation = Generation(world.number, rank, world.world_size)
-        try:
-            if world.number > 1:
-                generation.resumed = hand_over(kept, 0)
-            return main(generation)
-        except Exception as error:
-            _leave_group(error)
-            world, rank = _next(store, world, rank, error, shrink=shrink, settle=settle, timeout=timeout)
-            kept = generation.kept
-        finally:
-            lookout.close()
-            if dist.is_initialized():
-                dist.destroy_process_group()
+    try:
+        while True:
+            dist.init_process_group(
+                backend,
+                store=dist.PrefixStore(prefix(world.number) + "group/", store),  # type: ignore[attr-defined]
+                rank=rank,
+                world_size=world.world_size,
+                timeout=timedelta(seconds=timeout),
+            )
+            client = met.client(LOOKOUT_WAIT)
+            lookout = Lookout(store, client, world, rank, settle=settle, timeout=timeout).start()
+            generation = Generation(world.number, rank, world.world_size)
+            try:
+                if world.number > 1:
+                    generation.resumed = hand_over(kept, 0)
+                return main(generation)
+            except Exception as error:
+                _leave_group(error)
+                lost = agree_on_lost(store, world, rank, settle=settle, timeout=timeout)
+                if lost and rank == 0:  # a frozen process among them would hold the launcher's step
+                    endings.append(end_lost(store, layout, environ, [world.launch_ranks[number] for number in lost]))
+                world, rank = _next(world, rank, lost, error, shrink=shrink, endings=endings)
+                kept = generation.kept
+            finally:
+                lookout.close()
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+    finally:
+        for ending in endings:  # a lost process the launcher waits for is ended before the program
+            ending.join(ENDING_WAIT)
 
 
 def _leave_group(error: BaseException) -> None:
@@ -144,15 +156,16 @@ def _leave_group(error: BaseException) -> None:
 
 
 def _next(
-    store: Store, world: World, rank: int, failure: Exception, *, shrink: bool, settle: float, timeout: float
+    world: World, rank: int, lost: tuple[int, ...], failure: Exception, *, shrink: bool, endings: list[threading.Thread]
 ) -> tuple[World, int]:
     """The next generation and this process's rank in it, or ``failure`` (no rank lost) or a ``RecoveryError``."""
-    lost = agree_on_lost(store, world, rank, settle=settle, timeout=timeout)
     if not lost:
         raise failure
     after = successor(world, lost, shrink=shrink)
     names = ", ".join(str(number) for number in lost)
     if isinstance(after, Relaunch):
+        for ending in endings:  # the launcher's step can end only once the lost processes have
+            ending.join(ENDING_WAIT)
         raise RecoveryError(
             f"generation {world.number} of {world.world_size} ranks lost rank {names}, and this process cannot go on:"
             f" {after.reason}",

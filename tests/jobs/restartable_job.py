@@ -1,11 +1,11 @@
 """A plain PyTorch DDP job under ``lightning_mpi_env.restartable``, shaped like a user's: a ``DataLoader`` with a
-worker, momentum SGD, the model and optimizer state kept after each step. One rank can SIGKILL itself at a step.
+worker, momentum SGD, the model and optimizer state kept after each step. One rank can SIGKILL or SIGSTOP itself.
 
 Every item of the data is a pure function of its index, and each step takes the next ``world_size * BATCH`` items
 (rank ``r`` the ``r``-th slice), so the test can compute the weights a job that shrank at a given step must end with.
 Each rank writes ``rank-<launch rank>.json`` into ``--out``: its process id at the start and at the end, the world size
 of each step it finished, when it finished the first step after a recovery, and its final weights; the rank that
-kills itself writes when, to ``fault``.
+kills or stops itself writes when, to ``fault``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def main(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
         for x, y in DataLoader(Items(), batch_sampler=batches, num_workers=1):
             if launch_rank == args.fault_rank and step == args.fault_step:
                 (args.out / "fault").write_text(repr(time.time()))
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGSTOP if args.freeze else signal.SIGKILL)
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(ddp(x), y).backward()
             optimizer.step()
@@ -90,6 +90,7 @@ if __name__ == "__main__":
     parser.add_argument("--fault-rank", type=int, default=-1)
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--shrink", action="store_true")
+    parser.add_argument("--freeze", action="store_true", help="the faulty rank stops (SIGSTOP) instead of dying")
     arguments = parser.parse_args()
     from lightning_mpi_env import from_env
 

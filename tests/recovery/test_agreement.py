@@ -50,7 +50,9 @@ def run_ranks(ranks: dict[int, Callable[[], object]]) -> dict[int, object]:
 
 
 def lookouts(server, world: World, ranks) -> list[Lookout]:
-    return [Lookout(client(server), client(server), world, rank).start() for rank in ranks]
+    return [
+        Lookout(client(server), client(server), world, rank, settle=SETTLE, timeout=TIMEOUT).start() for rank in ranks
+    ]
 
 
 def test_a_rank_without_a_lookout_is_lost_and_the_others_agree(server):

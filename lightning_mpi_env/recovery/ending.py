@@ -1,0 +1,132 @@
+"""Ending a lost rank's process where it may still live (frozen): the launcher would otherwise wait for it.
+
+``srun`` waits for every task of its step; a frozen task that the others went on without would hold the step to its
+time limit. Each rank posts where it runs (its node, process id and the process's start time) once; after the
+agreement, rank 0 runs a one-task command on each lost rank's node beside the step (the launcher's ``on_node``:
+``srun --jobid J --overlap -w NODE``), which sends ``SIGKILL`` only to the process that started at that time (a
+process id can be reused), asking again with a back-off until the process is gone or the attempts run out.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from lightning_mpi_env.core.errors import RecoveryError, escaped
+from lightning_mpi_env.core.launchers import NODE_NAME, on_node_command
+from lightning_mpi_env.core.rank_layout import RankLayout
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store  # the public torch.distributed.Store
+
+KEY = "lightning_mpi_env/task/"
+"""Add a launch rank: ``"<node> <pid> <start>"``, where that rank runs."""
+
+ATTEMPTS = 5
+COMMAND_TIMEOUT = 30.0
+"""Seconds one attempt may take (a launcher that cannot reach the node's daemon may hang)."""
+
+SCRIPT = (
+    'started() { set -- $(sed "s/.*) //" "/proc/$1/stat" 2>/dev/null); [ "${1:-Z}" != Z ] && echo "${20}"; }; '
+    '[ "$(started "$1")" = "$2" ] && kill -KILL "$1"; sleep 0.1; [ "$(started "$1")" != "$2" ]'
+)
+"""Run on the node with the process id and start time: kill it if it is that process; succeed once it is gone (a
+zombie is gone: it waits only for its parent)."""
+
+
+def process_start(pid: int | str = "self") -> str:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat``'s 22nd field); ``""`` if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            fields = stat.read(4096).rpartition(") ")[2].split()
+    except OSError:
+        return ""
+    return fields[19] if len(fields) > 19 else ""
+
+
+def post_task(store: Store, layout: RankLayout, env: Mapping[str, str]) -> None:
+    """Say where this rank runs, where its launcher can end one task (nothing otherwise)."""
+    launcher = layout.launcher
+    if launcher is None or not launcher.on_node or launcher.node_name is None:
+        return
+    node, start = env.get(launcher.node_name, ""), process_start()
+    if NODE_NAME.fullmatch(node) and start.isdigit():
+        store.set(f"{KEY}{layout.rank}", f"{node} {os.getpid()} {start}")
+
+
+def read_task(raw: bytes, key: str) -> tuple[str, str, str]:
+    """``(node, pid, start)`` read back from ``key``, each checked.
+
+    Raises:
+        RecoveryError: Anything else, naming the key and the value.
+    """
+    text = raw[:320].decode("ascii", "replace")
+    parts = text.split(" ")
+    if (
+        len(raw) <= 300
+        and len(parts) == 3
+        and NODE_NAME.fullmatch(parts[0])
+        and all(part.isdigit() and len(part) <= 20 for part in parts[1:])
+    ):
+        return parts[0], parts[1], parts[2]
+    raise RecoveryError(
+        f"where a lost rank ran, under {key} in the job's store, is {text!r}, not a node, a process id and a start",
+        "something other than this job's ranks wrote to its store (the main port is open to the network):"
+        " start the job again on a port of its own (MASTER_PORT)",
+        variable=key,
+        value=text,
+    )
+
+
+def end_lost(store: Store, layout: RankLayout, env: Mapping[str, str], launch_ranks: Iterable[int]) -> threading.Thread:
+    """Start a thread that ends the processes of ``launch_ranks`` that still live; join it before the program ends."""
+    from torch.distributed import DistError
+
+    commands = []
+    for rank in launch_ranks:
+        key = f"{KEY}{rank}"
+        try:
+            if not store.check([key]):
+                continue
+            node, pid, start = read_task(store.get(key), key)
+        except (DistError, RecoveryError) as error:
+            _say(f"cannot end lost rank {rank}'s process: {error}")
+            continue
+        prefix = on_node_command(layout.launcher, env, node)
+        if prefix is not None:
+            commands.append((rank, node, pid, (*prefix, "sh", "-c", SCRIPT, "sh", pid, start)))
+    thread = threading.Thread(target=_end_all, args=(commands,), name="lightning-mpi-env-ending", daemon=True)
+    thread.start()
+    return thread
+
+
+def _end_all(commands: list[tuple[int, str, str, tuple[str, ...]]]) -> None:
+    for rank, node, pid, command in commands:
+        why = ""
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                time.sleep(2 ** (attempt - 1))
+            try:
+                done = subprocess.run(
+                    command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, stdin=subprocess.DEVNULL
+                )
+            except (OSError, subprocess.TimeoutExpired) as error:
+                why = str(error)
+            else:
+                if done.returncode == 0:
+                    break
+                why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        else:
+            _say(
+                f"could not end lost rank {rank}'s process {pid} on {node} ({why[:200]}); the step ends when it"
+                " does: end it there, or the job (`scancel`)"
+            )
+
+
+def _say(line: str) -> None:
+    print(f"lightning-mpi-env: {escaped(line)}", file=sys.stderr, flush=True)
