@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lightning_mpi_env.core.errors import RecoveryError
 from lightning_mpi_env.core.layout import from_env
@@ -30,6 +30,9 @@ from lightning_mpi_env.recovery.worlds import Relaunch, World, first, prefix, su
 from lightning_mpi_env.rollcall.claims import Claim
 from lightning_mpi_env.rollcall.process_info import process_info
 from lightning_mpi_env.rollcall.store import rendezvous
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store  # the public torch.distributed.Store
 
 T = TypeVar("T")
 
@@ -109,13 +112,7 @@ def restartable(
     world, rank, kept = first(layout.world_size), layout.rank, None
     try:
         while True:
-            dist.init_process_group(
-                backend,
-                store=dist.PrefixStore(prefix(world.number) + "group/", store),  # type: ignore[attr-defined]
-                rank=rank,
-                world_size=world.world_size,
-                timeout=timedelta(seconds=timeout),
-            )
+            _open_group(store, world, rank, backend, timeout)
             client = met.client(LOOKOUT_WAIT)
             lookout = Lookout(store, client, world, rank, settle=settle, timeout=timeout).start()
             generation = Generation(world.number, rank, world.world_size)
@@ -137,6 +134,32 @@ def restartable(
     finally:
         for ending in endings:  # a lost process the launcher waits for is ended before the program
             ending.join(ENDING_WAIT)
+
+
+def _open_group(store: Store, world: World, rank: int, backend: str | None, timeout: float) -> None:
+    """The default process group of ``world`` on the job's store, under the generation's keys.
+
+    Raises:
+        RecoveryError: A later generation's group did not open (another rank was lost on the way).
+    """
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(prefix(world.number) + "group/", store),  # type: ignore[attr-defined]
+            rank=rank,
+            world_size=world.world_size,
+            timeout=timedelta(seconds=timeout),
+        )
+    except (RuntimeError, TimeoutError) as error:  # torch's DistError is a RuntimeError
+        if world.number == 1:
+            raise
+        raise RecoveryError(
+            f"generation {world.number} of {world.world_size} ranks could not open its process group on rank {rank}:"
+            f" {error}",
+            "another rank was lost while the ranks recovered: start the job again (`lightning-mpi-env run` does)",
+        ) from error
 
 
 def _leave_group(error: BaseException) -> None:
