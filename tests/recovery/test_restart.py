@@ -1,4 +1,5 @@
-"""``restartable`` in real jobs on the simulated two-node Slurm cluster: 4 ranks of plain PyTorch DDP, one killed.
+"""``restartable`` in real jobs: 4 ranks of plain PyTorch DDP, one killed or frozen, on the simulated two-node Slurm
+cluster and under Open MPI 5's ``mpirun --with-ft ulfm`` on two simulated nodes.
 
 srun runs the step with ``--kill-on-bad-exit=0`` (its default: the other tasks go on when one dies), as in-process
 recovery needs. The job (``tests/jobs/restartable_job.py``) trains from data that is a pure function of the index, so
@@ -14,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_mpi_env.tools.simcluster import SimulatedCluster
 from tests.clusters.slurm import SlurmCluster
 from tests.jobs.restartable_job import BATCH, LR, MOMENTUM, item, model
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slurm]
+pytestmark = [pytest.mark.mpi]
 
 JOB = Path(__file__).parents[1] / "jobs" / "restartable_job.py"
 TIMEOUT = 120  # four torch processes and their loader workers on two (maybe busy) cores
@@ -32,8 +34,11 @@ def run_job(cluster: SlurmCluster, out: Path, *args: str) -> tuple[int, str, dic
     out.mkdir()
     command = [*SRUN, sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS), *args]
     done = cluster.run(command, timeout=TIMEOUT, env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(GROUP_TIMEOUT)})
-    records = {int(path.stem.split("-")[1]): json.loads(path.read_text()) for path in out.glob("rank-*.json")}
-    return done.returncode, done.stdout + done.stderr, records
+    return done.returncode, done.stdout + done.stderr, read_records(out)
+
+
+def read_records(out: Path) -> dict[int, dict]:
+    return {int(path.stem.split("-")[1]): json.loads(path.read_text()) for path in out.glob("rank-*.json")}
 
 
 def expected_weights(worlds: list[int]) -> list[float]:
@@ -51,6 +56,7 @@ def expected_weights(worlds: list[int]) -> list[float]:
     return [float(v) for v in torch.cat([p.detach().flatten() for p in net.parameters()])]
 
 
+@pytest.mark.slurm
 def test_without_a_fault_the_job_trains_as_plain_ddp(slurm_cluster: SlurmCluster, tmp_path: Path):
     code, output, records = run_job(slurm_cluster, tmp_path / "out")
     assert code == 0, output[-4000:]
@@ -62,6 +68,7 @@ def test_without_a_fault_the_job_trains_as_plain_ddp(slurm_cluster: SlurmCluster
     assert "goes on with the" not in output
 
 
+@pytest.mark.slurm
 @pytest.mark.parametrize("fault", ["killed", "frozen"])
 def test_shrink_goes_on_with_the_survivors_in_their_processes(slurm_cluster: SlurmCluster, tmp_path: Path, fault: str):
     # Frozen (SIGSTOP): the survivors wait the group's timeout in DDP's all-reduce, rank 2's lookout cannot answer,
@@ -96,6 +103,7 @@ def test_shrink_goes_on_with_the_survivors_in_their_processes(slurm_cluster: Slu
     ], output[-4000:]
 
 
+@pytest.mark.slurm
 def test_without_shrink_a_lost_rank_ends_every_process_with_one_named_error(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ):
@@ -105,3 +113,29 @@ def test_without_shrink_a_lost_rank_ends_every_process_with_one_named_error(
     ended = [line for line in output.splitlines() if "lost rank 2, and this process cannot go on" in line]
     assert len(ended) == 3, output[-4000:]  # each survivor says it, none waits
     assert "pass `shrink=True`" in output, output[-4000:]
+
+
+def test_under_open_mpi_with_ulfm_the_survivors_go_on(cluster: SimulatedCluster, tmp_path: Path):
+    # Open MPI 5's `mpirun --with-ft ulfm` keeps the job when a rank dies (without it, mpirun ends every rank), on two
+    # simulated nodes, two ranks each.
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS), "--shrink"]
+    command += ["--fault-rank", "2", "--fault-step", str(FAULT_STEP)]
+    done = cluster.run(
+        command,
+        timeout=TIMEOUT,
+        export={**cluster.job_environment(), "LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(GROUP_TIMEOUT)},
+        mpirun_args=["--with-ft", "ulfm"],
+    )
+    output = done.stdout + done.stderr
+    records = read_records(out)
+    assert sorted(records) == [0, 1, 3], output[-4000:]
+    expected = expected_weights([4] * FAULT_STEP + [3] * (STEPS - FAULT_STEP))
+    for launch_rank, record in records.items():
+        assert record["pid_start"] == record["pid_end"]
+        assert record["generations"][1] == [2, {0: 0, 1: 1, 3: 2}[launch_rank], 3, FAULT_STEP], record
+        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+    assert output.count("goes on with the 3 survivors") == 1, output[-4000:]
+    took = max(record["recovered_at"] for record in records.values()) - float((out / "fault").read_text())
+    print(f"FIGURE mpirun --with-ft ulfm, killed, group timeout {GROUP_TIMEOUT} s: fault to the next step {took:.2f} s")
