@@ -3,7 +3,8 @@ worker, momentum SGD, the model and optimizer state kept after each step. One ra
 
 Every item of the data is a pure function of its index, and each step takes the next ``world_size * BATCH`` items
 (rank ``r`` the ``r``-th slice), so the test can compute the weights a job that shrank at a given step must end with.
-Each rank writes ``rank-<launch rank>.json`` into ``--out``: its process id at the start and at the end, the world size
+Each process leaves ``started-<launch rank>-<pid>`` in ``--out`` as it starts; each rank writes ``rank-<launch
+rank>.json`` there at the end: its process id, the world size
 of each step it finished, when it finished the first step after a recovery, and its final weights; the rank that
 kills or stops itself writes when, to ``fault``.
 """
@@ -95,7 +96,8 @@ if __name__ == "__main__":
     from lightning_mpi_env import from_env
 
     launch_rank = from_env(os.environ).rank
-    record: dict = {"pid_start": os.getpid(), "generations": [], "worlds": []}
+    (arguments.out / f"started-{launch_rank}-{os.getpid()}").touch()  # one file per process that ever started
+    record: dict = {"generations": [], "worlds": []}
     main(arguments, launch_rank, record)
-    record["pid_end"] = os.getpid()
+    record["pid"] = os.getpid()
     (arguments.out / f"rank-{launch_rank}.json").write_text(json.dumps(record))

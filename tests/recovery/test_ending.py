@@ -31,7 +31,7 @@ def test_the_script_ends_the_frozen_process_that_started_at_that_time(stopped):
     assert stopped.wait(timeout=30) == -signal.SIGKILL
 
 
-def test_the_script_leaves_a_process_that_reused_the_id_and_says_so(stopped):
+def test_the_script_leaves_alone_a_process_that_reused_the_id(stopped):
     start = process_start(stopped.pid)
     assert run_script(stopped.pid, str(int(start) + 1)) == 0  # not that process: nothing of the rank is left
     assert stopped.poll() is None  # still there, untouched

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 import torch
@@ -39,6 +40,15 @@ def run_job(cluster: SlurmCluster, out: Path, *args: str) -> tuple[int, str, dic
 
 def read_records(out: Path) -> dict[int, dict]:
     return {int(path.stem.split("-")[1]): json.loads(path.read_text()) for path in out.glob("rank-*.json")}
+
+
+def started(out: Path) -> dict[int, list[int]]:
+    """The process ids that ever started for each launch rank (a relaunched rank would add one)."""
+    pids: dict[int, list[int]] = {}
+    for path in out.glob("started-*"):
+        _, rank, pid = path.name.split("-")
+        pids.setdefault(int(rank), []).append(int(pid))
+    return pids
 
 
 def expected_weights(worlds: list[int]) -> list[float]:
@@ -81,8 +91,10 @@ def test_shrink_goes_on_with_the_survivors_in_their_processes(slurm_cluster: Slu
     assert "srun: error: node2: task 2: Killed" in output, output[-4000:]
     assert sorted(records) == [0, 1, 3], output[-4000:]
     assert "could not end lost rank" not in output, output[-4000:]
+    # One process per rank in the whole job: the survivors' own processes ran both generations, none was started again.
+    assert started(tmp_path / "out") == {rank: [records[rank]["pid"]] for rank in (0, 1, 3)} | {2: ANY}
+    assert len(started(tmp_path / "out")[2]) == 1
     for launch_rank, record in records.items():
-        assert record["pid_start"] == record["pid_end"]  # the same process from the launch to the end
         new_rank = {0: 0, 1: 1, 3: 2}[launch_rank]
         assert record["generations"] == [[1, launch_rank, 4, 0], [2, new_rank, 3, FAULT_STEP]], record
         assert record["worlds"] == [4] * FAULT_STEP + [3] * (STEPS - FAULT_STEP)
@@ -132,8 +144,9 @@ def test_under_open_mpi_with_ulfm_the_survivors_go_on(cluster: SimulatedCluster,
     records = read_records(out)
     assert sorted(records) == [0, 1, 3], output[-4000:]
     expected = expected_weights([4] * FAULT_STEP + [3] * (STEPS - FAULT_STEP))
+    assert started(out) == {rank: [records[rank]["pid"]] for rank in (0, 1, 3)} | {2: ANY}
+    assert len(started(out)[2]) == 1
     for launch_rank, record in records.items():
-        assert record["pid_start"] == record["pid_end"]
         assert record["generations"][1] == [2, {0: 0, 1: 1, 3: 2}[launch_rank], 3, FAULT_STEP], record
         assert record["weights"] == pytest.approx(expected, abs=1e-6)
     assert output.count("goes on with the 3 survivors") == 1, output[-4000:]
