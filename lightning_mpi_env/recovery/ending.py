@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from lightning_mpi_env.core.errors import RecoveryError, escaped
 from lightning_mpi_env.core.launchers import NODE_NAME, on_node_command
 from lightning_mpi_env.core.rank_layout import RankLayout
+from lightning_mpi_env.recovery.worlds import FOREIGN_WRITE
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store  # the public torch.distributed.Store
@@ -76,8 +77,7 @@ def read_task(raw: bytes, key: str) -> tuple[str, str, str]:
         return parts[0], parts[1], parts[2]
     raise RecoveryError(
         f"where a lost rank ran, under {key} in the job's store, is {text!r}, not a node, a process id and a start",
-        "something other than this job's ranks wrote to its store (the main port is open to the network):"
-        " start the job again on a port of its own (MASTER_PORT)",
+        FOREIGN_WRITE,
         variable=key,
         value=text,
     )

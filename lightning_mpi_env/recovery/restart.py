@@ -125,14 +125,15 @@ def restartable(
                 lost = agree_on_lost(store, world, rank, settle=settle, timeout=timeout)
                 if lost and rank == 0:  # a frozen process among them would hold the launcher's step
                     endings.append(end_lost(store, layout, environ, [world.launch_ranks[number] for number in lost]))
-                world, rank = _next(world, rank, lost, error, shrink=shrink, endings=endings)
+                world, rank = _next(world, rank, lost, error, shrink=shrink)
                 kept = generation.kept
             finally:
                 lookout.close()
                 if dist.is_initialized():
                     dist.destroy_process_group()
     finally:
-        for ending in endings:  # a lost process the launcher waits for is ended before the program
+        # Before the program ends, or the error leaves: the launcher's step ends only once the lost processes have.
+        for ending in endings:
             ending.join(ENDING_WAIT)
 
 
@@ -178,17 +179,13 @@ def _leave_group(error: BaseException) -> None:
     gc.collect()
 
 
-def _next(
-    world: World, rank: int, lost: tuple[int, ...], failure: Exception, *, shrink: bool, endings: list[threading.Thread]
-) -> tuple[World, int]:
+def _next(world: World, rank: int, lost: tuple[int, ...], failure: Exception, *, shrink: bool) -> tuple[World, int]:
     """The next generation and this process's rank in it, or ``failure`` (no rank lost) or a ``RecoveryError``."""
     if not lost:
         raise failure
     after = successor(world, lost, shrink=shrink)
     names = ", ".join(str(number) for number in lost)
     if isinstance(after, Relaunch):
-        for ending in endings:  # the launcher's step can end only once the lost processes have
-            ending.join(ENDING_WAIT)
         raise RecoveryError(
             f"generation {world.number} of {world.world_size} ranks lost rank {names}, and this process cannot go on:"
             f" {after.reason}",

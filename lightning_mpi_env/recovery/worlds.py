@@ -20,6 +20,13 @@ MAX_GENERATIONS = 1000
 """Past this many generations a job is started again instead: a loss at every step is no longer a lost rank."""
 
 
+FOREIGN_WRITE = (
+    "something other than this job's ranks wrote to its store (the main port is open to the network):"
+    " start the job again on a port of its own (MASTER_PORT)"
+)
+"""The hint of every value of the recovery's keys that does not read back as its ranks write it."""
+
+
 def prefix(number: int) -> str:
     """The keys of generation ``number``: ``lightning_mpi_env/gen/<number>/``."""
     return f"{KEY}{number}/"
@@ -105,8 +112,7 @@ def read_lost(raw: bytes, world_size: int, key: str) -> tuple[int, ...]:
     raise RecoveryError(
         f"the list of lost ranks under {key} in the job's store is {text!r}, not distinct ranks 1 to"
         f" {world_size - 1} separated by commas",
-        "something other than this job's ranks wrote to its store (the main port is open to the network):"
-        " start the job again on a port of its own (MASTER_PORT)",
+        FOREIGN_WRITE,
         variable=key,
         value=text,
     )
