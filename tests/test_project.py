@@ -60,7 +60,7 @@ LAYERS = {
     "rollcall": {"core", "gpu"},
     "checks": {"core", "gpu"},
     "imports": {"core"},
-    "lightning": {"core", "gpu", "rollcall", "checks", "imports"},
+    "lightning": {"core", "gpu", "rollcall", "checks", "imports", "recovery"},
     "supervise": {"core"},
     "recovery": {"core", "rollcall"},
     "tools": {"core", "gpu", "rollcall", "checks", "supervise", ""},  # "": the package itself, for its __version__

@@ -231,6 +231,25 @@ def hpc_resume_path(trainer: Any) -> str | None:
     return None if path is None else str(path)
 
 
+def dump_checkpoint(trainer: Any) -> dict[str, Any]:
+    """Lightning's checkpoint dictionary of ``trainer`` now, as ``save_checkpoint`` writes it, without its barriers.
+
+    ``_checkpoint_connector.dump_checkpoint()`` (2.1+): ``trainer.save_checkpoint`` is this between two barriers, and a
+    barrier is what a failed collective left no way to pass. The tensors are the live ones (no copy).
+    """
+    checkpoint: dict[str, Any] = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    return checkpoint
+
+
+def fit_loop_state(trainer: Any) -> dict[str, Any]:
+    """The fit loop's position now, as ``dump_checkpoint`` puts it under ``checkpoint["loops"]["fit_loop"]`` (2.1+).
+
+    Taken at a batch's end, it is what Lightning's own ``ModelCheckpoint`` saves mid-epoch, loader state included.
+    """
+    state: dict[str, Any] = trainer.fit_loop.state_dict()
+    return state
+
+
 __all__ = [
     "DEVICE_ID_SINCE",
     "ENTRY_POINT_LOGGERS",
@@ -239,6 +258,8 @@ __all__ = [
     "SETTLE_SECONDS",
     "SIGTERM_COLLECTIVE_SINCE",
     "SRUN_NOT_USED",
+    "dump_checkpoint",
+    "fit_loop_state",
     "hpc_checkpoint_name",
     "init_dist_connection",
     "lightning_version",

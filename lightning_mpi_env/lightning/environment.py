@@ -45,6 +45,7 @@ from lightning_mpi_env.lightning.loop_calls import LoopCalls
 from lightning_mpi_env.lightning.process_state import Change, ProcessChanges
 from lightning_mpi_env.lightning.requeue import let_workers_end
 from lightning_mpi_env.lightning.roll_call import before_init_process_group, run_roll_call
+from lightning_mpi_env.recovery.restart import running_generation
 
 if TYPE_CHECKING:
     from lightning_mpi_env.rollcall.store import RendezvousResult
@@ -100,7 +101,8 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
             stall_timeout=stall_timeout,
             stall_soft_timeout=stall_soft_timeout,
         )
-        self._layout, self._mode, self._ranks = read_launch(env)
+        self.generation = running_generation()  # restartable's: its ranks and open process group, no roll call here
+        self._layout, self._mode, self._ranks = read_launch(env, self.generation)
         identity = job_identity(env)
         self._recorder = FailureRecorder.plan(
             self.settings.state_dir, self._layout.launcher_name, None if identity is None else identity[0]
@@ -347,6 +349,10 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
     def _start_roll_call(self) -> None:
         """Once per process, right before ``init_process_group``: from :meth:`meet_now`, the address or the device."""
         self._stage = Stage.MET
+        # Again: in a rank forked since the environment was made (ddp_fork), or a run after a teardown.
+        self.watch_requeue_signal()
+        if self.generation is not None:  # restartable met every rank and opened the group: the ranks are final
+            return
         before_init_process_group(
             self.changes,
             self._fabric,
@@ -354,8 +360,6 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
             self._layout.main_address,
             rank_zero=self.global_rank() == 0,
         )
-        # Again: in a rank forked since the environment was made (ddp_fork), or a run after a teardown.
-        self.watch_requeue_signal()
         if not self.settings.roll_call:
             return
         outcome = run_roll_call(
@@ -375,8 +379,7 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
             recorder=self._recorder,
             init_on_store=self.any_layout,  # "ddp_mpi" opens the process group on the roll call's store
         )
-        if outcome.device is not None:
-            self._device = outcome.device
+        self._device = outcome.device if outcome.device is not None else self._device
         nodes = outcome.result.nodes
         # The launcher's local rank stays (the device was chosen by it); the node index becomes exact.
         self._ranks = replace(self._ranks, node_rank=nodes.node_rank, num_nodes=nodes.num_nodes)

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from lightning_mpi_env.core.layout import from_env
 from lightning_mpi_env.core.rank_layout import RankLayout
 from lightning_mpi_env.core.torch_names import LIGHTNING_SPAWN_VARIABLES, TORCH
 from lightning_mpi_env.core.values import as_count, parse_count
+
+if TYPE_CHECKING:
+    from lightning_mpi_env.recovery.restart import Generation
 
 
 class LaunchMode(Enum):
@@ -84,15 +88,23 @@ def _mode_and_ranks(layout: RankLayout, env: Mapping[str, str], spawned: bool) -
     )
 
 
-def read_launch(env: Mapping[str, str]) -> tuple[RankLayout, LaunchMode, Ranks]:
-    """The layout, the launch mode, and this process's ranks before Lightning proposes any."""
+def read_launch(env: Mapping[str, str], generation: Generation | None = None) -> tuple[RankLayout, LaunchMode, Ranks]:
+    """The layout, the launch mode, and this process's ranks before Lightning proposes any.
+
+    In a ``generation`` of ``restartable`` (one process per rank), the ranks are the generation's: the world may have
+    shrunk, and the survivors been renumbered.
+    """
     if all(name in env for name in LIGHTNING_SPAWN_VARIABLES):
         fresh = {name: value for name, value in env.items() if name not in (TORCH.local_rank, TORCH.world_size)}
         worker = from_env(fresh)
         if is_lightning_worker(worker, env):
             return (worker, *_mode_and_ranks(worker, env, True))
     layout = from_env(env)
-    return (layout, *_mode_and_ranks(layout, env, False))
+    mode, ranks = _mode_and_ranks(layout, env, False)
+    if generation is not None and mode is LaunchMode.PER_RANK:
+        rank, size, node, nodes = generation.rank, generation.world_size, generation.node_rank, generation.num_nodes
+        ranks = replace(ranks, global_rank=rank, world_size=size, node_rank=node, num_nodes=nodes)
+    return layout, mode, ranks
 
 
 def is_lightning_worker(layout: RankLayout, env: Mapping[str, str]) -> bool:

@@ -19,10 +19,11 @@ from lightning_mpi_env.core.report import shows_errors_briefly
 from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT
 from lightning_mpi_env.core.values import seconds
 from lightning_mpi_env.gpu.nccl import TORCH_DEVICE_ID_SINCE, installed_torch
-from lightning_mpi_env.lightning.callbacks import attach, check_nodes
+from lightning_mpi_env.lightning.callbacks import attach, check_nodes, kept_checkpoint
 from lightning_mpi_env.lightning.compat import init_dist_connection, passes_device_id, strategy_registry
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
 from lightning_mpi_env.lightning.errors import nodes_against_launch
+from lightning_mpi_env.recovery.restart import KEPT_CHECKPOINT
 from lightning_mpi_env.rollcall.stall import BEFORE_THE_FIRST_STEP
 
 if TYPE_CHECKING:
@@ -183,6 +184,17 @@ def _build(package: str, strategies: ModuleType) -> type:
                 arguments["store"] = store
             default = torch.distributed.Backend.default_device_backend_map.get(device.type, "gloo")
             init_dist_connection(namespace.fabric, environment, self._backend_given or default, **arguments)
+
+        if trainer_side:
+
+            @override
+            def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+                """Lightning's, and for ``ckpt_path=generation.ckpt_path`` the state ``restartable`` handed over."""
+                if str(checkpoint_path) == KEPT_CHECKPOINT:
+                    environment = self.cluster_environment
+                    generation = environment.generation if isinstance(environment, MPIClusterEnvironment) else None
+                    return kept_checkpoint(generation)
+                return super().load_checkpoint(checkpoint_path, *args, **kwargs)
 
         def bind_device(self) -> None:
             """Deprecated: :meth:`open_process_group`, which ``setup_environment`` calls."""

@@ -16,6 +16,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -45,6 +46,9 @@ ENDING_WAIT = 300.0
 GROUP_TIMEOUT = 1800.0
 """The process group's timeout without a stall timeout set: torch's own default for gloo."""
 
+KEPT_CHECKPOINT = "memory://lightning-mpi-env/kept"
+"""The ``ckpt_path`` under which ``"ddp_mpi"``'s Trainer resumes the state rank 0 kept in memory (no file)."""
+
 
 @dataclass
 class Generation:
@@ -58,6 +62,18 @@ class Generation:
     resumed: Any = None
     """The state the previous generation kept (:meth:`keep`), as rank 0 held it; ``None`` in generation 1."""
     kept: Any = field(default=None, repr=False)
+    node_rank: int = 0
+    """This process's node among the launch's, as the roll call found it (it does not change)."""
+    num_nodes: int = 1
+    """The launch's number of nodes, as the roll call found it."""
+
+    @property
+    def ckpt_path(self) -> str | None:
+        """For ``Trainer.fit(ckpt_path=...)`` under ``"ddp_mpi"``: the Trainer state rank 0 kept, handed over in memory.
+
+        ``None`` in generation 1, and where no step had finished (``generation.ckpt_path or "last"`` resumes a file).
+        """
+        return KEPT_CHECKPOINT if self.resumed is not None else None
 
     def keep(self, state: Any) -> None:
         """Keep ``state`` (a reference: no copy) as what the next generation resumes from; call it after each step.
@@ -67,6 +83,17 @@ class Generation:
         finished step, and the step that failed is done again.
         """
         self.kept = state
+
+
+_RUNNING: ContextVar[Generation | None] = ContextVar("lightning_mpi_env.recovery.generation", default=None)
+
+
+def running_generation() -> Generation | None:
+    """The generation whose ``main`` is running in this thread under :func:`restartable`, else ``None``.
+
+    ``"ddp_mpi"`` made inside it takes the generation's ranks and its open process group, and keeps the Trainer's state.
+    """
+    return _RUNNING.get()
 
 
 def restartable(
@@ -115,10 +142,12 @@ def restartable(
             _open_group(store, world, rank, backend, timeout)
             client = met.client(LOOKOUT_WAIT)
             lookout = Lookout(store, client, world, rank, settle=settle, timeout=timeout).start()
-            generation = Generation(world.number, rank, world.world_size)
+            nodes = met.nodes
+            generation = Generation(world.number, rank, world.world_size, None, None, nodes.node_rank, nodes.num_nodes)
+            running = _RUNNING.set(generation)
             try:
-                if world.number > 1:
-                    generation.resumed = hand_over(kept, 0)
+                if world.number > 1:  # what this generation keeps, until it keeps more, is what it resumed
+                    generation.resumed = generation.kept = hand_over(kept, 0)
                 return main(generation)
             except Exception as error:
                 _leave_group(error)
@@ -128,6 +157,7 @@ def restartable(
                 world, rank = _next(world, rank, lost, error, shrink=shrink)
                 kept = generation.kept
             finally:
+                _RUNNING.reset(running)
                 lookout.close()
                 if dist.is_initialized():
                     dist.destroy_process_group()

@@ -49,6 +49,41 @@ def model() -> torch.nn.Linear:
     return torch.nn.Linear(FEATURES, 1, dtype=torch.float64)
 
 
+def weights(net: torch.nn.Module) -> list[float]:
+    return [float(v) for v in torch.cat([p.detach().flatten() for p in net.parameters()])]
+
+
+def batches(position: int, size: int, rank: int, steps: int) -> list[list[int]]:
+    """Rank ``rank``'s items for each of ``steps`` steps from item ``position``, in a world of ``size``."""
+    return [
+        list(range(position + (s * size + rank) * BATCH, position + (s * size + rank + 1) * BATCH))
+        for s in range(steps)
+    ]
+
+
+def fault_now(args: argparse.Namespace, launch_rank: int, step: int) -> None:
+    """The faulty rank kills or stops itself before step ``--fault-step``, saying when in ``fault``."""
+    if launch_rank == args.fault_rank and step == args.fault_step:
+        (args.out / "fault").write_text(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGSTOP if args.freeze else signal.SIGKILL)
+
+
+def parser() -> argparse.ArgumentParser:
+    arguments = argparse.ArgumentParser()
+    arguments.add_argument("--out", type=Path, required=True)
+    arguments.add_argument("--steps", type=int, default=20)
+    arguments.add_argument("--fault-rank", type=int, default=-1)
+    arguments.add_argument("--fault-step", type=int, default=-1)
+    arguments.add_argument("--shrink", action="store_true")
+    arguments.add_argument("--freeze", action="store_true", help="the faulty rank stops (SIGSTOP) instead of dying")
+    return arguments
+
+
+def finish(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
+    record["pid"] = os.getpid()
+    (args.out / f"rank-{launch_rank}.json").write_text(json.dumps(record))
+
+
 def main(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
     def train(generation: Generation) -> None:
         net = model()
@@ -61,14 +96,9 @@ def main(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
         record["generations"].append([generation.number, generation.rank, generation.world_size, step])
         ddp = torch.nn.parallel.DistributedDataParallel(net)
         size, rank = generation.world_size, generation.rank
-        batches = [
-            list(range(position + (s * size + rank) * BATCH, position + (s * size + rank + 1) * BATCH))
-            for s in range(args.steps - step)
-        ]
-        for x, y in DataLoader(Items(), batch_sampler=batches, num_workers=1):
-            if launch_rank == args.fault_rank and step == args.fault_step:
-                (args.out / "fault").write_text(repr(time.time()))
-                os.kill(os.getpid(), signal.SIGSTOP if args.freeze else signal.SIGKILL)
+        sampler = batches(position, size, rank, args.steps - step)
+        for x, y in DataLoader(Items(), batch_sampler=sampler, num_workers=1):
+            fault_now(args, launch_rank, step)
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(ddp(x), y).backward()
             optimizer.step()
@@ -79,25 +109,17 @@ def main(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
             generation.keep(
                 {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "position": position}
             )
-        record["weights"] = [float(v) for v in torch.cat([p.detach().flatten() for p in net.parameters()])]
+        record["weights"] = weights(net)
 
     restartable(train, shrink=args.shrink)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--fault-rank", type=int, default=-1)
-    parser.add_argument("--fault-step", type=int, default=-1)
-    parser.add_argument("--shrink", action="store_true")
-    parser.add_argument("--freeze", action="store_true", help="the faulty rank stops (SIGSTOP) instead of dying")
-    arguments = parser.parse_args()
+    arguments = parser().parse_args()
     from lightning_mpi_env import from_env
 
     launch_rank = from_env(os.environ).rank
     (arguments.out / f"started-{launch_rank}-{os.getpid()}").touch()  # one file per process that ever started
     record: dict = {"generations": [], "worlds": []}
     main(arguments, launch_rank, record)
-    record["pid"] = os.getpid()
-    (arguments.out / f"rank-{launch_rank}.json").write_text(json.dumps(record))
+    finish(arguments, launch_rank, record)

@@ -753,7 +753,80 @@ def test_hpc_resume_path_is_the_file_lightning_resumes_by_itself(lightning, pack
     assert "UNREADABLE ValueError\n" in result.stdout, result.stdout
 
 
+KEPT_FIT_PROGRAM = """
+import importlib, os, sys, tempfile, torch
+from torch.utils.data import DataLoader, TensorDataset
+from lightning_mpi_env.lightning.callbacks import keep_at_failure, note
+from lightning_mpi_env.recovery.restart import Generation
+
+pl = importlib.import_module(sys.argv[1])
+FAIL_AT = 4  # the step whose training_step fails (before its optimizer step), 4 done before it
+x = torch.linspace(-1, 1, 32, dtype=torch.float64).reshape(16, 2)
+data = TensorDataset(x, torch.ones(16, 1, dtype=torch.float64))
+
+class Net(pl.LightningModule):
+    def __init__(self, fail):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer, self.fail, self.seen = torch.nn.Linear(2, 1, dtype=torch.float64), fail, []
+    def training_step(self, batch, batch_idx):
+        self.seen.append((batch_idx, self.trainer.global_step))
+        if self.fail and self.trainer.global_step == FAIL_AT:
+            raise RuntimeError("a peer was lost")
+        return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+class Keep(pl.Callback):  # what the package's callback does under restartable
+    position = None
+    def __init__(self, generation):
+        self.generation = generation
+    def on_train_start(self, trainer, module):
+        self.position = note(trainer, batch_ended=False)
+    def on_train_batch_end(self, trainer, *rest):
+        self.position = note(trainer, batch_ended=True)
+    def on_exception(self, trainer, module, exception):
+        keep_at_failure(trainer, self.generation, self.position)
+
+def fit(net, callbacks=(), ckpt_path=None, items=data):
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=8, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks))
+    trainer.fit(net, DataLoader(items, batch_size=2), ckpt_path=ckpt_path)
+    return [float(v) for v in torch.cat([p.detach().flatten() for p in net.parameters()])]
+
+# A plain DataLoader starts the epoch's data again on a resume: batches 0 to 3, then 0 to 3 again.
+whole = fit(Net(False), items=torch.utils.data.Subset(data, range(8)))
+generation = Generation(1, 0, 1)
+try:
+    fit(Net(True), [Keep(generation)])
+except RuntimeError:
+    pass
+kept = generation.kept
+assert set(kept) >= {"state_dict", "optimizer_states", "loops", "global_step"}, sorted(kept)
+path = os.path.join(tempfile.mkdtemp(), "kept.ckpt")
+torch.save(kept, path)  # the hand-over's bytes, through Lightning's own file loading
+resumed = Net(False)
+weights = fit(resumed, ckpt_path=path)
+print("PROBE", json.dumps({"kept_step": kept["global_step"], "first": resumed.seen[0],
+      "steps": len(resumed.seen), "equal": max(abs(a - b) for a, b in zip(weights, whole)) < 1e-12}))
+""".replace("import importlib,", "import importlib, json,")
+
+
+@pytest.mark.parametrize(("lightning", "package"), in_each_namespace(TRAINER_PACKAGES), indirect=["lightning"])
+def test_the_kept_state_resumes_at_the_failed_step(lightning, package):
+    # dump_checkpoint (Trainer._checkpoint_connector.dump_checkpoint) and fit_loop_state (trainer.fit_loop's state)
+    # as the callback's keep_at_failure uses them: step 4 fails in training_step, before its optimizer step, after 4
+    # steps; Lightning resumes the kept state (from a file here) at global step 4, with the momentum of 4 steps.
+    probe = _probe(lightning, KEPT_FIT_PROGRAM, package)
+    # Lightning 2.6's loop goes on at batch index 4; 2.1's counts from 3 again (the index of the last batch done): its
+    # own mid-epoch resume. In both, a plain DataLoader gives the epoch's first batches again.
+    first = [4, 4] if lightning is INSTALLED else [3, 4]
+    assert probe == {"kept_step": 4, "first": first, "steps": 4, "equal": True}, f"{lightning}: {probe}"
+
+
 CHECKED_BY = {
+    "dump_checkpoint": test_the_kept_state_resumes_at_the_failed_step,
+    "fit_loop_state": test_the_kept_state_resumes_at_the_failed_step,
     "DEVICE_ID_SINCE": device_id.test_ddp_mpi_passes_its_device_as_device_id,
     "init_dist_connection": device_id.test_lightning_s_own_call_finds_the_group_already_open,
     "package_version": device_id.test_ddp_mpi_passes_its_device_as_device_id,
