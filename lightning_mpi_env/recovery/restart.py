@@ -25,6 +25,7 @@ from lightning_mpi_env.core.errors import RecoveryError
 from lightning_mpi_env.core.layout import from_env
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.recovery.agreement import LOOKOUT_WAIT, Lookout, agree_on_lost
+from lightning_mpi_env.recovery.connections import GroupConnections, not_inherited, open_sockets
 from lightning_mpi_env.recovery.ending import end_lost, post_task
 from lightning_mpi_env.recovery.handover import hand_over
 from lightning_mpi_env.recovery.worlds import Relaunch, World, first, prefix, successor
@@ -139,7 +140,10 @@ def restartable(
     world, rank, kept = first(layout.world_size), layout.rank, None
     try:
         while True:
+            before = open_sockets()
             _open_group(store, world, rank, backend, timeout)
+            connections = GroupConnections.opened_since(before, store.port)
+            not_inherited(connections)  # a killed rank's connections close with it, not with its loader workers
             client = met.client(LOOKOUT_WAIT)
             lookout = Lookout(store, client, world, rank, settle=settle, timeout=timeout).start()
             nodes = met.nodes
@@ -150,7 +154,7 @@ def restartable(
                     generation.resumed = generation.kept = hand_over(kept, 0)
                 return main(generation)
             except Exception as error:
-                _leave_group(error)
+                _leave_group(error, connections)
                 lost = agree_on_lost(store, world, rank, settle=settle, timeout=timeout)
                 if lost and rank == 0:  # a frozen process among them would hold the launcher's step
                     endings.append(end_lost(store, layout, environ, [world.launch_ranks[number] for number in lost]))
@@ -162,6 +166,7 @@ def restartable(
                 if dist.is_initialized():
                     dist.destroy_process_group()
     finally:
+        not_inherited(None)
         # Before the program ends, or the error leaves: the launcher's step ends only once the lost processes have.
         for ending in endings:
             ending.join(ENDING_WAIT)
@@ -193,16 +198,16 @@ def _open_group(store: Store, world: World, rank: int, backend: str | None, time
         ) from error
 
 
-def _leave_group(error: BaseException) -> None:
-    """Close this process's group, so that peers inside a collective with it fail at once rather than wait.
+def _leave_group(error: BaseException, connections: GroupConnections) -> None:
+    """Leave this process's group, so that peers inside a collective with it fail at once rather than wait.
 
-    The group's connections close only when nothing holds it: not the default group's table, and not what ``main``'s
-    frames, kept alive by ``error``'s traceback, still hold. So those frames' variables are cleared (the traceback
-    keeps its lines), and their cycles collected. Over gloo, torch's ``DistributedDataParallel`` still holds it: a
-    peer waiting on this rank inside DDP's gradient all-reduce waits the group's timeout.
+    Its connections are shut down first: torch keeps a group that ``DistributedDataParallel`` used after it is
+    destroyed, connections open. Then ``main``'s frames, kept alive by ``error``'s traceback, let go of what they
+    held (the traceback keeps its lines), and the group is destroyed.
     """
     import torch.distributed as dist
 
+    connections.shut()
     traceback.clear_frames(error.__traceback__)
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -21,7 +21,7 @@ from lightning_mpi_env.lightning.callbacks import kept_checkpoint
 from lightning_mpi_env.recovery.restart import KEPT_CHECKPOINT, Generation
 from tests.clusters.slurm import SlurmCluster
 from tests.jobs.restartable_job import BATCH, LR, MOMENTUM, item, model
-from tests.recovery.test_restart import GROUP_TIMEOUT, SRUN, TIMEOUT, expected_weights, read_records, started
+from tests.recovery.test_restart import SRUN, TIMEOUT, expected_weights, group_timeout, read_records, started
 
 JOB = Path(__file__).parents[1] / "jobs" / "restartable_lightning_job.py"
 STEPS = 16
@@ -32,7 +32,7 @@ EPOCH_ITEMS = 192  # the job's epoch: 12 batches a rank on 4 ranks, 16 on 3
 def run_job(cluster: SlurmCluster, out: Path, api: str, *args: str) -> tuple[int, str, dict[int, dict]]:
     out.mkdir()
     command = [*SRUN, sys.executable, str(JOB), "--api", api, "--out", str(out), "--steps", str(STEPS), *args]
-    done = cluster.run(command, timeout=TIMEOUT, env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(GROUP_TIMEOUT)})
+    done = cluster.run(command, timeout=TIMEOUT, env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(group_timeout(args))})
     return done.returncode, done.stdout + done.stderr, read_records(out)
 
 
@@ -110,7 +110,8 @@ def test_the_trainer_goes_on_with_the_survivors_from_the_state_kept_in_memory(
         assert record["weights"] == pytest.approx(expected, abs=1e-6)
     assert output.count("goes on with the 3 survivors") == 1, output[-4000:]
     took = max(record["recovered_at"] for record in records.values()) - float((out / "fault").read_text())
-    print(f"FIGURE Trainer, shrink, {fault}, group timeout {GROUP_TIMEOUT} s: fault to the next step {took:.2f} s")
+    timeout = group_timeout(tuple(freeze))
+    print(f"FIGURE Trainer, shrink, {fault}, group timeout {timeout} s: fault to the next step {took:.2f} s")
 
 
 @pytest.mark.mpi
