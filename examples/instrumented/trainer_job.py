@@ -76,6 +76,7 @@ def main():
         "--workers", type=int, default=0, help="DataLoader(num_workers=...) for training and validation"
     )
     parser.add_argument("--persistent-workers", action="store_true", help="DataLoader(persistent_workers=True)")
+    parser.add_argument("--restartable", action="store_true", help="fit under restartable(shrink=True) (ddp_mpi)")
     parser.add_argument(
         "--validate",
         action="store_true",
@@ -167,11 +168,6 @@ def main():
         Model.val_dataloader = lambda self: loader()
     else:  # no validation loop: the job as the layout tests run it
         del Model.validation_step
-    callbacks = []
-    if args.validate:
-        checkpoints = pl.callbacks.ModelCheckpoint(save_last=True)  # under default_root_dir/checkpoints
-        callbacks.append(checkpoints)
-
     if args.strategy == "ddp_mpi":
         import lightning_mpi_env  # noqa: F401  (registers "ddp_mpi")
 
@@ -181,25 +177,43 @@ def main():
     else:
         strategy, plugins = pl.strategies.DDPStrategy(process_group_backend="gloo"), [MPIClusterEnvironment()]
     sizes = {} if args.zero_config else {"devices": args.devices, "num_nodes": args.num_nodes}
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        **sizes,
-        strategy=strategy,
-        plugins=plugins,
-        default_root_dir=args.root_dir,
-        max_epochs=args.epochs if args.epochs is not None else (None if args.steps else 1),
-        max_steps=args.steps or -1,
-        logger=False,
-        enable_checkpointing=validate,
-        callbacks=callbacks,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    model = Model()
-    start_gate()  # a test of the rendezvous waits here for the other ranks to finish their imports
-    print(f"FIT pid={os.getpid()}\n", end="", flush=True)
-    # Lightning resumes from the HPC checkpoint by itself under Slurm only, whichever job saved it: say which one.
-    trainer.fit(model, ckpt_path=None if args.lightning_resume else hpc_checkpoint(trainer))
+
+    def fit(generation=None):
+        # under default_root_dir/checkpoints
+        callbacks = [pl.callbacks.ModelCheckpoint(save_last=True)] if args.validate else []
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            **sizes,
+            strategy=strategy,
+            plugins=plugins,
+            default_root_dir=args.root_dir,
+            max_epochs=args.epochs if args.epochs is not None else (None if args.steps else 1),
+            max_steps=args.steps or -1,
+            logger=False,
+            enable_checkpointing=validate,
+            callbacks=callbacks,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        model = Model()
+        start_gate()  # a test of the rendezvous waits here for the other ranks to finish their imports
+        print(f"FIT pid={os.getpid()}\n", end="", flush=True)
+        if generation is not None and generation.recovered:
+            recovered = json.dumps(generation.recovered)
+            print(f"RECOVERED rank={generation.rank} pid={os.getpid()} {recovered}\n", end="", flush=True)
+        if generation is not None and generation.ckpt_path:  # after a recovery: the state rank 0 kept in memory
+            ckpt_path = generation.ckpt_path
+        else:  # Lightning resumes an HPC checkpoint by itself under Slurm only, whichever job saved it: say which one
+            ckpt_path = None if args.lightning_resume else hpc_checkpoint(trainer)
+        trainer.fit(model, ckpt_path=ckpt_path)
+        return trainer, model
+
+    if args.restartable:  # the survivors of a lost rank go on in their processes
+        from lightning_mpi_env import restartable
+
+        trainer, model = restartable(fit, shrink=True)
+    else:
+        trainer, model = fit()
     trained = time.monotonic() - model.first_step_time if model.first_global_step is not None else None
     result = json.dumps(
         {

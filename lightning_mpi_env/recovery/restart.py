@@ -14,6 +14,7 @@ import gc
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -67,6 +68,10 @@ class Generation:
     """This process's node among the launch's, as the roll call found it (it does not change)."""
     num_nodes: int = 1
     """The launch's number of nodes, as the roll call found it."""
+    recovered: dict[str, float] = field(default_factory=dict)
+    """When (``time.time()``) each part of the recovery that began this generation ended on this process: ``failed``
+    (``main`` raised), ``left`` (its group left), ``agreed`` (the lost ranks named), ``opened`` (this generation's
+    group open), ``restored`` (the state handed over). Empty in generation 1."""
 
     @property
     def ckpt_path(self) -> str | None:
@@ -138,10 +143,13 @@ def restartable(
     endings: list[threading.Thread] = []
     timeout = settings.stall_timeout if settings.stall_timeout > 0 else GROUP_TIMEOUT
     world, rank, kept = first(layout.world_size), layout.rank, None
+    recovered: dict[str, float] = {}
     try:
         while True:
             before = open_sockets()
             _open_group(store, world, rank, backend, timeout)
+            if recovered:
+                recovered["opened"] = time.time()
             connections = GroupConnections.opened_since(before, store.port)
             not_inherited(connections)  # a killed rank's connections close with it, not with its loader workers
             client = met.client(LOOKOUT_WAIT)
@@ -152,10 +160,14 @@ def restartable(
             try:
                 if world.number > 1:  # what this generation keeps, until it keeps more, is what it resumed
                     generation.resumed = generation.kept = hand_over(kept, 0)
+                    generation.recovered = {**recovered, "restored": time.time()}
                 return main(generation)
             except Exception as error:
+                recovered = {"failed": time.time()}
                 _leave_group(error, connections)
+                recovered["left"] = time.time()
                 lost = agree_on_lost(store, world, rank, settle=settle, timeout=timeout)
+                recovered["agreed"] = time.time()
                 if lost and rank == 0:  # a frozen process among them would hold the launcher's step
                     endings.append(end_lost(store, layout, environ, [world.launch_ranks[number] for number in lost]))
                 world, rank = _next(world, rank, lost, error, shrink=shrink)

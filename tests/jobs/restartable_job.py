@@ -4,9 +4,9 @@ worker, momentum SGD, the model and optimizer state kept after each step. One ra
 Every item of the data is a pure function of its index, and each step takes the next ``world_size * BATCH`` items
 (rank ``r`` the ``r``-th slice), so the test can compute the weights a job that shrank at a given step must end with.
 Each process leaves ``started-<launch rank>-<pid>`` in ``--out`` as it starts; each rank writes ``rank-<launch
-rank>.json`` there at the end: its process id, the world size
-of each step it finished, when it finished the first step after a recovery, and its final weights; the rank that
-kills or stops itself writes when, to ``fault``.
+rank>.json`` there at the end: its process id, the world size of each step it finished, when each part of the recovery
+ended and when it finished the first step after it, and its final weights; the rank that kills or stops itself
+writes when, to ``fault``.
 """
 
 from __future__ import annotations
@@ -94,6 +94,8 @@ def main(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
             optimizer.load_state_dict(generation.resumed["optimizer"])
             step, position = generation.resumed["step"], generation.resumed["position"]
         record["generations"].append([generation.number, generation.rank, generation.world_size, step])
+        if generation.recovered:
+            record["recovered"] = generation.recovered
         ddp = torch.nn.parallel.DistributedDataParallel(net)
         size, rank = generation.world_size, generation.rank
         sampler = batches(position, size, rank, args.steps - step)

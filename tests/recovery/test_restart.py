@@ -106,6 +106,9 @@ def test_shrink_goes_on_with_the_survivors_in_their_processes(slurm_cluster: Slu
         new_rank = {0: 0, 1: 1, 3: 2}[launch_rank]
         assert record["generations"] == [[1, launch_rank, 4, 0], [2, new_rank, 3, FAULT_STEP]], record
         assert record["worlds"] == [4] * FAULT_STEP + [3] * (STEPS - FAULT_STEP)
+        parts = record["recovered"]  # when each part of the recovery ended, in the order they happen
+        assert list(parts) == ["failed", "left", "agreed", "opened", "restored"], parts
+        assert sorted(parts.values()) == list(parts.values()), parts
     # The step the loss interrupted is done again on three ranks, from rank 0's state: the weights are those of a
     # job that took 10 steps on four ranks and 6 on three.
     expected = expected_weights([4] * FAULT_STEP + [3] * (STEPS - FAULT_STEP))
