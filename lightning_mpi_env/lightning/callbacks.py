@@ -358,6 +358,8 @@ def kept_checkpoint(generation: Generation | None) -> dict[str, Any]:
             f"ckpt_path={KEPT_CHECKPOINT!r} names the Trainer state that restartable keeps, and this Trainer was made"
             " outside restartable's main",
             "pass ckpt_path=generation.ckpt_path inside the function restartable calls: it is None in generation 1",
+            variable="ckpt_path",
+            value=KEPT_CHECKPOINT,
         )
     state = generation.resumed
     if not isinstance(state, dict) or "state_dict" not in state or "loops" not in state:

@@ -155,7 +155,9 @@ def restartable(
             client = met.client(LOOKOUT_WAIT)
             lookout = Lookout(store, client, world, rank, settle=settle, timeout=timeout).start()
             nodes = met.nodes
-            generation = Generation(world.number, rank, world.world_size, None, None, nodes.node_rank, nodes.num_nodes)
+            generation = Generation(
+                world.number, rank, world.world_size, node_rank=nodes.node_rank, num_nodes=nodes.num_nodes
+            )
             running = _RUNNING.set(generation)
             try:
                 if world.number > 1:  # what this generation keeps, until it keeps more, is what it resumed

@@ -49,6 +49,18 @@ def model() -> torch.nn.Linear:
     return torch.nn.Linear(FEATURES, 1, dtype=torch.float64)
 
 
+def resume(generation: Generation) -> tuple[torch.nn.Linear, torch.optim.SGD, int, int]:
+    """The model, the optimizer, the step and the item position: fresh, or as the generation resumed them."""
+    net = model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
+    step, position = 0, 0
+    if generation.resumed is not None:
+        net.load_state_dict(generation.resumed["model"])
+        optimizer.load_state_dict(generation.resumed["optimizer"])
+        step, position = generation.resumed["step"], generation.resumed["position"]
+    return net, optimizer, step, position
+
+
 def weights(net: torch.nn.Module) -> list[float]:
     return [float(v) for v in torch.cat([p.detach().flatten() for p in net.parameters()])]
 
@@ -86,13 +98,7 @@ def finish(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
 
 def main(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
     def train(generation: Generation) -> None:
-        net = model()
-        optimizer = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
-        step, position = 0, 0
-        if generation.resumed is not None:
-            net.load_state_dict(generation.resumed["model"])
-            optimizer.load_state_dict(generation.resumed["optimizer"])
-            step, position = generation.resumed["step"], generation.resumed["position"]
+        net, optimizer, step, position = resume(generation)
         record["generations"].append([generation.number, generation.rank, generation.world_size, step])
         if generation.recovered:
             record["recovered"] = generation.recovered

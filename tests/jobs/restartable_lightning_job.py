@@ -32,6 +32,7 @@ from restartable_job import (  # this folder: the script's own path
     item,
     model,
     parser,
+    resume,
     weights,
 )
 from torch.utils.data import DataLoader, Dataset
@@ -124,13 +125,7 @@ def fabric_main(args: argparse.Namespace, launch_rank: int, record: dict) -> Non
     def train(generation: Generation) -> None:
         fabric = Fabric(accelerator="cpu", strategy="ddp_mpi")
         fabric.launch()
-        net = model()
-        optimizer = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
-        step, position = 0, 0
-        if generation.resumed is not None:
-            net.load_state_dict(generation.resumed["model"])
-            optimizer.load_state_dict(generation.resumed["optimizer"])
-            step, position = generation.resumed["step"], generation.resumed["position"]
+        net, optimizer, step, position = resume(generation)
         record["generations"].append([generation.number, fabric.global_rank, fabric.world_size, step, None])
         ddp, optimizer = fabric.setup(net, optimizer)
         size, rank = fabric.world_size, fabric.global_rank
