@@ -112,6 +112,7 @@ VARIABLE = {row.field: row.variable for row in SETTINGS}
 
 PREFIX = "LIGHTNING_MPI_ENV_"
 """The prefix of every setting: another variable under it is a typo, warned about (:func:`unknown_settings`)."""
+REPLACES = "LIGHTNING_MPI_ENV_REPLACES"  # no setting: restartable's word to a replacement (recovery/replacement.py)
 
 DEFAULT_RENDEZVOUS_TIMEOUT = 120.0
 """Seconds the roll call waits for every rank unless told otherwise; separate from the collective timeout."""
@@ -201,7 +202,7 @@ def unknown_settings(env: Mapping[str, str]) -> list[UnknownSettingWarning]:
     """
     known, found = list(VARIABLE.values()), []
     for name in sorted(env):
-        if name not in known and name.upper().startswith(PREFIX):
+        if name not in (*known, REPLACES) and name.upper().startswith(PREFIX):
             near = _nearest_setting(name)
             case = " (the names of settings are upper case)" if near == name.upper() else ""
             found.append(

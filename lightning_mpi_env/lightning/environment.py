@@ -70,8 +70,7 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
         requeue_signal: The signal that asks for it; by default the one the scheduler sends before its limit
             (Slurm and PBS: ``SIGUSR1``; Grid Engine and LSF: ``SIGUSR2``).
         requeue_command: The command that puts the job back in the queue, instead of the scheduler's.
-        stall_timeout: Seconds without progress on any rank before the stall watchdog stops the job (default: 300;
-            ``0``: off).
+        stall_timeout: Seconds without progress on any rank before the stall watchdog stops the job (300; ``0``: off).
         stall_soft_timeout: Seconds before rank 0 reports such a stall and lets the job go on (default: 60; ``0``: no
             report).
 
@@ -310,7 +309,8 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
             unreachable += [TORCH.master_port] if sources["main_port"] == DEFAULT_PORT_SOURCE else []
             if unreachable:  # the other nodes' ranks could never find this one: say so now, not at the timeout
                 raise nodes_without_launcher(self.api, num_devices, num_nodes, unreachable)
-        if layout.launcher is None or self._mode is LaunchMode.PER_NODE:
+        later = self.generation is not None and self.generation.number > 1  # restartable's world, not the launch's
+        if layout.launcher is None or self._mode is LaunchMode.PER_NODE or later:
             return
         if is_per_node_launch(layout, num_devices, num_nodes):
             self._mode = LaunchMode.PER_NODE

@@ -50,14 +50,14 @@ def process_start(pid: int | str = "self") -> str:
     return fields[19] if len(fields) > 19 else ""
 
 
-def post_task(store: Store, layout: RankLayout, env: Mapping[str, str]) -> None:
-    """Say where this rank runs, where its launcher can end one task (nothing otherwise)."""
+def post_task(store: Store, layout: RankLayout, env: Mapping[str, str], rank: int) -> None:
+    """Say where launch rank ``rank`` (this process) runs, where its launcher can end one task (nothing otherwise)."""
     launcher = layout.launcher
     if launcher is None or not launcher.on_node or launcher.node_name is None:
         return
     node, start = env.get(launcher.node_name, ""), process_start()
     if NODE_NAME.fullmatch(node) and start.isdigit():
-        store.set(f"{KEY}{layout.rank}", f"{node} {os.getpid()} {start}")
+        store.set(f"{KEY}{rank}", f"{node} {os.getpid()} {start}")
 
 
 def read_task(raw: bytes, key: str) -> tuple[str, str, str]:
@@ -81,6 +81,17 @@ def read_task(raw: bytes, key: str) -> tuple[str, str, str]:
         variable=key,
         value=text,
     )
+
+
+def task_node(store: Store, launch_rank: int) -> str:
+    """The node launch rank ``launch_rank`` said it runs on; ``""`` where it said none (or nothing readable)."""
+    from torch.distributed import DistError
+
+    key = f"{KEY}{launch_rank}"
+    try:
+        return read_task(store.get(key), key)[0] if store.check([key]) else ""
+    except (DistError, RecoveryError):
+        return ""
 
 
 def end_lost(store: Store, layout: RankLayout, env: Mapping[str, str], launch_ranks: Iterable[int]) -> threading.Thread:

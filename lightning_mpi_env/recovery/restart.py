@@ -2,16 +2,18 @@
 
 Generation 1 is the launch: the roll call meets every rank in rank 0's store, and the process group opens on that
 store. When a collective fails (a peer died), every living rank destroys its group, the ranks agree which are lost
-(:mod:`.agreement`), and the survivors open the next generation's group on the same store under the next
-generation's keys, take rank 0's kept state (:func:`.hand_over`) and call ``main`` again. What cannot go on that
-way (rank 0 lost, no way to replace a rank without shrinking) ends every process with one :class:`RecoveryError`,
-for the launcher or ``lightning-mpi-env run`` to start the job again.
+(:mod:`.agreement`), and the survivors (with a new process in each lost rank's place where the allocation has a
+spare node: :mod:`.replacement`) open the next generation's group on the same store under the next generation's
+keys, take rank 0's kept state (:func:`.hand_over`) and call ``main`` again. What cannot go on that way (rank 0
+lost, neither a spare nor shrinking) ends every process with one :class:`RecoveryError`, for the launcher or
+``lightning-mpi-env run`` to start the job again.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -24,15 +26,25 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from lightning_mpi_env.core.errors import RecoveryError
 from lightning_mpi_env.core.layout import from_env
+from lightning_mpi_env.core.rank_layout import RankLayout
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.recovery.agreement import LOOKOUT_WAIT, Lookout, agree_on_lost
 from lightning_mpi_env.recovery.connections import GroupConnections, not_inherited, open_sockets
-from lightning_mpi_env.recovery.ending import end_lost, post_task
+from lightning_mpi_env.recovery.ending import end_lost, post_task, task_node
 from lightning_mpi_env.recovery.handover import hand_over
+from lightning_mpi_env.recovery.replacement import (
+    Joining,
+    node_index,
+    publish_spares,
+    read_joining,
+    read_spares,
+    spare_nodes,
+    start_replacement,
+)
 from lightning_mpi_env.recovery.worlds import Relaunch, World, first, prefix, successor
 from lightning_mpi_env.rollcall.claims import Claim
 from lightning_mpi_env.rollcall.process_info import process_info
-from lightning_mpi_env.rollcall.store import rendezvous
+from lightning_mpi_env.rollcall.store import client_of, rendezvous
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store  # the public torch.distributed.Store
@@ -113,10 +125,12 @@ def restartable(
     """Call ``main`` on every rank; when a rank is lost, call it again in the surviving processes. Returns its result.
 
     ``shrink``: go on with the survivors alone, renumbered (rank 0 stays rank 0): the world is smaller, so each
-    step's global batch is too, and rank 0 says so once. Without it, a lost rank ends every process with a
-    :class:`RecoveryError` (nothing replaces a rank in the running processes yet), as does losing rank 0 (its
-    process served the store). ``backend``: the process group's (torch's default where ``None``); its timeout is the
-    stall timeout (``LIGHTNING_MPI_ENV_STALL_TIMEOUT``), which is how long the survivors wait on a frozen peer.
+    step's global batch is too, and rank 0 says so once. Without it, where ``srun`` can start a step on a node of
+    the allocation that runs no rank, rank 0 starts this program there in each lost rank's place (it joins the next
+    generation and takes rank 0's kept state): the world keeps its ranks. Else a lost rank ends every process with
+    a :class:`RecoveryError`, as does losing rank 0 (its process served the store). ``backend``: the process group's
+    (torch's default where ``None``); its timeout is the stall timeout (``LIGHTNING_MPI_ENV_STALL_TIMEOUT``), which is
+    how long the survivors wait on a frozen peer.
 
     An exception of ``main`` with no rank lost is the program's own: every rank raises it (or the collective error
     it met) as it would without ``restartable``.
@@ -126,23 +140,21 @@ def restartable(
     environ = os.environ if env is None else env
     layout = from_env(environ)
     settings = Settings.from_env(environ)
-    claim = Claim.here(
-        rank=layout.rank,
-        world_size=layout.world_size,
-        local_rank=layout.local_rank,
-        main_address=layout.main_address,
-        main_port=layout.main_port,
-        local_size=layout.local_size,
-        **process_info(backend, environ=environ),
-    )
-    met = rendezvous(claim, timeout=settings.rendezvous_timeout, launch=layout)
-    if claim.rank == 0 and met.summary:
-        print(met.summary, file=sys.stderr, flush=True)
-    store = met.store
-    post_task(store, layout, environ)
-    endings: list[threading.Thread] = []
     timeout = settings.stall_timeout if settings.stall_timeout > 0 else GROUP_TIMEOUT
-    world, rank, kept = first(layout.world_size), layout.rank, None
+    joining = read_joining(environ)
+    if joining is None:  # the launch: every rank meets in the roll call
+        met = _roll_call(layout, settings, backend, environ)
+        store, main_address = met.store, met.claim.main_address
+        world, rank, nodes = first(layout.world_size), layout.rank, (met.nodes.node_rank, met.nodes.num_nodes)
+    else:  # a replacement rank 0 started: it joins the generation the survivors open
+        store, main_address = _join(joining, timeout), joining.host
+        world, rank = World(joining.generation, tuple(range(joining.world_size))), joining.rank
+        nodes = (joining.node_rank, joining.num_nodes)
+    post_task(store, layout, environ, world.launch_ranks[rank])
+    endings: list[threading.Thread] = []
+    replacements: list[subprocess.Popen[bytes]] = []
+    avoided: set[str] = set()  # rank 0: the nodes where ranks were lost are no spares
+    kept = None
     recovered: dict[str, float] = {}
     try:
         while True:
@@ -152,12 +164,9 @@ def restartable(
                 recovered["opened"] = time.time()
             connections = GroupConnections.opened_since(before, store.port)
             not_inherited(connections)  # a killed rank's connections close with it, not with its loader workers
-            client = met.client(LOOKOUT_WAIT)
-            lookout = Lookout(store, client, world, rank, settle=settle, timeout=timeout).start()
-            nodes = met.nodes
-            generation = Generation(
-                world.number, rank, world.world_size, node_rank=nodes.node_rank, num_nodes=nodes.num_nodes
-            )
+            lookout = Lookout(store, client_of(store, LOOKOUT_WAIT), world, rank, settle=settle, timeout=timeout)
+            lookout.start()
+            generation = Generation(world.number, rank, world.world_size, node_rank=nodes[0], num_nodes=nodes[1])
             running = _RUNNING.set(generation)
             try:
                 if world.number > 1:  # what this generation keeps, until it keeps more, is what it resumed
@@ -171,8 +180,14 @@ def restartable(
                 lost = agree_on_lost(store, world, rank, settle=settle, timeout=timeout)
                 recovered["agreed"] = time.time()
                 if lost and rank == 0:  # a frozen process among them would hold the launcher's step
-                    endings.append(end_lost(store, layout, environ, [world.launch_ranks[number] for number in lost]))
-                world, rank = _next(world, rank, lost, error, shrink=shrink)
+                    launch_ranks = [world.launch_ranks[number] for number in lost]
+                    endings.append(end_lost(store, layout, environ, launch_ranks))
+                spares = _spares(store, layout, environ, world, rank, lost, shrink=shrink, avoided=avoided)
+                before_loss = world
+                world, rank = _next(world, rank, lost, error, shrink=shrink, spares=len(spares))
+                if spares and rank == 0:
+                    address = (main_address, store.port)
+                    replacements += _replace(store, layout, environ, before_loss, world, spares, address)
                 kept = generation.kept
             finally:
                 _RUNNING.reset(running)
@@ -181,9 +196,108 @@ def restartable(
                     dist.destroy_process_group()
     finally:
         not_inherited(None)
-        # Before the program ends, or the error leaves: the launcher's step ends only once the lost processes have.
+        # Before the program ends, or the error leaves: the launcher's step ends only once the lost processes have,
+        # and a replacement is a child of rank 0's process, which the step would end with it.
         for ending in endings:
             ending.join(ENDING_WAIT)
+        for replacement in replacements:
+            _wait_for(replacement)
+
+
+def _roll_call(layout: RankLayout, settings: Settings, backend: str | None, environ: Mapping[str, str]) -> Any:
+    """The launch's roll call (:func:`rendezvous`): rank 0 says who met where."""
+    claim = Claim.here(
+        rank=layout.rank,
+        world_size=layout.world_size,
+        local_rank=layout.local_rank,
+        main_address=layout.main_address,
+        main_port=layout.main_port,
+        local_size=layout.local_size,
+        **process_info(backend, environ=environ),
+    )
+    met = rendezvous(claim, timeout=settings.rendezvous_timeout, launch=layout)
+    if claim.rank == 0 and met.summary:
+        print(met.summary, file=sys.stderr, flush=True)
+    return met
+
+
+def _join(joining: Joining, timeout: float) -> Store:
+    """A replacement's client of the job's store.
+
+    Raises:
+        RecoveryError: The store does not answer (the job ended meanwhile, or rank 0's host is gone).
+    """
+    import torch.distributed as dist
+
+    try:
+        store: Store = dist.TCPStore(  # type: ignore[attr-defined]
+            joining.host, joining.port, is_master=False, timeout=timedelta(seconds=timeout)
+        )
+    except (RuntimeError, TimeoutError) as error:
+        raise RecoveryError(
+            f"the replacement for rank {joining.rank} cannot reach the job's store at {joining.host}:{joining.port}:"
+            f" {error}",
+            "start the job again (`lightning-mpi-env run` does)",
+            value=f"{joining.host}:{joining.port}",
+        ) from error
+    return store
+
+
+def _spares(
+    store: Store,
+    layout: RankLayout,
+    environ: Mapping[str, str],
+    world: World,
+    rank: int,
+    lost: tuple[int, ...],
+    *,
+    shrink: bool,
+    avoided: set[str],
+) -> tuple[str, ...]:
+    """The spare node for each lost rank, rank 0's choice on every rank; ``()`` where the world cannot keep its size."""
+    if not lost or shrink or 0 in lost:
+        return ()
+    if rank == 0:
+        avoided.update(task_node(store, world.launch_ranks[number]) for number in lost)
+        found = [node for node in spare_nodes(store, layout, environ, world.world_size) if node not in avoided]
+        chosen = tuple(found[: len(lost)]) if len(found) >= len(lost) else ()
+        publish_spares(store, world.number, chosen)
+        return chosen
+    return read_spares(store, world.number, len(lost))
+
+
+def _replace(
+    store: Store,
+    layout: RankLayout,
+    environ: Mapping[str, str],
+    before: World,
+    after: World,
+    spares: tuple[str, ...],
+    address: tuple[str, int],
+) -> list[subprocess.Popen[bytes]]:
+    """Rank 0: start a process on each spare in the place of each rank ``before`` lost, joining ``after``."""
+    started = []
+    for number, node in zip(after.lost, spares, strict=True):
+        node_rank, num_nodes = node_index(store, before.world_size, number)
+        joining = Joining(after.number, number, after.world_size, node_rank, num_nodes, *address)
+        started.append(start_replacement(layout, environ, node, joining))
+    names = ", ".join(str(number) for number in after.lost)
+    print(
+        f"lightning-mpi-env: generation {before.number} lost rank {names} of {before.world_size}; generation"
+        f" {after.number} goes on with a new process on {', '.join(spares)} in its place",
+        file=sys.stderr,
+        flush=True,
+    )
+    return started
+
+
+def _wait_for(replacement: subprocess.Popen[bytes]) -> None:
+    """Let a replacement's step end as the job does; past :data:`ENDING_WAIT`, end it."""
+    try:
+        replacement.wait(ENDING_WAIT)
+    except subprocess.TimeoutExpired:
+        replacement.kill()
+        replacement.wait()
 
 
 def _open_group(store: Store, world: World, rank: int, backend: str | None, timeout: float) -> None:
@@ -228,22 +342,24 @@ def _leave_group(error: BaseException, connections: GroupConnections) -> None:
     gc.collect()
 
 
-def _next(world: World, rank: int, lost: tuple[int, ...], failure: Exception, *, shrink: bool) -> tuple[World, int]:
+def _next(
+    world: World, rank: int, lost: tuple[int, ...], failure: Exception, *, shrink: bool, spares: int
+) -> tuple[World, int]:
     """The next generation and this process's rank in it, or ``failure`` (no rank lost) or a ``RecoveryError``."""
     if not lost:
         raise failure
-    after = successor(world, lost, shrink=shrink)
+    after = successor(world, lost, shrink=shrink, spares=spares)
     names = ", ".join(str(number) for number in lost)
     if isinstance(after, Relaunch):
         raise RecoveryError(
             f"generation {world.number} of {world.world_size} ranks lost rank {names}, and this process cannot go on:"
             f" {after.reason}",
-            "start the job again (`lightning-mpi-env run` does), or pass `shrink=True` to `restartable` to go on"
-            " with the survivors",
+            "start the job again (`lightning-mpi-env run` does), add a spare node to the allocation, or pass"
+            " `shrink=True` to `restartable` to go on with the survivors",
         ) from failure
     new_rank = after.rank_of(world.launch_ranks[rank])
     assert new_rank is not None  # a rank that agreed on the list is not in it
-    if new_rank == 0:
+    if new_rank == 0 and after.world_size < world.world_size:
         print(
             f"lightning-mpi-env: generation {world.number} lost rank {names} of {world.world_size}; generation"
             f" {after.number} goes on with the {after.world_size} survivors, renumbered: each step's global batch is"

@@ -1,9 +1,10 @@
 """Which ranks make up each generation of a job, and what a generation after a loss is: a pure table of rules.
 
 A generation is one process group over one set of processes. Generation 1 is the launch; after a rank is lost the
-survivors either go on alone, renumbered (``shrink``), or the job is started again (a :class:`Relaunch`, today's
-recovery). Every generation keeps its keys in rank 0's store under :func:`prefix`, so a late request of an older
-generation lands where no rank of a newer one reads.
+survivors either go on alone, renumbered (``shrink``), or with a new process on a spare node in each lost rank's
+place (the world keeps its ranks), or the job is started again (a :class:`Relaunch`, today's recovery). Every
+generation keeps its keys in rank 0's store under :func:`prefix`, so a late request of an older generation lands
+where no rank of a newer one reads.
 """
 
 from __future__ import annotations
@@ -66,11 +67,12 @@ class Relaunch:
     reason: str
 
 
-def successor(current: World, lost: Collection[int], *, shrink: bool) -> World | Relaunch:
+def successor(current: World, lost: Collection[int], *, shrink: bool, spares: int = 0) -> World | Relaunch:
     """The generation after ``current`` once its ranks ``lost`` (numbered in ``current``) are gone.
 
-    ``shrink``: the survivors go on alone, renumbered in their order (rank 0 stays rank 0). Without it, nothing
-    replaces a lost rank in the running processes, so the job is started again.
+    ``shrink``: the survivors go on alone, renumbered in their order (rank 0 stays rank 0). Else, with a spare
+    node for each lost rank (``spares``), the world keeps its ranks, a new process taking each lost one's place;
+    without, the job is started again.
     """
     gone = sorted(set(lost))
     if not gone:
@@ -79,10 +81,14 @@ def successor(current: World, lost: Collection[int], *, shrink: bool) -> World |
         raise ValueError(f"lost ranks {gone} are not ranks of a world of {current.world_size}")
     if gone[0] == 0:
         return Relaunch("rank 0 is lost, and the job's store was in its process")
-    if not shrink:
-        return Relaunch("nothing replaces a lost rank in the running processes, and shrinking was not chosen")
+    if not shrink and spares < len(gone):
+        return Relaunch(
+            f"the allocation has {spares} spare node(s) for {len(gone)} lost rank(s), and shrinking was not chosen"
+        )
     if current.number >= MAX_GENERATIONS:
         return Relaunch(f"this job has had {MAX_GENERATIONS} generations")
+    if not shrink:
+        return World(current.number + 1, current.launch_ranks, tuple(gone))
     survivors = tuple(rank for number, rank in enumerate(current.launch_ranks) if number not in gone)
     return World(current.number + 1, survivors, tuple(gone))
 

@@ -84,16 +84,21 @@ class RendezvousResult:
 
         A request pending on :attr:`store` (a collective's first ``get``) never holds it up.
         """
-        import torch.distributed
+        return client_of(self.store, timeout)
 
-        if hasattr(self.store, "clone"):  # torch 2.8 and newer
-            client: TCPStore = self.store.clone()
-        else:
-            client = torch.distributed.TCPStore(  # type: ignore[attr-defined]
-                self.store.host, self.store.port, is_master=False, timeout=timedelta(seconds=timeout)
-            )
-        client.set_timeout(timedelta(seconds=timeout))
-        return client
+
+def client_of(store: TCPStore, timeout: float) -> TCPStore:
+    """A client of its own to ``store``'s server, whose requests wait ``timeout`` seconds each."""
+    import torch.distributed
+
+    if hasattr(store, "clone"):  # torch 2.8 and newer
+        client: TCPStore = store.clone()
+    else:
+        client = torch.distributed.TCPStore(  # type: ignore[attr-defined]
+            store.host, store.port, is_master=False, timeout=timedelta(seconds=timeout)
+        )
+    client.set_timeout(timedelta(seconds=timeout))
+    return client
 
 
 def rendezvous(

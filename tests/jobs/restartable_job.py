@@ -3,10 +3,10 @@ worker, momentum SGD, the model and optimizer state kept after each step. One ra
 
 Every item of the data is a pure function of its index, and each step takes the next ``world_size * BATCH`` items
 (rank ``r`` the ``r``-th slice), so the test can compute the weights a job that shrank at a given step must end with.
-Each process leaves ``started-<launch rank>-<pid>`` in ``--out`` as it starts; each rank writes ``rank-<launch
-rank>.json`` there at the end: its process id, the world size of each step it finished, when each part of the recovery
-ended and when it finished the first step after it, and its final weights; the rank that kills or stops itself
-writes when, to ``fault``.
+Each process leaves ``started-<launch rank>-<pid>`` in ``--out`` as it starts (a replacement: the rank it replaces);
+each rank writes ``rank-<launch rank>.json`` there at the end: its process id and node, the world size of each step
+it finished, when each part of the recovery ended and when it finished the first step after it, and its final
+weights; the rank that kills or stops itself writes when, to ``fault``.
 """
 
 from __future__ import annotations
@@ -16,13 +16,16 @@ import json
 import math
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_mpi_env import Generation, restartable
+from lightning_mpi_env import Generation, from_env, restartable
+from lightning_mpi_env.core.settings import REPLACES
+from lightning_mpi_env.recovery.replacement import read_joining
 
 BATCH = 4
 FEATURES = 3
@@ -74,8 +77,9 @@ def batches(position: int, size: int, rank: int, steps: int) -> list[list[int]]:
 
 
 def fault_now(args: argparse.Namespace, launch_rank: int, step: int) -> None:
-    """The faulty rank kills or stops itself before step ``--fault-step``, saying when in ``fault``."""
-    if launch_rank == args.fault_rank and step == args.fault_step:
+    """The faulty rank kills or stops itself before step ``--fault-step``, saying when in ``fault`` (its replacement,
+    which does that step again, does not)."""
+    if launch_rank == args.fault_rank and step == args.fault_step and REPLACES not in os.environ:
         (args.out / "fault").write_text(repr(time.time()))
         os.kill(os.getpid(), signal.SIGSTOP if args.freeze else signal.SIGKILL)
 
@@ -91,8 +95,14 @@ def parser() -> argparse.ArgumentParser:
     return arguments
 
 
+def this_launch_rank() -> int:
+    """The launch rank this process has, or replaces (a replacement's launcher sees a step of one task)."""
+    joining = read_joining(os.environ)
+    return joining.rank if joining is not None else from_env(os.environ).rank
+
+
 def finish(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
-    record["pid"] = os.getpid()
+    record["pid"], record["node"] = os.getpid(), socket.gethostname()
     (args.out / f"rank-{launch_rank}.json").write_text(json.dumps(record))
 
 
@@ -124,9 +134,7 @@ def main(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
 
 if __name__ == "__main__":
     arguments = parser().parse_args()
-    from lightning_mpi_env import from_env
-
-    launch_rank = from_env(os.environ).rank
+    launch_rank = this_launch_rank()
     (arguments.out / f"started-{launch_rank}-{os.getpid()}").touch()  # one file per process that ever started
     record: dict = {"generations": [], "worlds": []}
     main(arguments, launch_rank, record)

@@ -33,6 +33,7 @@ from restartable_job import (  # this folder: the script's own path
     model,
     parser,
     resume,
+    this_launch_rank,
     weights,
 )
 from torch.utils.data import DataLoader, Dataset
@@ -155,9 +156,7 @@ if __name__ == "__main__":
     arguments.add_argument("--api", choices=["trainer", "fabric"], required=True)
     arguments.add_argument("--stateful", action="store_true", help="the Trainer's loader: StatefulDataLoader")
     arguments = arguments.parse_args()
-    from lightning_mpi_env import from_env
-
-    launch_rank = from_env(os.environ).rank
+    launch_rank = this_launch_rank()
     (arguments.out / f"started-{launch_rank}-{os.getpid()}").touch()  # one file per process that ever started
     record: dict = {"generations": [], "worlds": [], "items": []}
     (trainer_main if arguments.api == "trainer" else fabric_main)(arguments, launch_rank, record)

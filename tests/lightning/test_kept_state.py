@@ -1,5 +1,6 @@
-"""The Trainer and Fabric with ``strategy="ddp_mpi"`` under ``restartable``, in real jobs on the simulated two-node
-Slurm cluster: 4 ranks, rank 2 killed or frozen before step 10 of 16, the survivors going on in their processes.
+"""The Trainer and Fabric with ``strategy="ddp_mpi"`` under ``restartable``, in real jobs on the simulated Slurm
+cluster: 4 ranks, rank 2 killed or frozen before step 10 of 16, the survivors going on in their processes, alone (two
+nodes) or with a new process on the spare node in rank 2's place (three).
 
 The Trainer's state is the one ``"ddp_mpi"`` keeps in memory (``lightning_mpi_env.lightning.callbacks.py``) and loads
 for ``ckpt_path=generation.ckpt_path``; Fabric's, the program's own. The data are a pure function of the index
@@ -21,7 +22,15 @@ from lightning_mpi_env.lightning.callbacks import kept_checkpoint
 from lightning_mpi_env.recovery.restart import KEPT_CHECKPOINT, Generation
 from tests.clusters.slurm import SlurmCluster
 from tests.jobs.restartable_job import BATCH, LR, MOMENTUM, item, model
-from tests.recovery.test_restart import SRUN, TIMEOUT, expected_weights, group_timeout, read_records, started
+from tests.recovery.test_restart import (
+    SRUN,
+    TIMEOUT,
+    expected_weights,
+    group_timeout,
+    read_records,
+    run_replaced,
+    started,
+)
 
 JOB = Path(__file__).parents[1] / "jobs" / "restartable_lightning_job.py"
 STEPS = 16
@@ -173,3 +182,32 @@ def test_the_trainer_with_a_stateful_loader_goes_on_in_the_epoch(slurm_cluster: 
         ], record["items"]
         assert record["generations"][1] == [2, new_rank, 3, FAULT_STEP, KEPT_CHECKPOINT]
         assert record["weights"] == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+@pytest.mark.parametrize("api", ["trainer", "fabric"])
+def test_a_replacement_on_the_spare_node_ends_with_the_weights_of_a_job_that_never_failed(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path, api: str, fault: str
+):
+    # The allocation has a spare node: the world keeps its 4 ranks, a new process on node3 taking rank 2's place from
+    # rank 0's state in memory (the Trainer's kept checkpoint, with torchdata's loader position; Fabric's own).
+    out = tmp_path / "out"
+    job = [sys.executable, str(JOB), "--api", api, *(["--stateful"] if api == "trainer" else [])]
+    output, records = run_replaced(slurm_cluster_with_spare, out, job, fault)
+    resumed = KEPT_CHECKPOINT if api == "trainer" else None
+    for launch_rank, record in records.items():
+        mine = [[2, launch_rank, 4, FAULT_STEP, resumed]]
+        assert record["generations"] == ([] if launch_rank == 2 else [[1, launch_rank, 4, 0, None]]) + mine
+    if api == "trainer":  # 12 batches an epoch on 4 ranks: steps 12 to 15 are the second epoch's first 4
+        expected = weights_after([sampler_batch(4, step // 12, step % 12) for step in range(STEPS)])
+        for launch_rank, record in records.items():
+            done_steps = range(FAULT_STEP, STEPS) if launch_rank == 2 else [*range(FAULT_STEP + 1), *range(10, STEPS)]
+            assert record["items"] == [rank_batch(4, launch_rank, step // 12, step % 12) for step in done_steps]
+    else:
+        expected = expected_weights([4] * STEPS)
+    for record in records.values():
+        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+    took = max(record["recovered_at"] for record in records.values()) - float((out / "fault").read_text())
+    print(f"FIGURE {api}, replace, {fault}: fault to the next step {took:.2f} s")

@@ -1,5 +1,6 @@
 """``restartable`` in real jobs: 4 ranks of plain PyTorch DDP, one killed or frozen, on the simulated two-node Slurm
-cluster and under Open MPI 5's ``mpirun --with-ft ulfm`` on two simulated nodes.
+cluster (the survivors go on alone), on the three-node one (a new process on the spare node takes the lost rank's
+place) and under Open MPI 5's ``mpirun --with-ft ulfm`` on two simulated nodes.
 
 srun runs the step with ``--kill-on-bad-exit=0`` (its default: the other tasks go on when one dies), as in-process
 recovery needs. The job (``tests/jobs/restartable_job.py``) trains from data that is a pure function of the index, so
@@ -167,3 +168,57 @@ def test_under_open_mpi_with_ulfm_the_survivors_go_on(cluster: SimulatedCluster,
         f"FIGURE mpirun --with-ft ulfm, killed, group timeout {KILLED_GROUP_TIMEOUT} s: fault to the next step"
         f" {took:.2f} s"
     )
+
+
+def run_replaced(cluster: SlurmCluster, out: Path, job: list[str], fault: str) -> tuple[str, dict[int, dict]]:
+    """Run ``job`` with 4 ranks on 2 nodes of a 3-node allocation, rank 2 killed or frozen at step 10; check that the
+    survivors kept their processes and a new one on node3 took rank 2's place. Its output and the ranks' records."""
+    out.mkdir()
+    freeze = ["--freeze"] if fault == "frozen" else []
+    command = [*SRUN, "--ntasks=4", *job, "--out", str(out), "--steps", str(STEPS)]
+    command += ["--fault-rank", "2", "--fault-step", str(FAULT_STEP), *freeze]
+    done = cluster.run(
+        ["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *command],
+        timeout=TIMEOUT,
+        env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(group_timeout(tuple(freeze)))},
+    )
+    output, records = done.stdout + done.stderr, read_records(out)
+    assert done.returncode != 0  # srun reports the task that died or was ended
+    assert "srun: error: node2: task 2: Killed" in output, output[-4000:]
+    assert sorted(records) == [0, 1, 2, 3], output[-4000:]
+    # The survivors' own processes ran both generations; rank 2 ran in two: the lost one, then the replacement.
+    pids = started(out)
+    assert {rank: pids[rank] for rank in (0, 1, 3)} == {rank: [records[rank]["pid"]] for rank in (0, 1, 3)}
+    assert len(pids[2]) == 2, pids
+    assert records[2]["pid"] in pids[2], pids
+    assert records[2]["node"] == "node3"
+    assert output.count("goes on with a new process on node3 in its place") == 1, output[-4000:]
+    return output, records
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+def test_a_new_process_on_the_spare_node_takes_the_lost_ranks_place(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path, fault: str
+):
+    # The allocation has 3 nodes, the step runs on 2: rank 0 starts the program on node3 (srun --overlap) in rank 2's
+    # place. The world keeps its 4 ranks, so the weights are those of a job that never failed.
+    out = tmp_path / "out"
+    output, records = run_replaced(slurm_cluster_with_spare, out, [sys.executable, str(JOB)], fault)
+    for launch_rank in (0, 1, 3):
+        assert records[launch_rank]["generations"] == [[1, launch_rank, 4, 0], [2, launch_rank, 4, FAULT_STEP]]
+        assert records[launch_rank]["worlds"] == [4] * STEPS
+        assert list(records[launch_rank]["recovered"]) == ["failed", "left", "agreed", "opened", "restored"]
+    # The replacement read no checkpoint (there is none): it took rank 0's kept state at the step that failed.
+    assert records[2]["generations"] == [[2, 2, 4, FAULT_STEP]]
+    assert records[2]["worlds"] == [4] * (STEPS - FAULT_STEP)
+    expected = expected_weights([4] * STEPS)
+    for record in records.values():
+        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+    said = [line for line in output.splitlines() if "in its place" in line]
+    assert said == [
+        "lightning-mpi-env: generation 1 lost rank 2 of 4; generation 2 goes on with a new process on node3 in its"
+        " place"
+    ], output[-4000:]
+    took = max(record["recovered_at"] for record in records.values()) - float((out / "fault").read_text())
+    print(f"FIGURE replace, {fault}, DDP over gloo: fault to the next step {took:.2f} s")

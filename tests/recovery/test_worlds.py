@@ -31,7 +31,7 @@ from lightning_mpi_env.recovery.worlds import (
             first(4),
             [2],
             False,
-            Relaunch("nothing replaces a lost rank in the running processes, and shrinking was not chosen"),
+            Relaunch("the allocation has 0 spare node(s) for 1 lost rank(s), and shrinking was not chosen"),
         ),
         (
             World(MAX_GENERATIONS, (0, 1), ()),
@@ -43,6 +43,26 @@ from lightning_mpi_env.recovery.worlds import (
 )
 def test_successor(world, lost, shrink, expected):
     assert successor(world, lost, shrink=shrink) == expected
+
+
+@pytest.mark.parametrize(
+    ("world", "lost", "shrink", "spares", "expected"),
+    [
+        (first(4), [2], False, 1, World(2, (0, 1, 2, 3), (2,))),  # the replacement takes rank 2
+        (first(4), [1, 3], False, 2, World(2, (0, 1, 2, 3), (1, 3))),
+        (
+            first(4),
+            [1, 3],
+            False,
+            1,
+            Relaunch("the allocation has 1 spare node(s) for 2 lost rank(s), and shrinking was not chosen"),
+        ),
+        (first(4), [2], True, 1, World(2, (0, 1, 3), (2,))),  # shrinking chosen: the spare stays unused
+        (first(4), [0], False, 1, Relaunch("rank 0 is lost, and the job's store was in its process")),
+    ],
+)
+def test_a_spare_for_each_lost_rank_keeps_the_world(world, lost, shrink, spares, expected):
+    assert successor(world, lost, shrink=shrink, spares=spares) == expected
 
 
 @pytest.mark.parametrize("lost", [[], [4], [-1]])
