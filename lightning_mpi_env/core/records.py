@@ -31,8 +31,7 @@ MAX_RECORD_BYTES = 1 << 20
 MAX_FIRST_STEP_BYTES = 1 << 16
 MAX_HOSTS = 4096
 MAX_PROBLEM = 16384
-MAX_NAME = 255
-"""The longest checkpoint file name believed (Linux's ``NAME_MAX``)."""
+MAX_NAME = 255  # the longest checkpoint file name believed (Linux's NAME_MAX)
 RECORD_NAME = re.compile(r"^failure-rank(\d{1,8})-(\d{1,10})\.json$")
 """The name of a failure record's file: the rank that wrote it and its process id."""
 FIRST_STEP = "first-step.json"
@@ -64,6 +63,8 @@ class FailureKind(str, enum.Enum):
     """The step ended with no record: the supervisor read the launcher's report of ranks a signal ended."""
     STRAGGLER = "straggler"
     """Ranks stayed slower than the others, and the step ended at a checkpoint for ``run`` to leave their hosts out."""
+    RECOVERED = "recovered"
+    """Ranks were lost, the others went on in their processes (``restartable``) and finished: the step is done."""
 
     @property
     def blames_hosts(self) -> bool:

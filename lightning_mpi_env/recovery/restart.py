@@ -27,11 +27,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from lightning_mpi_env.core.errors import RecoveryError
 from lightning_mpi_env.core.layout import from_env
 from lightning_mpi_env.core.rank_layout import RankLayout
+from lightning_mpi_env.core.records import FailureRecorder
+from lightning_mpi_env.core.schedulers import job_identity
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.recovery.agreement import LOOKOUT_WAIT, Lookout, agree_on_lost
 from lightning_mpi_env.recovery.connections import GroupConnections, not_inherited, open_sockets
 from lightning_mpi_env.recovery.ending import end_lost, post_task, task_node
 from lightning_mpi_env.recovery.handover import hand_over
+from lightning_mpi_env.recovery.outcome import finished
 from lightning_mpi_env.recovery.replacement import (
     Joining,
     node_index,
@@ -154,6 +157,9 @@ def restartable(
     endings: list[threading.Thread] = []
     replacements: list[subprocess.Popen[bytes]] = []
     avoided: set[str] = set()  # rank 0: the nodes where ranks were lost are no spares
+    lost_nodes: dict[int, str] = {}  # rank 0: each lost launch rank's node, for run's record
+    identity = job_identity(environ)
+    recorder = FailureRecorder.plan(settings.state_dir, layout.launcher_name, identity and identity[0])
     kept = None
     recovered: dict[str, float] = {}
     try:
@@ -172,7 +178,9 @@ def restartable(
                 if world.number > 1:  # what this generation keeps, until it keeps more, is what it resumed
                     generation.resumed = generation.kept = hand_over(kept, 0)
                     generation.recovered = {**recovered, "restored": time.time()}
-                return main(generation)
+                result = main(generation)
+                finished(store, world, rank, lost_nodes, recorder, timeout)
+                return result
             except Exception as error:
                 recovered = {"failed": time.time()}
                 _leave_group(error, connections)
@@ -181,6 +189,7 @@ def restartable(
                 recovered["agreed"] = time.time()
                 if lost and rank == 0:  # a frozen process among them would hold the launcher's step
                     launch_ranks = [world.launch_ranks[number] for number in lost]
+                    lost_nodes.update({launch_rank: task_node(store, launch_rank) for launch_rank in launch_ranks})
                     endings.append(end_lost(store, layout, environ, launch_ranks))
                 spares = _spares(store, layout, environ, world, rank, lost, shrink=shrink, avoided=avoided)
                 before_loss = world

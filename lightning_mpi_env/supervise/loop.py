@@ -118,13 +118,13 @@ def supervise(
                 grace=grace,
             )
             outcome = StepOutcome(end.status, _records(str(folder), end, line, job_id, say))
-            if end.status != 0:
+            if end.status != 0 and not outcome.recovered:
                 job.timeline.add(_failure(step, outcome, end))
                 job.last_fault_step = next((r.step for r in outcome.records if r.step is not None), None)
             decision = policy.decide(outcome)
             if decision.action is Action.DONE:
-                job.timeline.add(Event(EventKind.DONE, step, "the step succeeded", fields={"status": end.status}))
-                return end.status
+                job.timeline.add(Event(EventKind.DONE, step, decision.message, fields={"status": end.status}))
+                return 0 if outcome.recovered else end.status
             if decision.action is Action.STOP:
                 reason = decision.reason.value if decision.reason is not None else None
                 stop: dict[str, Value] = {"status": end.status, "reason": reason}

@@ -44,6 +44,14 @@ class StepOutcome:
         """The hosts the records blame (kinds whose hosts are at fault), each once, in order."""
         return tuple(dict.fromkeys(host for record in self.records if record.blames_hosts for host in record.hosts))
 
+    @property
+    def recovered(self) -> bool:
+        """Whether the step finished after recovering in its processes (``restartable``): its only records say so.
+
+        The launcher's status counts the ranks it lost, and says nothing of that.
+        """
+        return bool(self.records) and all(record.kind is FailureKind.RECOVERED for record in self.records)
+
 
 Signature = tuple[tuple[str, tuple[int, ...], int | None], ...] | tuple[tuple[str, int], ...]
 """What makes two failures the same fault (:func:`signature`)."""
@@ -100,6 +108,8 @@ class RestartPolicy:
         """The decision after a step that ended with ``outcome``; a relaunch is counted here."""
         if outcome.status == 0:
             return Decision(Action.DONE, message="the step succeeded")
+        if outcome.recovered:
+            return Decision(Action.DONE, message=f"the step succeeded in its processes: {outcome.records[-1].problem}")
         fault = signature(outcome)
         self.faults.append(fault)
         launch_faults = [record for record in outcome.records if not record.blames_hosts]

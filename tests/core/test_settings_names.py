@@ -13,6 +13,7 @@ from lightning_mpi_env.core import settings
 from lightning_mpi_env.core.errors import SettingError
 from lightning_mpi_env.core.settings import (
     PREFIX,
+    REPLACES,
     SETTINGS,
     VARIABLE,
     Settings,
@@ -94,7 +95,12 @@ def test_every_prefixed_name_the_package_reads_is_a_setting():
         for text in _code_strings(path):
             spelled.update(re.findall(rf"\b{PREFIX}[A-Z][A-Z0-9_]*[A-Z0-9]\b", text))
     assert spelled, "the pattern finds nothing: the test would pass for nothing"
-    assert spelled <= set(VARIABLE.values()), sorted(spelled - set(VARIABLE.values()))
+    # REPLACES is no setting: restartable sets it for the process it starts in a lost rank's place.
+    assert spelled <= {*VARIABLE.values(), REPLACES}, sorted(spelled - {*VARIABLE.values(), REPLACES})
+
+
+def test_the_replacement_s_variable_is_no_unknown_setting():
+    assert unknown_settings({REPLACES: "2 1 4 0 2 node1 29500"}) == []
 
 
 def test_setting_errors_names_every_bad_setting_as_from_env_refuses_each():

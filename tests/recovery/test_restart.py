@@ -171,20 +171,28 @@ def test_under_open_mpi_with_ulfm_the_survivors_go_on(cluster: SimulatedCluster,
 
 
 def run_replaced(cluster: SlurmCluster, out: Path, job: list[str], fault: str) -> tuple[str, dict[int, dict]]:
-    """Run ``job`` with 4 ranks on 2 nodes of a 3-node allocation, rank 2 killed or frozen at step 10; check that the
-    survivors kept their processes and a new one on node3 took rank 2's place. Its output and the ranks' records."""
+    """Run ``job`` under ``lightning-mpi-env run`` with 4 ranks on 2 nodes of a 3-node allocation, rank 2 killed or
+    frozen at step 10; check that the survivors kept their processes, a new one on node3 took rank 2's place, and
+    ``run`` took the step as done (no relaunch). Its output and the ranks' records."""
     out.mkdir()
     freeze = ["--freeze"] if fault == "frozen" else []
     command = [*SRUN, "--ntasks=4", *job, "--out", str(out), "--steps", str(STEPS)]
     command += ["--fault-rank", "2", "--fault-step", str(FAULT_STEP), *freeze]
+    state = out.parent / "state"
+    supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", "1", "--state-dir", str(state)]
     done = cluster.run(
-        ["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *command],
+        ["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *supervisor, "--", *command],
         timeout=TIMEOUT,
         env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(group_timeout(tuple(freeze)))},
     )
     output, records = done.stdout + done.stderr, read_records(out)
-    assert done.returncode != 0  # srun reports the task that died or was ended
-    assert "srun: error: node2: task 2: Killed" in output, output[-4000:]
+    assert done.returncode == 0, output[-4000:]
+    assert "srun: error: node2: task 2: Killed" in output, output[-4000:]  # srun's status counts it: run does not
+    [journal] = state.glob("*/timeline.jsonl")
+    events = [json.loads(line) for line in journal.read_text().splitlines()]
+    # No failure, no relaunch (a Trainer's first step is an event too).
+    assert [event["event"] for event in events if event["event"] != "first_step"] == ["launch", "done"], events
+    assert "the step succeeded in its processes: rank 2 lost;" in events[-1]["message"], events
     assert sorted(records) == [0, 1, 2, 3], output[-4000:]
     # The survivors' own processes ran both generations; rank 2 ran in two: the lost one, then the replacement.
     pids = started(out)

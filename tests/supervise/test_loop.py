@@ -83,6 +83,13 @@ def resumed(step: int, at: int | None):
     return play
 
 
+def recovered_in_its_processes(folder: str) -> StepEnd:
+    recorder = FailureRecorder.plan(folder, "Slurm srun", "77")
+    assert recorder is not None
+    recorder.write(Fault(FailureKind.RECOVERED, (2,), ("node2",)), problem="rank 2 lost; ...", written_by=0)
+    return StepEnd(137, "srun: error: node2: task 2: Killed\n")
+
+
 def killed_by_srun(folder: str) -> StepEnd:
     return StepEnd(137, "srun: error: node2: task 3: Killed\nsrun: error: node1: tasks 0-1: Exited with exit code 1\n")
 
@@ -121,6 +128,14 @@ def _supervise(tmp_path, steps, *, probe_fails=None, line=LINE, env=ALLOCATION, 
 def _events_said(shown: list[str]) -> list[str]:
     """The lines that are events of the timeline (the others say what the loop waits for)."""
     return [line for line in shown if line.startswith("lightning-mpi-env run: step ")]
+
+
+def test_a_step_that_recovered_in_its_processes_is_done_and_the_supervisor_exits_0(tmp_path):
+    status, events, probed, shown = _supervise(tmp_path, Steps(recovered_in_its_processes))
+    assert status == 0
+    assert [event["event"] for event in events] == ["launch", "done"]
+    assert events[-1]["message"] == "the step succeeded in its processes: rank 2 lost; ..."
+    assert probed == []
 
 
 def test_a_frozen_node_is_left_out_and_the_relaunch_resumes_with_the_steps_lost_said(tmp_path):

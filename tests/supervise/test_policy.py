@@ -20,6 +20,19 @@ def test_a_step_that_succeeds_is_done():
     assert RestartPolicy(3).decide(StepOutcome(0)).action is Action.DONE
 
 
+def test_a_step_that_recovered_in_its_processes_is_done_whatever_its_status():
+    # srun's status counts the rank it lost; the ranks' own record says that the others finished.
+    decision = RestartPolicy(3).decide(_failed(FailureKind.RECOVERED))
+    assert decision.action is Action.DONE
+    assert decision.message == "the step succeeded in its processes: ..."
+
+
+def test_a_recovered_record_beside_a_failure_is_a_failure():
+    outcome = StepOutcome(1, (_record(FailureKind.RECOVERED, "node2"), _record(FailureKind.FROZEN, "node1")))
+    assert not outcome.recovered
+    assert RestartPolicy(3).decide(outcome).action is Action.RELAUNCH
+
+
 def test_a_failed_step_is_relaunched_without_the_hosts_its_records_blame():
     decision = RestartPolicy(3, backoff=5).decide(_failed(host="node2"))
     assert decision.action is Action.RELAUNCH
