@@ -3,10 +3,10 @@
 A rank whose collective fails sounds the alarm: one key per rank of the generation. Each process keeps a lookout
 thread waiting on its own key, which answers at once, whatever the main thread is doing (computing a step, or still
 inside a collective with a peer that has already given up on it). A process that is gone or frozen does not
-answer. Rank 0's lookout then waits until every rank has answered or, once some have, until ``settle`` seconds pass
-without another, and writes the list by ``compare_set``: the first list written is the one every rank reads. Being
-a thread, it names the lost while rank 0's main thread may still be held in a collective. A rank that finds itself
-in the list answered too late, and ends.
+answer. Rank 0's lookout then waits until every rank has answered or ended (:mod:`.liveness`) or, once some have,
+until ``settle`` seconds pass without another, and writes the list by ``compare_set``: the first list written is
+the one every rank reads. Being a thread, it names the lost while rank 0's main thread may still be held in a
+collective. A rank that finds itself in the list answered too late, and ends.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -59,12 +60,24 @@ def keys_of(world: World) -> Keys:
 class Lookout:
     """A thread of this process that answers the alarm of its generation at once (:mod:`.agreement`)."""
 
-    def __init__(self, store: Store, client: Store, world: World, rank: int, *, settle: float, timeout: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        client: Store,
+        world: World,
+        rank: int,
+        *,
+        settle: float,
+        timeout: float,
+        gone: Callable[[int], bool] = lambda rank: False,
+    ) -> None:
         """``client``: a client of ``store``'s server of the thread's own (a pending wait holds up its client).
 
         ``settle`` and ``timeout``: rank 0's lookout names the lost once no rank answered for ``settle`` seconds,
-        or at the latest ``timeout`` seconds after the alarm.
+        or at the latest ``timeout`` seconds after the alarm; at once where every rank answered or its process is
+        ``gone`` (by its rank in ``world``: :mod:`.liveness`).
         """
+        self._gone = gone
         self._store = store
         self._client = client
         self._world = world
@@ -99,7 +112,7 @@ class Lookout:
                     self._client.set(self._keys.alive + str(self._rank), "1")
                     self._client.add(self._keys.answered, 1)
                     if self._rank == 0:
-                        _name_lost(self._client, self._world, self._settle, self._timeout)
+                        _name_lost(self._client, self._world, self._settle, self._timeout, self._gone)
                 return
             except DistError:
                 if time.monotonic() - started < LOOKOUT_WAIT / 2:
@@ -147,15 +160,28 @@ def agree_on_lost(store: Store, world: World, rank: int, *, settle: float, timeo
     return lost
 
 
-def _name_lost(store: Store, world: World, settle: float, timeout: float) -> None:
+def _name_lost(store: Store, world: World, settle: float, timeout: float, gone: Callable[[int], bool]) -> None:
     keys = keys_of(world)
     deadline = time.monotonic() + timeout
     seen, quiet_since = store.add(keys.answered, 0), time.monotonic()
     while seen < world.world_size and time.monotonic() - quiet_since < settle and time.monotonic() < deadline:
+        ended = [rank for rank in range(world.world_size) if gone(rank)]
+        if ended and seen + len(ended) >= world.world_size and _accounted(store, world, ended):
+            break  # every rank answered or ended: nothing is left to wait for
         time.sleep(POLL)
         now = store.add(keys.answered, 0)
         if now != seen:
             seen, quiet_since = now, time.monotonic()
-    answered = present(store, [keys.alive + str(rank) for rank in range(world.world_size)])
-    alive = {int(key[len(keys.alive) :]) for key in answered}
+    alive = _answered(store, world)
     store.compare_set(keys.lost, "", lost_text([rank for rank in range(world.world_size) if rank not in alive]))
+
+
+def _answered(store: Store, world: World) -> set[int]:
+    """The ranks of ``world`` whose lookout answered the alarm."""
+    alive = keys_of(world).alive
+    return {int(key[len(alive) :]) for key in present(store, [alive + str(rank) for rank in range(world.world_size)])}
+
+
+def _accounted(store: Store, world: World, ended: list[int]) -> bool:
+    """Whether every rank of ``world`` answered or is among the ``ended``."""
+    return _answered(store, world) | set(ended) >= set(range(world.world_size))

@@ -45,19 +45,22 @@ def open_sockets() -> dict[int, str]:
 
 @dataclass(frozen=True)
 class GroupConnections:
-    """The sockets that appeared while a process group opened, and the port of the store they must not touch."""
+    """The sockets that appeared while a process group opened, and the ports whose connections they must not touch.
+
+    Those are the store's, and the liveness watcher's (:mod:`.liveness`), which accepts connections meanwhile.
+    """
 
     sockets: dict[int, str]
-    store_port: int
+    kept_ports: tuple[int, ...]
 
     @classmethod
-    def opened_since(cls, before: dict[int, str], store_port: int) -> GroupConnections:
+    def opened_since(cls, before: dict[int, str], *kept_ports: int) -> GroupConnections:
         """The sockets open now that were not open (as the same socket) at ``before``."""
         now = open_sockets()
-        return cls({fd: link for fd, link in now.items() if before.get(fd) != link}, store_port)
+        return cls({fd: link for fd, link in now.items() if before.get(fd) != link}, kept_ports)
 
     def shut(self) -> int:
-        """Shut down each of them that is still the same connected TCP stream and not the store's; how many were."""
+        """Shut down each of them that is still the same connected TCP stream, on none of the kept ports; how many."""
         now = open_sockets()
         done = 0
         for fd, link in self.sockets.items():
@@ -85,7 +88,7 @@ class GroupConnections:
             ports = (connection.getsockname()[1], connection.getpeername()[1])
         except OSError:
             return False  # not connected
-        return self.store_port not in ports
+        return not set(ports) & set(self.kept_ports)
 
 
 def not_inherited(connections: GroupConnections | None) -> None:

@@ -11,6 +11,7 @@ lost, neither a spare nor shrinking) ends every process with one :class:`Recover
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import subprocess
@@ -34,6 +35,7 @@ from lightning_mpi_env.recovery.agreement import LOOKOUT_WAIT, Lookout, agree_on
 from lightning_mpi_env.recovery.connections import GroupConnections, not_inherited, open_sockets
 from lightning_mpi_env.recovery.ending import end_lost, post_task, task_node
 from lightning_mpi_env.recovery.handover import hand_over
+from lightning_mpi_env.recovery.liveness import Watcher, connect
 from lightning_mpi_env.recovery.outcome import finished
 from lightning_mpi_env.recovery.replacement import (
     Joining,
@@ -154,6 +156,9 @@ def restartable(
         world, rank = World(joining.generation, tuple(range(joining.world_size))), joining.rank
         nodes = (joining.node_rank, joining.num_nodes)
     post_task(store, layout, environ, world.launch_ranks[rank])
+    watcher = Watcher(world.world_size).start(store) if rank == 0 and joining is None else None
+    line = None if watcher is not None else connect(store, main_address, world.launch_ranks[rank], os.getpid())
+    held = {fd: link for fd, link in open_sockets().items() if line is not None and fd == line.fileno()}
     endings: list[threading.Thread] = []
     replacements: list[subprocess.Popen[bytes]] = []
     avoided: set[str] = set()  # rank 0: the nodes where ranks were lost are no spares
@@ -168,9 +173,12 @@ def restartable(
             _open_group(store, world, rank, backend, timeout)
             if recovered:
                 recovered["opened"] = time.time()
-            connections = GroupConnections.opened_since(before, store.port)
-            not_inherited(connections)  # a killed rank's connections close with it, not with its loader workers
-            lookout = Lookout(store, client_of(store, LOOKOUT_WAIT), world, rank, settle=settle, timeout=timeout)
+            connections = GroupConnections.opened_since(before, store.port, *([watcher.port] if watcher else []))
+            # A killed rank's connections close with it, not with its loader workers: its line to rank 0 too.
+            not_inherited(GroupConnections({**connections.sockets, **held}, connections.kept_ports))
+            gone = functools.partial(_ended, watcher, world)
+            client = client_of(store, LOOKOUT_WAIT)
+            lookout = Lookout(store, client, world, rank, settle=settle, timeout=timeout, gone=gone)
             lookout.start()
             generation = Generation(world.number, rank, world.world_size, node_rank=nodes[0], num_nodes=nodes[1])
             running = _RUNNING.set(generation)
@@ -205,12 +213,21 @@ def restartable(
                     dist.destroy_process_group()
     finally:
         not_inherited(None)
+        if watcher is not None:
+            watcher.close()
+        if line is not None:
+            line.close()
         # Before the program ends, or the error leaves: the launcher's step ends only once the lost processes have,
         # and a replacement is a child of rank 0's process, which the step would end with it.
         for ending in endings:
             ending.join(ENDING_WAIT)
         for replacement in replacements:
             _wait_for(replacement)
+
+
+def _ended(watcher: Watcher | None, world: World, rank: int) -> bool:
+    """Whether the process of ``world``'s ``rank`` has ended, as rank 0's watcher saw it (``False`` elsewhere)."""
+    return watcher is not None and watcher.ended(world.launch_ranks[rank])
 
 
 def _roll_call(layout: RankLayout, settings: Settings, backend: str | None, environ: Mapping[str, str]) -> Any:

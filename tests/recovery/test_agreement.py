@@ -166,3 +166,22 @@ def test_without_rank_0_s_store_a_rank_cannot_agree_and_says_why():
     del server  # rank 0 is gone, and its store with it
     with pytest.raises(RecoveryError, match="rank 1 of generation 1 could not learn which ranks are lost"):
         agree_on_lost(store, first(2), 1, settle=SETTLE, timeout=TIMEOUT)
+
+
+def test_a_rank_whose_process_ended_is_named_at_once_not_after_settle(server):
+    # settle is longer than the test's own limit: the list comes only because rank 2's process is known to have
+    # ended (rank 0's liveness watcher) and every other rank answered.
+    world = first(4)
+    ended = {2}
+    long = {"settle": 10 * TIMEOUT, "timeout": 10 * TIMEOUT}
+    watching = [
+        Lookout(client(server), client(server), world, rank, **long, gone=ended.__contains__).start()
+        for rank in (0, 1, 3)
+    ]
+    agree = {
+        rank: (lambda rank=rank: agree_on_lost(client(server), world, rank, settle=10 * TIMEOUT, timeout=TIMEOUT))
+        for rank in (0, 1, 3)
+    }
+    assert run_ranks(agree) == {0: (2,), 1: (2,), 3: (2,)}
+    for lookout in watching:
+        lookout.close()

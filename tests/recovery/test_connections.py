@@ -42,7 +42,7 @@ def connect(listener: socket.socket) -> tuple[socket.socket, socket.socket]:
 def test_only_the_connections_opened_since_are_found(listener: socket.socket):
     before = open_sockets()
     near, far = connect(listener)
-    found = GroupConnections.opened_since(before, store_port=1)
+    found = GroupConnections.opened_since(before, 1)
     assert near.fileno() in found.sockets
     assert far.fileno() in found.sockets
     assert listener.fileno() not in found.sockets  # opened before
@@ -61,7 +61,7 @@ def test_shut_ends_the_peers_wait_and_leaves_listeners_and_the_store_alone(liste
     own_listener.listen()
     to_store = socket.create_connection(store.getsockname(), timeout=LIMIT)
     store_end, _ = store.accept()
-    connections = GroupConnections.opened_since(before, store_port=store.getsockname()[1])
+    connections = GroupConnections.opened_since(before, store.getsockname()[1])
     # Both ends of the one connection (this process opened both), not the listener, not the store's two ends.
     assert connections.shut() == 2
     assert far.recv(1) == b""  # a wait on the connection ends at once: end of stream
@@ -76,7 +76,7 @@ def test_shut_ends_the_peers_wait_and_leaves_listeners_and_the_store_alone(liste
 def test_a_number_that_names_another_socket_now_is_left_alone(listener: socket.socket):
     before = open_sockets()
     near, far = connect(listener)
-    connections = GroupConnections.opened_since(before, store_port=1)
+    connections = GroupConnections.opened_since(before, 1)
     number = near.fileno()
     near.close()
     other, other_far = connect(listener)  # the lowest free number: most likely the one just closed
@@ -103,7 +103,7 @@ KILLED_PARENT = textwrap.dedent(
     before = open_sockets()
     connection = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
     if sys.argv[2] == "on":
-        not_inherited(GroupConnections.opened_since(before, store_port=1))
+        not_inherited(GroupConnections.opened_since(before, 1))
     ready, say_ready = os.pipe()
     child = os.fork()  # as a DataLoader worker: it lives on after its parent, a while
     if child == 0:  # past the at-fork hooks already
@@ -153,7 +153,7 @@ def test_a_killed_processs_connections_close_with_it_not_with_its_forked_child(l
 def test_outside_restartable_a_forked_child_keeps_what_it_inherited(listener: socket.socket):
     before = open_sockets()
     near, far = connect(listener)
-    not_inherited(GroupConnections.opened_since(before, store_port=1))
+    not_inherited(GroupConnections.opened_since(before, 1))
     not_inherited(None)  # as restartable ends
     child = os.fork()
     if child == 0:  # the child: is its copy still open?
