@@ -7,15 +7,17 @@ steps, a periodic checkpoint every 5), loses a rank at step 10, once:
 - ``killed``: rank 3 is killed (``SIGKILL``); ``frozen``: rank 2 stops (``SIGSTOP``);
 - **relaunch**: ``run`` relaunches the step on the nodes left and it resumes from the step-10 checkpoint
   (``benchmarks/relaunch.py``'s run; its parts: detection, teardown, probe, relaunch and resume);
-- **in-process**: ``--restartable`` (``restartable(fit, shrink=True)``) under a plain ``srun --kill-on-bad-exit=0``:
-  the 3 survivors go on in their processes from rank 0's state in memory. Its parts, each to the slowest survivor:
+- **shrink**: ``--restartable shrink`` (``restartable(fit, shrink=True)``), the step ``srun --kill-on-bad-exit=0``
+  under ``run``: the 3 survivors go on in their processes from rank 0's state in memory;
+- **replace**: ``--restartable replace`` (``restartable(fit)``): the same, with a new process on the spare node in
+  the lost rank's place (4 ranks again). The in-process parts, each to the slowest survivor:
   **failed** (the fault to the failed collective), **left** (the group left), **agreed** (the lost rank named: the
   verdict), **opened** (the next generation's group open on the same store), **restored** (rank 0's state handed
   over), **first step** (its first training step begins: ``FIRST_STEP``).
 
 Both totals run from the fault (the rank's ``KILL``/``FREEZE`` line) to the first training step after it. The runs
 are interleaved, ``--repeat`` times each (3); each part is a median. The last lines give, per fault, the in-process
-total over the relaunch's (``x0.25``) and whether the healthy ranks kept their processes.
+total over the relaunch's (``x0.25``) for each in-process mode, and whether the healthy ranks kept their processes.
 
 Usage: ``.venv/bin/python benchmarks/recovery.py [--repeat 3] [--stall-timeout 20]``
 """
@@ -40,33 +42,43 @@ from roll_call_scale import machine_description  # noqa: E402
 from tests.clusters.slurm import SlurmCluster  # noqa: E402
 
 FAULTS = {"killed": ["--kill", "3:10"], "frozen": ["--freeze", "2:10"]}
+MODES = ("relaunch", "shrink", "replace")
+"""The relaunch, and restartable's two worlds: the survivors alone, or with a new process on the spare node."""
 IN_PROCESS = ("failed", "left", "agreed", "opened", "restored", "first step", "total")
 RELAUNCH = ("detection", "teardown", "probe", "relaunch and resume", "total")
 LINE = re.compile(r"^(FIT|FIRST_STEP|RECOVERED|KILL|FREEZE) (.*)$")
 
 
-def in_process_once(cluster: SlurmCluster, fault: str, stall_timeout: int, work: Path) -> tuple[dict[str, float], bool]:
-    """One job that goes on in its processes after ``fault``: each part's seconds, and whether the survivors kept
-    their processes (each survivor's pid in both generations, and no process started twice)."""
+def in_process_once(
+    cluster: SlurmCluster, fault: str, mode: str, stall_timeout: int, work: Path
+) -> tuple[dict[str, float], bool]:
+    """One job under ``run`` that goes on in its processes after ``fault`` (``mode``: ``shrink`` or ``replace``): each
+    part's seconds, and whether the survivors kept their processes (each survivor's pid in both generations)."""
     marker = work / "fault-once"
-    train = [sys.executable, str(JOB), "--strategy", "ddp_mpi", "--zero-config", "--steps", "60", "--restartable"]
-    train += ["--root-dir", str(work / "root"), "--freeze-once", str(marker), "--result-dir", str(work), *FAULTS[fault]]
+    train = [sys.executable, str(JOB), "--strategy", "ddp_mpi", "--zero-config", "--steps", "60"]
+    train += ["--restartable", mode, "--root-dir", str(work / "root"), "--freeze-once", str(marker)]
+    train += ["--result-dir", str(work), *FAULTS[fault]]
+    state = ["--state-dir", str(work / "state")]
+    supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", "1", *state]
     step = ["srun", "-N2", "-n4", "--ntasks-per-node=2", "--kill-on-bad-exit=0", *train]
     env = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(stall_timeout), "LIGHTNING_MPI_ENV_CHECKPOINT_EVERY": "5"}
-    done = cluster.run(["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *step], 900, env)
+    done = cluster.run(["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *supervisor, "--", *step], 900, env)
     output = done.stdout + done.stderr
     lines = [match.groups() for match in map(LINE.match, done.stdout.splitlines()) if match]
     fault_at = min(float(rest.rsplit("time=", 1)[1]) for word, rest in lines if word in ("KILL", "FREEZE"))
     recovered = [json.loads(rest.split(" ", 2)[2]) for word, rest in lines if word == "RECOVERED"]
-    if len(recovered) != 3 or len(list(work.glob("result-*.json"))) != 3:  # srun's status is the lost task's
-        raise RuntimeError(f"{fault}: the job did not recover ({done.returncode}):\n{output[-4000:]}")
+    survived = [times for times in recovered if "failed" in times]  # a replacement recovered nothing of its own
+    ranks = 3 if mode == "shrink" else 4
+    if done.returncode != 0 or len(survived) != 3 or len(list(work.glob("result-*.json"))) != ranks:
+        raise RuntimeError(f"{fault}, {mode}: the job did not recover ({done.returncode}):\n{output[-4000:]}")
     firsts = [float(rest.split("time=", 1)[1].split()[0]) for word, rest in lines if word == "FIRST_STEP"]
     after = max(first for first in firsts if first > fault_at)
-    parts = {part: max(times[part] for times in recovered) - fault_at for part in IN_PROCESS[:5]}
+    parts = {part: max(times[part] for times in survived) - fault_at for part in IN_PROCESS[:5]}
     parts["first step"] = parts["total"] = after - fault_at
     pids = [rest.split("pid=", 1)[1].split()[0] for word, rest in lines if word == "FIT"]
-    survivors = {rest.split("pid=", 1)[1].split()[0] for word, rest in lines if word == "RECOVERED"}
-    kept = len(pids) == 4 + 3 and len(set(pids)) == 4 and survivors <= set(pids) and len(survivors) == 3
+    said = [rest for word, rest in lines if word == "RECOVERED" and "failed" in rest]
+    survivors = {rest.split("pid=", 1)[1].split()[0] for rest in said}
+    kept = len(survivors) == 3 and all(pids.count(pid) == 2 for pid in survivors) and len(set(pids)) == ranks + 1
     return parts, kept
 
 
@@ -75,9 +87,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--stall-timeout", type=int, default=20)
     args = parser.parse_args()
-    runs = [(fault, mode) for fault in FAULTS for mode in ("relaunch", "in-process")]
+    runs = [(fault, mode) for fault in FAULTS for mode in MODES]
     seconds: dict[tuple[str, str], dict[str, list[float]]] = {run: {} for run in runs}
-    kept: dict[str, list[bool]] = {fault: [] for fault in FAULTS}
+    kept: dict[tuple[str, str], list[bool]] = {run: [] for run in runs}
     with SlurmCluster(nodes=3, base_port=16987).start() as cluster, tempfile.TemporaryDirectory() as scratch:
         for round_number in range(args.repeat):
             for fault, mode in runs[round_number % len(runs) :] + runs[: round_number % len(runs)]:
@@ -86,8 +98,8 @@ def main() -> None:
                 if mode == "relaunch":
                     parts = run_once(cluster, fault, args.stall_timeout, work)
                 else:
-                    parts, same = in_process_once(cluster, fault, args.stall_timeout, work)
-                    kept[fault].append(same)
+                    parts, same = in_process_once(cluster, fault, mode, args.stall_timeout, work)
+                    kept[(fault, mode)].append(same)
                 for part, value in parts.items():
                     seconds[(fault, mode)].setdefault(part, []).append(value)
                 print(
@@ -98,7 +110,8 @@ def main() -> None:
                 time.sleep(2)  # the nodes' last step ends
     print(f"\nMachine: {machine_description()}")
     print(f"3 simulated Slurm nodes, 4 ranks on 2, stall timeout {args.stall_timeout} s, median of {args.repeat}\n")
-    for mode, parts in (("relaunch", RELAUNCH), ("in-process", IN_PROCESS)):
+    for mode in MODES:
+        parts = RELAUNCH if mode == "relaunch" else IN_PROCESS
         print(f"| {mode}: fault | " + " | ".join(parts) + " |")
         print("|---|" + "---|" * len(parts))
         for fault in FAULTS:
@@ -106,10 +119,11 @@ def main() -> None:
             print(f"| {fault} | " + " | ".join(f"{medians[part]:.1f} s" for part in parts) + " |")
         print()
     for fault in FAULTS:
-        ratio = statistics.median(seconds[(fault, "in-process")]["total"]) / statistics.median(
-            seconds[(fault, "relaunch")]["total"]
-        )
-        print(f"{fault}: in-process / relaunch x{ratio:.2f}; healthy ranks kept their PIDs: {all(kept[fault])}")
+        relaunch = statistics.median(seconds[(fault, "relaunch")]["total"])
+        for mode in MODES[1:]:
+            ratio = statistics.median(seconds[(fault, mode)]["total"]) / relaunch
+            same = all(kept[(fault, mode)])
+            print(f"{fault}, {mode}: in-process / relaunch x{ratio:.2f}; healthy ranks kept their PIDs: {same}")
 
 
 if __name__ == "__main__":

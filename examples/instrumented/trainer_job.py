@@ -76,7 +76,13 @@ def main():
         "--workers", type=int, default=0, help="DataLoader(num_workers=...) for training and validation"
     )
     parser.add_argument("--persistent-workers", action="store_true", help="DataLoader(persistent_workers=True)")
-    parser.add_argument("--restartable", action="store_true", help="fit under restartable(shrink=True) (ddp_mpi)")
+    parser.add_argument(
+        "--restartable",
+        nargs="?",
+        const="shrink",
+        choices=["shrink", "replace"],
+        help="fit under restartable (ddp_mpi): the survivors go on alone (shrink), or with a process on a spare node",
+    )
     parser.add_argument(
         "--validate",
         action="store_true",
@@ -211,7 +217,7 @@ def main():
     if args.restartable:  # the survivors of a lost rank go on in their processes
         from lightning_mpi_env import restartable
 
-        trainer, model = restartable(fit, shrink=True)
+        trainer, model = restartable(fit, shrink=args.restartable == "shrink")
     else:
         trainer, model = fit()
     trained = time.monotonic() - model.first_step_time if model.first_global_step is not None else None
