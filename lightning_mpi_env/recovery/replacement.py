@@ -130,10 +130,21 @@ def read_spares(store: Store, generation: int, lost: int) -> tuple[str, ...]:
     """The spares rank 0 published for ``generation``, one per lost rank, or ``()`` (waits as the store's requests do).
 
     Raises:
-        RecoveryError: The value is neither empty nor ``lost`` node names, naming the key and the value.
+        RecoveryError: The value is neither empty nor ``lost`` node names, naming the key and the value; or it did
+            not come (rank 0 is gone).
     """
+    from torch.distributed import DistError
+
     key = prefix(generation) + SPARE_KEY
-    raw = store.get(key)
+    try:
+        raw = store.get(key)
+    except DistError as error:
+        raise RecoveryError(
+            f"rank 0's choice of spare nodes under {key} did not come: {error}",
+            "rank 0 writes it and serves the job's store; if it is gone, the job is started again"
+            " (`lightning-mpi-env run` does)",
+            variable=key,
+        ) from error
     text = raw[:2000].decode("ascii", "replace")
     names = tuple(text.split(",")) if text else ()
     if len(raw) <= 2000 and (not names or (len(names) == lost and all(NODE_NAME.fullmatch(name) for name in names))):

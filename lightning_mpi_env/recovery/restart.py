@@ -49,10 +49,10 @@ from lightning_mpi_env.recovery.replacement import (
 from lightning_mpi_env.recovery.worlds import Relaunch, World, first, prefix, successor
 from lightning_mpi_env.rollcall.claims import Claim
 from lightning_mpi_env.rollcall.process_info import process_info
-from lightning_mpi_env.rollcall.store import client_of, rendezvous
+from lightning_mpi_env.rollcall.store import RendezvousResult, client_of, rendezvous
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store  # the public torch.distributed.Store
+    from torch._C._distributed_c10d import Store, TCPStore  # the public torch.distributed's
 
 T = TypeVar("T")
 
@@ -158,7 +158,7 @@ def restartable(
     post_task(store, layout, environ, world.launch_ranks[rank])
     watcher = Watcher(world.world_size).start(store) if rank == 0 and joining is None else None
     line = None if watcher is not None else connect(store, main_address, world.launch_ranks[rank], os.getpid())
-    held = {fd: link for fd, link in open_sockets().items() if line is not None and fd == line.fileno()}
+    held = {fd: link for fd, link in open_sockets().items() if line is not None and fd == line.fileno()}  # its copy
     endings: list[threading.Thread] = []
     replacements: list[subprocess.Popen[bytes]] = []
     avoided: set[str] = set()  # rank 0: the nodes where ranks were lost are no spares
@@ -230,7 +230,9 @@ def _ended(watcher: Watcher | None, world: World, rank: int) -> bool:
     return watcher is not None and watcher.ended(world.launch_ranks[rank])
 
 
-def _roll_call(layout: RankLayout, settings: Settings, backend: str | None, environ: Mapping[str, str]) -> Any:
+def _roll_call(
+    layout: RankLayout, settings: Settings, backend: str | None, environ: Mapping[str, str]
+) -> RendezvousResult:
     """The launch's roll call (:func:`rendezvous`): rank 0 says who met where."""
     claim = Claim.here(
         rank=layout.rank,
@@ -247,7 +249,7 @@ def _roll_call(layout: RankLayout, settings: Settings, backend: str | None, envi
     return met
 
 
-def _join(joining: Joining, timeout: float) -> Store:
+def _join(joining: Joining, timeout: float) -> TCPStore:
     """A replacement's client of the job's store.
 
     Raises:
@@ -256,7 +258,7 @@ def _join(joining: Joining, timeout: float) -> Store:
     import torch.distributed as dist
 
     try:
-        store: Store = dist.TCPStore(  # type: ignore[attr-defined]
+        store: TCPStore = dist.TCPStore(  # type: ignore[attr-defined]
             joining.host, joining.port, is_master=False, timeout=timedelta(seconds=timeout)
         )
     except (RuntimeError, TimeoutError) as error:
