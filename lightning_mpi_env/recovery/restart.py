@@ -161,8 +161,7 @@ def restartable(
     held = {fd: link for fd, link in open_sockets().items() if line is not None and fd == line.fileno()}  # its copy
     endings: list[threading.Thread] = []
     replacements: list[subprocess.Popen[bytes]] = []
-    avoided: set[str] = set()  # rank 0: the nodes where ranks were lost are no spares
-    lost_nodes: dict[int, str] = {}  # rank 0: each lost launch rank's node, for run's record
+    lost_nodes: dict[int, str] = {}  # rank 0: each lost launch rank's node (no spare; run's record)
     identity = job_identity(environ)
     recorder = FailureRecorder.plan(settings.state_dir, layout.launcher_name, identity and identity[0])
     kept = None
@@ -199,6 +198,7 @@ def restartable(
                     launch_ranks = [world.launch_ranks[number] for number in lost]
                     lost_nodes.update({launch_rank: task_node(store, launch_rank) for launch_rank in launch_ranks})
                     endings.append(end_lost(store, layout, environ, launch_ranks))
+                avoided = set(lost_nodes.values())
                 spares = _spares(store, layout, environ, world, rank, lost, shrink=shrink, avoided=avoided)
                 before_loss = world
                 world, rank = _next(world, rank, lost, error, shrink=shrink, spares=len(spares))
@@ -282,11 +282,13 @@ def _spares(
     shrink: bool,
     avoided: set[str],
 ) -> tuple[str, ...]:
-    """The spare node for each lost rank, rank 0's choice on every rank; ``()`` where the world cannot keep its size."""
+    """The spare node for each lost rank, rank 0's choice on every rank; ``()`` where the world cannot keep its size.
+
+    ``avoided``: the nodes ranks were lost on (rank 0 knows them), which are no spares.
+    """
     if not lost or shrink or 0 in lost:
         return ()
     if rank == 0:
-        avoided.update(task_node(store, world.launch_ranks[number]) for number in lost)
         found = [node for node in spare_nodes(store, layout, environ, world.world_size) if node not in avoided]
         chosen = tuple(found[: len(lost)]) if len(found) >= len(lost) else ()
         publish_spares(store, world.number, chosen)
