@@ -114,6 +114,7 @@ def callback_class(package: str) -> type:
             """
             if trainer.sanity_checking:
                 _mark(trainer, BEFORE_THE_FIRST_STEP)
+            _watch_worker_ends(trainer)
 
         def on_validation_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
             """Progress before the first step: a sanity check batch ran (a rank stuck in its step is behind)."""
@@ -127,6 +128,7 @@ def callback_class(package: str) -> type:
         def on_train_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
             """Progress for the stall watchdog: the step started."""
             _mark(trainer, 1)
+            _watch_worker_ends(trainer)
 
         def on_before_backward(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
             """Progress for the stall watchdog: backward (and its collectives) next."""
@@ -215,6 +217,13 @@ def _stop_on_sigterm(trainer: Any, environment: MPIClusterEnvironment, exception
     if stop is not None:
         stop.say(int(trainer.global_step))
     raise exception(SIGTERM_STATUS)
+
+
+def _watch_worker_ends(trainer: Any) -> None:
+    """Once the loader's workers started (their batch came): a worker ended by ``SIGTERM`` counts as the rank's."""
+    environment = _environment(trainer)
+    if environment is not None:
+        environment.watch_worker_ends()
 
 
 def _mark(trainer: Any, phase: int) -> None:

@@ -389,12 +389,6 @@ class MPIClusterEnvironment(LoopCalls, ClusterEnvironmentInterface):
             self.changes.add(Change.WATCHDOG, outcome.watchdog.stop)
             self._watch_after_init = outcome.watchdog if self.any_layout else None
             if outcome.watchdog.sigterm is not None:  # a scheduler's SIGTERM ends the data loader workers too
-                outcome.watchdog.sigterm.on_note = self._let_workers_end
-
-    def _let_workers_end(self) -> None:
-        """After a ``SIGTERM``, until the run's end: a data loader worker's end is no error in this stopping rank."""
-        if Change.WORKER_EXITS in self.changes:
-            return
-        previous = let_workers_end()
-        if previous is not None:
-            self.changes.add(Change.WORKER_EXITS, lambda: signal.signal(signal.SIGCHLD, previous))
+                # Until the rank exits, not undone at teardown: Lightning's strategy tears the environment down before
+                # its loops shut the workers down (and the Trainer puts back its pre-fit handlers after that).
+                outcome.watchdog.sigterm.on_note = let_workers_end

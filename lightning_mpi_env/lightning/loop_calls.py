@@ -121,11 +121,22 @@ class LoopCalls:
             return
         if Change.SIGTERM_HANDLER not in self.changes and stop.install():
             self.changes.add(Change.SIGTERM_HANDLER, stop.uninstall)
+        self.watch_worker_ends()
         finished, self._sigterm_asks = self._sigterm_asks, self._sigterm_asks + 1
         if self._limit_pending is None and self.sigterm_due(finished):
             if self.requeue is None or not self._steps_asked:
                 stop.exit(finished)
             self._limit_pending = finished
+
+    def watch_worker_ends(self) -> None:
+        """Each step, until it goes in: a loader worker ended by ``SIGTERM`` stops every rank as the signal would.
+
+        The scheduler's signal may end a worker before it reaches its rank (``SigtermStop.watch_workers``). Undone at
+        teardown; without the watchdog, nothing.
+        """
+        stop = self.sigterm_stop
+        if stop is not None and Change.WORKER_SIGTERM not in self.changes and stop.watch_workers():
+            self.changes.add(Change.WORKER_SIGTERM, stop.unwatch_workers)
 
     def requeue_at_time_limit(self, rank: int, reduce_boolean_decision: Callable[..., bool]) -> bool:
         """At the step every rank stops at on ``SIGTERM``: whether that is the job's time limit (a collective).

@@ -20,8 +20,8 @@ class Change(Enum):
     WATCHDOG = "the stall watchdog's thread"
     SETTLE_AT_EXIT = "the exit hook that settles collectives"
     REQUEUE_HANDLER = "the requeue signal handler"
-    WORKER_EXITS = "SIGCHLD's default action, after a SIGTERM that ends the data loader workers too"
     SIGTERM_HANDLER = "the SIGTERM handler of a Fabric loop that stops every rank at one step"
+    WORKER_SIGTERM = "the SIGCHLD handler before torch's that takes a loader worker's end by SIGTERM as the rank's"
 
 
 class ProcessChanges:

@@ -6,6 +6,11 @@ peer"), status 1. So a handler only notes the signal (:meth:`SigtermStop.note`);
 the other ranks' threads on a step through the store (a stop agreement under keys of its own); at that step every
 rank stops with status 143 and runs no collective after it. The loop asks after each step: the Trainer's callback,
 ``"ddp_mpi"``'s ``backward`` under Fabric, or a Fabric loop with the plugin (``environment.exit_on_sigterm()``).
+
+A scheduler signals every process of the step, the data loader workers too, and torch's worker dies of a ``SIGTERM``
+that its parent did not send. Its end may reach the rank (torch's ``SIGCHLD`` handler raises "DataLoader worker ...
+is killed by signal: Terminated" wherever the main thread is) before the rank's own signal does: a worker ended by
+``SIGTERM`` counts as the signal reaching this rank (:meth:`SigtermStop.watch_workers`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -37,6 +43,7 @@ class SigtermStop:
         self.agreement = StopAgreement(rank=rank, world_size=world_size, signalled=self.noted, kind=SIGTERM_STOP)
         self._handler: Any = None  # the handler :meth:`install` put in, and the one it replaced
         self._replaced: Any = None
+        self._child_handler: _ChildEnds | None = None  # the SIGCHLD handler :meth:`watch_workers` put in
 
     def note(self) -> None:
         """A ``SIGTERM`` came to this process (called by a signal handler: a count, then :attr:`on_note`)."""
@@ -86,6 +93,30 @@ class SigtermStop:
         if self.noted() and not self.stopped:  # the loop ended before the agreed step: the signal still ends it
             os.kill(os.getpid(), signal.SIGTERM)
 
+    def watch_workers(self) -> bool:
+        """Put a ``SIGCHLD`` handler before torch's DataLoader's: a child ended by ``SIGTERM`` counts as :meth:`note`.
+
+        Only over a Python handler (torch puts its own in, in the main thread, when the first loader with workers
+        starts; before that a worker's end raises nothing) and before a signal was noted; once; whether it went in.
+        """
+        if self._child_handler is not None or self.noted() or threading.current_thread() is not threading.main_thread():
+            return False
+        previous = signal.getsignal(signal.SIGCHLD)
+        if not callable(previous):
+            return False
+        handler = self._child_handler = _ChildEnds(self, previous)
+        signal.signal(signal.SIGCHLD, handler)
+        return True
+
+    def unwatch_workers(self) -> None:
+        """Put back the ``SIGCHLD`` handler from before :meth:`watch_workers`, if this one is still in place."""
+        handler, self._child_handler = self._child_handler, None
+        if handler is None or threading.current_thread() is not threading.main_thread():
+            return
+        previous = handler.previous
+        if signal.getsignal(signal.SIGCHLD) is handler:
+            signal.signal(signal.SIGCHLD, previous)
+
     def say(self, step: int) -> None:
         """One line on stderr, in one write (several ranks share the launcher's output): this rank stops."""
         sys.stderr.write(f"lightning-mpi-env: SIGTERM: rank {self.rank} stops after step {step}, as every rank does\n")
@@ -95,3 +126,46 @@ class SigtermStop:
         """Say so, and end this rank with status 143 (a ``SystemExit``: exit hooks run, no traceback)."""
         self.say(step)
         raise SystemExit(SIGTERM_STATUS)
+
+
+class _ChildEnds:
+    """The ``SIGCHLD`` handler of :meth:`SigtermStop.watch_workers`, chained to ``previous`` (torch's)."""
+
+    def __init__(self, stop: SigtermStop, previous: Callable[[int, FrameType | None], Any]) -> None:
+        self.stop = stop
+        self.previous = previous
+        self.owner = os.getpid()
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() == self.owner and not self.stop.noted() and child_ended_by_sigterm():
+            self.stop.note()  # its on_note lets the other workers end too
+            return
+        self.previous(signum, frame)
+
+
+def child_ended_by_sigterm() -> bool:
+    """Whether a child of this process ended by ``SIGTERM`` and is not reaped yet (``WNOWAIT``: left to its owner)."""
+    for pid in _children():
+        try:
+            ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped meanwhile
+            continue
+        if ended is not None and ended.si_code == os.CLD_KILLED and ended.si_status == signal.SIGTERM:
+            return True
+    return False
+
+
+def _children() -> set[int]:
+    """This process's children, from each thread's ``/proc/self/task/<tid>/children`` (none where Linux has no list)."""
+    found: set[int] = set()
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for thread in threads:
+        try:
+            text = Path("/proc/self/task", thread, "children").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        found.update(int(word) for word in text.split() if word.isdigit())
+    return found

@@ -5,6 +5,10 @@ this package's environment the ranks agree on the step through the roll call's s
 the one signalled rank does not leave the others in a collective with a peer that is gone. Jobs run under ``mpirun``
 on two simulated nodes and under ``srun`` on the two-node Slurm cluster; the simulated nodes are processes of this
 machine, so the test signals one rank's process by its pid, found from the rank variable in its environment.
+
+A scheduler signals every process of the step, one after another: the data loader workers may get it first. torch's
+worker dies of it, and its end may reach the rank before the rank's own signal: the tests send it in that order, the
+workers first and each rank once they ended.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -55,18 +61,62 @@ def pid_of_rank(output: str, rank: int, variable: str) -> int:
     return found[0]
 
 
-def assert_stopped_together(status: int, output: str) -> None:
-    """Status 143, each rank's one line naming the same step, and no traceback anywhere."""
+def loader_workers(pid: int) -> list[int]:
+    """The children of process ``pid`` (a rank's data loader workers), from ``/proc/<pid>/task/*/children``."""
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        found += [int(child) for child in children.read_text().split()]
+    return found
+
+
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` ended: gone, or a zombie (its parent was sent ``SIGCHLD``)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def workers_first(*ranks: int, variable: str) -> Callable[[str], None]:
+    """How the scheduler signals, at its worst: ``SIGTERM`` to every loader worker of ``ranks``, then to the ranks.
+
+    Each rank's signal is sent once its workers ended, so that their ends reach it first.
+    """
+
+    def send(output: str) -> None:
+        pids = [pid_of_rank(output, rank, variable) for rank in ranks]
+        workers = [worker for pid in pids for worker in loader_workers(pid)]
+        assert workers, f"no data loader worker of ranks {ranks} to signal:\n{output[-3000:]}"
+        for worker in workers:
+            os.kill(worker, signal.SIGTERM)
+        deadline = time.monotonic() + HANG_LIMIT
+        while not all(ended(worker) for worker in workers):
+            assert time.monotonic() < deadline, f"workers {workers} did not end on SIGTERM"
+            time.sleep(0.01)
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+
+    return send
+
+
+def assert_stopped_together(status: int, output: str, *, every_line: bool = True) -> None:
+    """Status 143, each rank's one line naming the same step, and no traceback anywhere.
+
+    Not ``every_line``: mpirun ends the other ranks once the first exits 143, maybe before they said so.
+    """
     assert status == SIGTERM_STATUS, output[-4000:]
     assert "Traceback" not in output, output[-6000:]
     stops = [(int(rank), int(step)) for rank, step in STOPPED.findall(output)]
-    assert sorted(rank for rank, _ in stops) == [0, 1], output[-4000:]
+    ranks = sorted(rank for rank, _ in stops)
+    assert ranks == [0, 1] if every_line else ranks in ([0], [1], [0, 1]), output[-4000:]
     assert len({step for _, step in stops}) == 1, stops
     assert "RESULT" not in output, output[-4000:]  # no rank trained to the end
 
 
-def run_under_mpirun(tmp_path: Path, job: Path, args: tuple[str, ...], strategy: str, rank: int) -> tuple[int, str]:
-    """Run ``job`` on 2 simulated nodes, one rank each; once both train, SIGTERM to ``rank``'s process only.
+def run_under_mpirun(
+    tmp_path: Path, job: Path, args: tuple[str, ...], strategy: str, send: Callable[[str], None]
+) -> tuple[int, str]:
+    """Run ``job`` on 2 simulated nodes, one rank each; once both train, ``send(output)`` sends the signals.
 
     A Trainer notes the signal from its first step on; Fabric under ``"ddp_mpi"`` from its first ``backward``.
     """
@@ -100,7 +150,7 @@ def run_under_mpirun(tmp_path: Path, job: Path, args: tuple[str, ...], strategy:
     reader.start()
     try:
         assert trained.wait(HANG_LIMIT), f"no {started} of both ranks:\n{''.join(lines)[-4000:]}"
-        os.kill(pid_of_rank("".join(lines), rank, "OMPI_COMM_WORLD_RANK"), signal.SIGTERM)
+        send("".join(lines))
         try:
             process.wait(timeout=HANG_LIMIT)
         except subprocess.TimeoutExpired:
@@ -124,8 +174,20 @@ def run_under_mpirun(tmp_path: Path, job: Path, args: tuple[str, ...], strategy:
     ids=["trainer-rank0", "trainer-plugin-rank1", "fabric-rank1"],
 )
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step(tmp_path, job, args, strategy, rank):
-    status, output = run_under_mpirun(tmp_path, job, args, strategy, rank)
+    one_rank = lambda output: os.kill(pid_of_rank(output, rank, "OMPI_COMM_WORLD_RANK"), signal.SIGTERM)  # noqa: E731
+    status, output = run_under_mpirun(tmp_path, job, args, strategy, one_rank)
     assert_stopped_together(status, output)
+
+
+@pytest.mark.mpi
+def test_sigterm_that_ends_the_loader_workers_first_stops_every_rank_at_one_step(tmp_path):
+    # Without it, torch's SIGCHLD handler raises "DataLoader worker (pid N) is killed by signal: Terminated" in the
+    # rank wherever its main thread is; its peers end on "Connection closed by peer" (Lightning #20542's time limit).
+    send = workers_first(0, 1, variable="OMPI_COMM_WORLD_RANK")
+    args = (*TRAINER_ARGS, "--persistent-workers")  # the sanity check's workers live on
+    status, output = run_under_mpirun(tmp_path, TRAINER_JOB, args, "ddp_mpi", send)
+    assert_stopped_together(status, output, every_line=False)  # with no worker left to end, teardown is quick
+    assert "killed by signal" not in output, output[-4000:]
 
 
 SRUN_SCRIPT = """#!/bin/sh
@@ -134,18 +196,36 @@ echo "SRUN_STATUS=$?"
 """
 
 
+def run_under_srun(cluster, tmp_path: Path, send: Callable[[str], None]) -> tuple[int, str]:
+    """Run the Trainer job with ``srun`` on the 2-node cluster; once both tasks train, ``send(output)`` signals.
+
+    The simulated nodes' tasks are processes of this machine, found by their FIT lines and ``SLURM_PROCID``.
+    """
+    train = [sys.executable, str(TRAINER_JOB), *TRAINER_ARGS, "--strategy", "ddp_mpi", "--root-dir", str(tmp_path)]
+    script = SRUN_SCRIPT.format(train=" ".join(train))
+    job = cluster.sbatch(script, ["--nodes=2", "--ntasks-per-node=1"], env={"OMP_NUM_THREADS": "1"})
+    for rank in (0, 1):
+        output = cluster.wait_output(job, f"FIRST_STEP rank={rank} ", timeout=SLURM_TIMEOUT)
+    send(output)
+    cluster.wait_output(job, "SRUN_STATUS=", timeout=SLURM_TIMEOUT)
+    cluster.wait(job, timeout=SLURM_TIMEOUT)
+    output = cluster.output(job)
+    return int(re.findall(r"^SRUN_STATUS=(\d+)$", output, flags=re.MULTILINE)[0]), output
+
+
 @pytest.mark.mpi
 @pytest.mark.slurm
 def test_sigterm_to_one_srun_task_stops_every_task_at_one_step(slurm_cluster, tmp_path):
-    train = [sys.executable, str(TRAINER_JOB), *TRAINER_ARGS, "--strategy", "ddp_mpi", "--root-dir", str(tmp_path)]
-    script = SRUN_SCRIPT.format(train=" ".join(train))
-    job = slurm_cluster.sbatch(script, ["--nodes=2", "--ntasks-per-node=1"], env={"OMP_NUM_THREADS": "1"})
-    for rank in (0, 1):
-        output = slurm_cluster.wait_output(job, f"FIRST_STEP rank={rank} ", timeout=SLURM_TIMEOUT)
-    # The simulated nodes' tasks are processes of this machine: rank 1's, by its FIT line and SLURM_PROCID.
-    os.kill(pid_of_rank(output, 1, "SLURM_PROCID"), signal.SIGTERM)
-    slurm_cluster.wait_output(job, "SRUN_STATUS=", timeout=SLURM_TIMEOUT)
-    slurm_cluster.wait(job, timeout=SLURM_TIMEOUT)
-    output = slurm_cluster.output(job)
-    status = int(re.findall(r"^SRUN_STATUS=(\d+)$", output, flags=re.MULTILINE)[0])
+    status, output = run_under_srun(
+        slurm_cluster, tmp_path, lambda output: os.kill(pid_of_rank(output, 1, "SLURM_PROCID"), signal.SIGTERM)
+    )
     assert_stopped_together(status, output)
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_sigterm_that_ends_the_loader_workers_first_stops_every_task_at_one_step(slurm_cluster, tmp_path):
+    # srun waits for every task (no mpirun abort): each says it stops
+    status, output = run_under_srun(slurm_cluster, tmp_path, workers_first(0, 1, variable="SLURM_PROCID"))
+    assert_stopped_together(status, output)
+    assert "killed by signal" not in output, output[-4000:]

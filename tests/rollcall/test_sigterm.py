@@ -1,0 +1,87 @@
+"""``SigtermStop.watch_workers``: a child ended by ``SIGTERM`` counts as the signal reaching this process, for real.
+
+Real child processes and real signals in this process's main thread; the full jobs are in ``tests/lightning``.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lightning_mpi_env.rollcall.sigterm import SigtermStop, child_ended_by_sigterm
+
+LIMIT = 60  # a child's start and end on a busy machine: only a hang takes longer
+
+
+@pytest.fixture
+def torch_like_handler():
+    """A Python ``SIGCHLD`` handler in place, as torch's DataLoader puts in; the one before it put back after."""
+    before = signal.getsignal(signal.SIGCHLD)
+    calls: list[int] = []
+    signal.signal(signal.SIGCHLD, lambda signum, frame: calls.append(signum))
+    yield calls
+    signal.signal(signal.SIGCHLD, before)
+
+
+def child() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+
+
+def wait_for(done) -> None:
+    """Until ``done()`` (a handler ran in this main thread: it runs between two of its bytecodes)."""
+    deadline = time.monotonic() + LIMIT
+    while not done():
+        assert time.monotonic() < deadline, "the handler never ran"
+        time.sleep(0.01)
+
+
+def test_a_child_ended_by_sigterm_is_noted_and_left_to_its_owner(torch_like_handler):
+    stop = SigtermStop(rank=0, world_size=2)
+    noted = []
+    stop.on_note = lambda: noted.append(True)
+    torchs = signal.getsignal(signal.SIGCHLD)
+    assert stop.watch_workers()
+    process = child()
+    process.terminate()
+    wait_for(stop.noted)
+    assert noted == [True]
+    assert torch_like_handler == []  # torch's would have raised "is killed by signal: Terminated"
+    assert process.wait(LIMIT) == -signal.SIGTERM  # WNOWAIT: its owner still reaps it
+    stop.unwatch_workers()
+    assert signal.getsignal(signal.SIGCHLD) is torchs
+
+
+def test_any_other_end_goes_to_the_handler_before(torch_like_handler):
+    stop = SigtermStop(rank=0, world_size=2)
+    assert stop.watch_workers()
+    exits = child()
+    exits.communicate(b"", timeout=LIMIT)  # status 0
+    wait_for(lambda: len(torch_like_handler) == 1)
+    killed = child()
+    killed.kill()  # SIGKILL, as the kernel's out-of-memory killer sends: torch's handler names it
+    wait_for(lambda: len(torch_like_handler) == 2)
+    assert killed.wait(LIMIT) == -signal.SIGKILL
+    assert not stop.noted()
+    assert not child_ended_by_sigterm()
+    stop.unwatch_workers()
+
+
+def test_it_goes_in_only_over_a_python_handler_once_and_comes_out_as_it_went_in(torch_like_handler):
+    stop = SigtermStop(rank=0, world_size=2)
+    torchs = signal.getsignal(signal.SIGCHLD)
+    assert stop.watch_workers()
+    assert not stop.watch_workers()  # once
+    assert signal.getsignal(signal.SIGCHLD) is not torchs
+    stop.unwatch_workers()
+    assert signal.getsignal(signal.SIGCHLD) is torchs
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # no loader with workers yet: torch's is not in, nothing raises
+    assert not stop.watch_workers()
+    assert signal.getsignal(signal.SIGCHLD) is signal.SIG_DFL
+    signal.signal(signal.SIGCHLD, torchs)
+    stop.note()  # the signal came: let_workers_end's handler follows, not this one
+    assert not stop.watch_workers()
+    assert signal.getsignal(signal.SIGCHLD) is torchs
