@@ -39,7 +39,7 @@ pytest_plugins = ["tests.clusters.fixtures"]
 settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
 
-INSTALLING_FIXTURES = frozenset({"deepspeed", "hydra_cluster", "jax_python", "oldest_lightning"})
+INSTALLING_FIXTURES = frozenset({"deepspeed", "hydra_cluster", "jax_python", "newer_torch", "oldest_lightning"})
 """Fixtures that install a launcher or a venv on first use (minutes on a fresh machine): whole suite only."""
 
 SMOKE = (

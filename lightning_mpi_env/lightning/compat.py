@@ -1,4 +1,4 @@
-"""Every contract with Lightning's internals this package relies on, each docstring naming the one it relies on.
+"""Every contract with Lightning's and torch's internals this package relies on, each docstring naming the one it uses.
 
 **Call order relied on** by the plugin under Lightning's own strategies: ``Trainer``/``Fabric`` proposes ranks once
 while it is built; every strategy's ``setup_environment`` proposes them again right before ``init_process_group``,
@@ -250,6 +250,58 @@ def fit_loop_state(trainer: Any) -> dict[str, Any]:
     return state
 
 
+def can_reconfigure() -> bool:
+    """Whether the installed torch's ``init_process_group`` takes ``enable_reconfigure`` (torch 2.14+).
+
+    pytorch/pytorch#186298 added the API (private, experimental); #187381 implemented it for gloo.
+    """
+    import inspect
+
+    import torch.distributed as dist
+
+    return "enable_reconfigure" in inspect.signature(dist.init_process_group).parameters
+
+
+def init_reconfigurable_group(backend: str | None, **kwargs: Any) -> bool:
+    """``init_process_group(backend, enable_reconfigure=True, **kwargs)``, where :func:`can_reconfigure`.
+
+    The group's communicator then opens only at :func:`reconfigure`, which is called again, on the same group, with
+    each new set of peers. Returns whether the group opened so (``_supports_reconfigure``): a backend that does not
+    take the API ignores the flag, and its group is an ordinary one, open already.
+    """
+    import torch.distributed as dist
+
+    init: Any = dist.init_process_group
+    init(backend, enable_reconfigure=True, **kwargs)
+    c10d: Any = dist.distributed_c10d
+    return bool(c10d._supports_reconfigure())
+
+
+def reconfigure_handle() -> str:
+    """What peers must know of this process to reconfigure the default group with it (``_get_reconfigure_handle``).
+
+    Opaque; a new one after each reconfiguration.
+    """
+    import torch.distributed as dist
+
+    c10d: Any = dist.distributed_c10d
+    return str(c10d._get_reconfigure_handle())
+
+
+def reconfigure(number: int, handles: list[str], timeout: float) -> None:
+    """Open the default group's communicator anew over ``handles`` (their order is the ranks'), waiting for it.
+
+    ``number`` names the reconfiguration (torch's ``uuid``): a number not used before on the group's store, under
+    which its keys live there. Raises what torch raises when a peer does not come within ``timeout`` seconds.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    c10d: Any = dist.distributed_c10d
+    c10d._reconfigure(uuid=number, handles=handles, timeout=timedelta(seconds=timeout)).wait()
+
+
 __all__ = [
     "DEVICE_ID_SINCE",
     "ENTRY_POINT_LOGGERS",
@@ -258,14 +310,18 @@ __all__ = [
     "SETTLE_SECONDS",
     "SIGTERM_COLLECTIVE_SINCE",
     "SRUN_NOT_USED",
+    "can_reconfigure",
     "dump_checkpoint",
     "fit_loop_state",
     "hpc_checkpoint_name",
     "init_dist_connection",
+    "init_reconfigurable_group",
     "lightning_version",
     "package_version",
     "passes_device_id",
     "quiet_entry_point_line",
+    "reconfigure",
+    "reconfigure_handle",
     "record_sigterm_without_collective",
     "release_collectives_at_exit",
     "settle_collectives_at_exit",

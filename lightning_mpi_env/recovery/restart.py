@@ -1,24 +1,22 @@
 """``restartable(main)``: run a training function and, when a rank is lost, run it again in the same processes.
 
 Generation 1 is the launch: the roll call meets every rank in rank 0's store, and the process group opens on that
-store. When a collective fails (a peer died), every living rank destroys its group, the ranks agree which are lost
+store. When a collective fails (a peer died), every living rank leaves its group, the ranks agree which are lost
 (:mod:`.agreement`), and the survivors (with a new process in each lost rank's place where the allocation has a
-spare node: :mod:`.replacement`) open the next generation's group on the same store under the next generation's
-keys, take rank 0's kept state (:func:`.hand_over`) and call ``main`` again. What cannot go on that way (rank 0
-lost, neither a spare nor shrinking) ends every process with one :class:`RecoveryError`, for the launcher or
-``lightning-mpi-env run`` to start the job again.
+spare node: :mod:`.replacement`) open the next generation's group on the same store (:mod:`.groups`: where torch
+can, the same group reconfigured), take rank 0's kept state (:func:`.hand_over`) and call ``main`` again. What
+cannot go on that way (rank 0 lost, neither a spare nor shrinking) ends every process with one
+:class:`RecoveryError`, for the launcher or ``lightning-mpi-env run`` to start the job again.
 """
 
 from __future__ import annotations
 
 import functools
-import gc
 import os
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -34,6 +32,7 @@ from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.recovery.agreement import LOOKOUT_WAIT, Lookout, agree_on_lost
 from lightning_mpi_env.recovery.connections import GroupConnections, not_inherited, open_sockets
 from lightning_mpi_env.recovery.ending import end_lost, post_task, task_node
+from lightning_mpi_env.recovery.groups import Group
 from lightning_mpi_env.recovery.handover import hand_over
 from lightning_mpi_env.recovery.liveness import Watcher, connect
 from lightning_mpi_env.recovery.outcome import finished
@@ -46,7 +45,7 @@ from lightning_mpi_env.recovery.replacement import (
     spare_nodes,
     start_replacement,
 )
-from lightning_mpi_env.recovery.worlds import Relaunch, World, first, prefix, successor
+from lightning_mpi_env.recovery.worlds import Relaunch, World, first, successor
 from lightning_mpi_env.rollcall.claims import Claim
 from lightning_mpi_env.rollcall.process_info import process_info
 from lightning_mpi_env.rollcall.store import RendezvousResult, client_of, rendezvous
@@ -85,6 +84,9 @@ class Generation:
     """This process's node among the launch's, as the roll call found it (it does not change)."""
     num_nodes: int = 1
     """The launch's number of nodes, as the roll call found it."""
+    reconfigured: bool = False
+    """Whether this generation's group is the process's one group reconfigured in place (torch 2.14+'s reconfigure,
+    gloo) rather than a group opened anew."""
     recovered: dict[str, float] = field(default_factory=dict)
     """When (``time.time()``) each part of the recovery that began this generation ended on this process: ``failed``
     (``main`` raised), ``left`` (its group left), ``agreed`` (the lost ranks named), ``opened`` (this generation's
@@ -140,8 +142,6 @@ def restartable(
     An exception of ``main`` with no rank lost is the program's own: every rank raises it (or the collective error
     it met) as it would without ``restartable``.
     """
-    import torch.distributed as dist
-
     environ = os.environ if env is None else env
     layout = from_env(environ)
     settings = Settings.from_env(environ)
@@ -166,10 +166,11 @@ def restartable(
     recorder = FailureRecorder.plan(settings.state_dir, layout.launcher_name, identity and identity[0])
     kept = None
     recovered: dict[str, float] = {}
+    group = Group(store, backend, timeout)
     try:
         while True:
             before = open_sockets()
-            _open_group(store, world, rank, backend, timeout)
+            group.open(world, rank)
             if recovered:
                 recovered["opened"] = time.time()
             connections = GroupConnections.opened_since(before, store.port, *([watcher.port] if watcher else []))
@@ -179,7 +180,14 @@ def restartable(
             client = client_of(store, LOOKOUT_WAIT)
             lookout = Lookout(store, client, world, rank, settle=settle, timeout=timeout, gone=gone)
             lookout.start()
-            generation = Generation(world.number, rank, world.world_size, node_rank=nodes[0], num_nodes=nodes[1])
+            generation = Generation(
+                world.number,
+                rank,
+                world.world_size,
+                node_rank=nodes[0],
+                num_nodes=nodes[1],
+                reconfigured=bool(group.reconfigurable),
+            )
             running = _RUNNING.set(generation)
             try:
                 if world.number > 1:  # what this generation keeps, until it keeps more, is what it resumed
@@ -190,7 +198,7 @@ def restartable(
                 return result
             except Exception as error:
                 recovered = {"failed": time.time()}
-                _leave_group(error, connections)
+                group.leave(error, connections)
                 recovered["left"] = time.time()
                 lost = agree_on_lost(store, world, rank, settle=settle, timeout=timeout)
                 recovered["agreed"] = time.time()
@@ -209,9 +217,8 @@ def restartable(
             finally:
                 _RUNNING.reset(running)
                 lookout.close()
-                if dist.is_initialized():
-                    dist.destroy_process_group()
     finally:
+        group.close()
         not_inherited(None)
         if watcher is not None:
             watcher.close()
@@ -328,48 +335,6 @@ def _wait_for(replacement: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         replacement.kill()
         replacement.wait()
-
-
-def _open_group(store: Store, world: World, rank: int, backend: str | None, timeout: float) -> None:
-    """The default process group of ``world`` on the job's store, under the generation's keys.
-
-    Raises:
-        RecoveryError: A later generation's group did not open (another rank was lost on the way).
-    """
-    import torch.distributed as dist
-
-    try:
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore(prefix(world.number) + "group/", store),  # type: ignore[attr-defined]
-            rank=rank,
-            world_size=world.world_size,
-            timeout=timedelta(seconds=timeout),
-        )
-    except (RuntimeError, TimeoutError) as error:  # torch's DistError is a RuntimeError
-        if world.number == 1:
-            raise
-        raise RecoveryError(
-            f"generation {world.number} of {world.world_size} ranks could not open its process group on rank {rank}:"
-            f" {error}",
-            "another rank was lost while the ranks recovered: start the job again (`lightning-mpi-env run` does)",
-        ) from error
-
-
-def _leave_group(error: BaseException, connections: GroupConnections) -> None:
-    """Leave this process's group, so that peers inside a collective with it fail at once rather than wait.
-
-    Its connections are shut down first: torch keeps a group that ``DistributedDataParallel`` used after it is
-    destroyed, connections open. Then ``main``'s frames, kept alive by ``error``'s traceback, let go of what they
-    held (the traceback keeps its lines), and the group is destroyed.
-    """
-    import torch.distributed as dist
-
-    connections.shut()
-    traceback.clear_frames(error.__traceback__)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    gc.collect()
 
 
 def _next(

@@ -10,15 +10,18 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from tests.clusters import deepspeed_venv, hydra
+from tests.clusters import deepspeed_venv, hydra, torch_venv
 from tests.clusters.locks import file_lock
 from tests.clusters.slurm import ClusterBusyError, SlurmCluster
+
+T = TypeVar("T")
 
 SLURM_BASE_PORTS = 4
 """Base ports tried, 10 apart from ``LME_SLURM_BASE_PORT`` (16817), when another test run holds the first."""
@@ -142,12 +145,31 @@ def deepspeed() -> deepspeed_venv.DeepSpeed:
     checkout). Outside CI it skips when that cannot be done (no network, no C++ compiler); with ``CI`` set that is a
     failure, as for the oldest Lightning.
     """
+    return installed_or_skipped(
+        deepspeed_venv.ensure_venv, f"deepspeed {deepspeed_venv.VERSION}", deepspeed_venv.VENV_DIR, "DeepSpeed"
+    )
+
+
+@pytest.fixture(scope="session")
+def newer_torch() -> Path:
+    """A Python with torch 2.14.1 (the reconfigure API) over this venv's Lightning and checkout (:mod:`.torch_venv`).
+
+    Installed on first use from this machine's disk (about a minute; once per checkout). Outside CI it skips when
+    that cannot be done; with ``CI`` set that is a failure, as for DeepSpeed.
+    """
+    return installed_or_skipped(
+        torch_venv.ensure_venv, f"torch {torch_venv.VERSION}", torch_venv.VENV_DIR, "the reconfigure path"
+    )
+
+
+def installed_or_skipped(install: Callable[[], T], what: str, where: Path, tested: str) -> T:
+    """``install()``'s venv; where it cannot be made, a skip outside CI and a failure with ``CI`` set."""
     try:
-        return deepspeed_venv.ensure_venv()
+        return install()
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        reason = f"cannot install deepspeed {deepspeed_venv.VERSION} into {deepspeed_venv.VENV_DIR}: {error}"
+        reason = f"cannot install {what} into {where}: {error}"
         if os.environ.get("CI"):
-            pytest.fail(f"CI={os.environ['CI']!r}: DeepSpeed must be tested for real. {reason}")
+            pytest.fail(f"CI={os.environ['CI']!r}: {tested} must be tested for real. {reason}")
         pytest.skip(reason)
 
 
@@ -156,6 +178,7 @@ __all__ = [
     "deepspeed",
     "hydra_cluster",
     "jax_python",
+    "newer_torch",
     "real_launch_lock",
     "slurm_cluster",
     "slurm_cluster_with_spare",

@@ -103,6 +103,7 @@ def this_launch_rank() -> int:
 
 def finish(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
     record["pid"], record["node"] = os.getpid(), socket.gethostname()
+    record["torch"] = torch.__version__.split("+")[0]
     (args.out / f"rank-{launch_rank}.json").write_text(json.dumps(record))
 
 
@@ -110,6 +111,7 @@ def main(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
     def train(generation: Generation) -> None:
         net, optimizer, step, position = resume(generation)
         record["generations"].append([generation.number, generation.rank, generation.world_size, step])
+        record.setdefault("reconfigured", []).append(generation.reconfigured)
         if generation.recovered:
             record["recovered"] = generation.recovered
         ddp = torch.nn.parallel.DistributedDataParallel(net)

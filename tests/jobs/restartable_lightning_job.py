@@ -81,6 +81,7 @@ def trainer_main(args: argparse.Namespace, launch_rank: int, record: dict) -> No
         def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             g = self.generation
             record["generations"].append([g.number, g.rank, g.world_size, trainer.global_step, trainer.ckpt_path])
+            record.setdefault("reconfigured", []).append(g.reconfigured)
 
         def on_train_batch_start(self, trainer: pl.Trainer, *rest: Any) -> None:
             fault_now(args, launch_rank, trainer.global_step)
@@ -128,6 +129,7 @@ def fabric_main(args: argparse.Namespace, launch_rank: int, record: dict) -> Non
         fabric.launch()
         net, optimizer, step, position = resume(generation)
         record["generations"].append([generation.number, fabric.global_rank, fabric.world_size, step, None])
+        record.setdefault("reconfigured", []).append(generation.reconfigured)
         ddp, optimizer = fabric.setup(net, optimizer)
         size, rank = fabric.world_size, fabric.global_rank
         sampler = batches(position, size, rank, args.steps - step)

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 import tests.lightning.test_device_id as device_id  # device_id: Lightning's own from 2.5.5, "ddp_mpi" on every one
+import tests.recovery.test_groups as groups  # torch's reconfigure API: 2.14.1 takes it, the installed 2.13 does not
 from lightning_mpi_env.lightning import compat
 from tests.clusters.deepspeed_venv import DeepSpeed
 from tests.clusters.lightning_versions import (  # noqa: F401  (oldest_lightning: a fixture, requested by name)
@@ -825,6 +826,10 @@ def test_the_kept_state_resumes_at_the_failed_step(lightning, package):
 
 
 CHECKED_BY = {
+    "can_reconfigure": groups.test_the_installed_torch_opens_each_generations_group_anew,
+    "init_reconfigurable_group": groups.test_torch_2_14_reconfigures_the_one_group_in_place,
+    "reconfigure": groups.test_torch_2_14_reconfigures_the_one_group_in_place,
+    "reconfigure_handle": groups.test_torch_2_14_reconfigures_the_one_group_in_place,
     "dump_checkpoint": test_the_kept_state_resumes_at_the_failed_step,
     "fit_loop_state": test_the_kept_state_resumes_at_the_failed_step,
     "DEVICE_ID_SINCE": device_id.test_ddp_mpi_passes_its_device_as_device_id,

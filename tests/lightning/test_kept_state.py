@@ -193,9 +193,26 @@ def test_a_replacement_on_the_spare_node_ends_with_the_weights_of_a_job_that_nev
 ):
     # The allocation has a spare node: the world keeps its 4 ranks, a new process on node3 taking rank 2's place from
     # rank 0's state in memory (the Trainer's kept checkpoint, with torchdata's loader position; Fabric's own).
-    out = tmp_path / "out"
-    job = [sys.executable, str(JOB), "--api", api, *(["--stateful"] if api == "trainer" else [])]
-    output, records = run_replaced(slurm_cluster_with_spare, out, job, fault)
+    records = check_replaced(slurm_cluster_with_spare, tmp_path / "out", api, fault, sys.executable)
+    assert {value for record in records.values() for value in record["reconfigured"]} == {False}
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+@pytest.mark.parametrize("api", ["trainer", "fabric"])
+def test_on_torch_2_14_the_replacement_joins_the_group_reconfigured_in_place(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path, api: str, newer_torch: Path
+):
+    # torch 2.14.1's reconfigure API: the survivors keep their one group, and "ddp_mpi" runs the Trainer or Fabric over
+    # it again, the new process in rank 2's place (tests/recovery/test_groups.py has the group alone).
+    records = check_replaced(slurm_cluster_with_spare, tmp_path / "out", api, "killed", str(newer_torch))
+    assert {value for record in records.values() for value in record["reconfigured"]} == {True}
+
+
+def check_replaced(cluster: SlurmCluster, out: Path, api: str, fault: str, python: str) -> dict[int, dict]:
+    """Run the job on ``python``, rank 2 lost and replaced; check its generations, items and weights; its records."""
+    job = [python, str(JOB), "--api", api, *(["--stateful"] if api == "trainer" else [])]
+    output, records = run_replaced(cluster, out, job, fault)
     resumed = KEPT_CHECKPOINT if api == "trainer" else None
     for launch_rank, record in records.items():
         mine = [[2, launch_rank, 4, FAULT_STEP, resumed]]
@@ -210,4 +227,5 @@ def test_a_replacement_on_the_spare_node_ends_with_the_weights_of_a_job_that_nev
     for record in records.values():
         assert record["weights"] == pytest.approx(expected, abs=1e-6)
     took = max(record["recovered_at"] for record in records.values()) - float((out / "fault").read_text())
-    print(f"FIGURE {api}, replace, {fault}: fault to the next step {took:.2f} s")
+    print(f"FIGURE {api}, replace, {fault}, {python}: fault to the next step {took:.2f} s")
+    return records

@@ -39,9 +39,20 @@ def group_timeout(args: tuple[str, ...]) -> int:
     return FROZEN_GROUP_TIMEOUT if "--freeze" in args else KILLED_GROUP_TIMEOUT
 
 
-def run_job(cluster: SlurmCluster, out: Path, *args: str) -> tuple[int, str, dict[int, dict]]:
+@pytest.fixture(params=["2.13", "2.14.1"], ids=["torch 2.13", "torch 2.14.1"])
+def torch_python(request: pytest.FixtureRequest) -> tuple[str, bool]:
+    """The Python a job runs on, and whether its groups are reconfigured in place: the installed torch opens each
+    generation's group anew, 2.14.1 (:mod:`tests.clusters.torch_venv`) reconfigures the one group."""
+    if request.param == "2.13":
+        return sys.executable, False
+    return str(request.getfixturevalue("newer_torch")), True
+
+
+def run_job(
+    cluster: SlurmCluster, out: Path, *args: str, python: str = sys.executable
+) -> tuple[int, str, dict[int, dict]]:
     out.mkdir()
-    command = [*SRUN, sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS), *args]
+    command = [*SRUN, python, str(JOB), "--out", str(out), "--steps", str(STEPS), *args]
     stall = {"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(group_timeout(args))}
     done = cluster.run(command, timeout=TIMEOUT, env=stall)
     return done.returncode, done.stdout + done.stderr, read_records(out)
@@ -58,6 +69,10 @@ def started(out: Path) -> dict[int, list[int]]:
         _, rank, pid = path.name.split("-")
         pids.setdefault(int(rank), []).append(int(pid))
     return pids
+
+
+def python_version(records: dict[int, dict]) -> str:
+    return ",".join(sorted({record["torch"] for record in records.values()}))
 
 
 def expected_weights(worlds: list[int]) -> list[float]:
@@ -89,12 +104,23 @@ def test_without_a_fault_the_job_trains_as_plain_ddp(slurm_cluster: SlurmCluster
 
 @pytest.mark.slurm
 @pytest.mark.parametrize("fault", ["killed", "frozen"])
-def test_shrink_goes_on_with_the_survivors_in_their_processes(slurm_cluster: SlurmCluster, tmp_path: Path, fault: str):
+def test_shrink_goes_on_with_the_survivors_in_their_processes(
+    slurm_cluster: SlurmCluster, tmp_path: Path, fault: str, torch_python: tuple[str, bool]
+):
     # Frozen (SIGSTOP): the survivors wait the group's timeout in DDP's all-reduce, rank 2's lookout cannot answer,
     # and rank 0 ends its process on node2 (srun --overlap), without which srun would wait for it to the end.
     freeze = ["--freeze"] if fault == "frozen" else []
+    python, reconfigured = torch_python
     code, output, records = run_job(
-        slurm_cluster, tmp_path / "out", "--shrink", "--fault-rank", "2", "--fault-step", str(FAULT_STEP), *freeze
+        slurm_cluster,
+        tmp_path / "out",
+        "--shrink",
+        "--fault-rank",
+        "2",
+        "--fault-step",
+        str(FAULT_STEP),
+        *freeze,
+        python=python,
     )
     # srun reports the task that died or was ended; the three others finished the job.
     assert "srun: error: node2: task 2: Killed" in output, output[-4000:]
@@ -106,6 +132,7 @@ def test_shrink_goes_on_with_the_survivors_in_their_processes(slurm_cluster: Slu
     for launch_rank, record in records.items():
         new_rank = {0: 0, 1: 1, 3: 2}[launch_rank]
         assert record["generations"] == [[1, launch_rank, 4, 0], [2, new_rank, 3, FAULT_STEP]], record
+        assert record["reconfigured"] == [reconfigured, reconfigured], record
         assert record["worlds"] == [4] * FAULT_STEP + [3] * (STEPS - FAULT_STEP)
         parts = record["recovered"]  # when each part of the recovery ended, in the order they happen
         assert list(parts) == ["failed", "left", "agreed", "opened", "restored"], parts
@@ -118,8 +145,8 @@ def test_shrink_goes_on_with_the_survivors_in_their_processes(slurm_cluster: Slu
     fault_at = float((tmp_path / "out" / "fault").read_text())
     took = max(record["recovered_at"] for record in records.values()) - fault_at
     print(
-        f"FIGURE shrink, {fault}, DDP over gloo, group timeout {group_timeout(tuple(freeze))} s: fault to the next step"
-        f" {took:.2f} s"
+        f"FIGURE shrink, {fault}, DDP over gloo, torch {python_version(records)}, group timeout"
+        f" {group_timeout(tuple(freeze))} s: fault to the next step {took:.2f} s"
     )
     said = [line for line in output.splitlines() if "goes on with the" in line]
     assert said == [
@@ -207,18 +234,21 @@ def run_replaced(cluster: SlurmCluster, out: Path, job: list[str], fault: str) -
 @pytest.mark.slurm
 @pytest.mark.parametrize("fault", ["killed", "frozen"])
 def test_a_new_process_on_the_spare_node_takes_the_lost_ranks_place(
-    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path, fault: str
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path, fault: str, torch_python: tuple[str, bool]
 ):
     # The allocation has 3 nodes, the step runs on 2: rank 0 starts the program on node3 (srun --overlap) in rank 2's
     # place. The world keeps its 4 ranks, so the weights are those of a job that never failed.
     out = tmp_path / "out"
-    output, records = run_replaced(slurm_cluster_with_spare, out, [sys.executable, str(JOB)], fault)
+    python, reconfigured = torch_python
+    output, records = run_replaced(slurm_cluster_with_spare, out, [python, str(JOB)], fault)
     for launch_rank in (0, 1, 3):
+        assert records[launch_rank]["reconfigured"] == [reconfigured, reconfigured]
         assert records[launch_rank]["generations"] == [[1, launch_rank, 4, 0], [2, launch_rank, 4, FAULT_STEP]]
         assert records[launch_rank]["worlds"] == [4] * STEPS
         assert list(records[launch_rank]["recovered"]) == ["failed", "left", "agreed", "opened", "restored"]
     # The replacement read no checkpoint (there is none): it took rank 0's kept state at the step that failed.
     assert records[2]["generations"] == [[2, 2, 4, FAULT_STEP]]
+    assert records[2]["reconfigured"] == [reconfigured]
     assert records[2]["worlds"] == [4] * (STEPS - FAULT_STEP)
     expected = expected_weights([4] * STEPS)
     for record in records.values():
@@ -229,4 +259,6 @@ def test_a_new_process_on_the_spare_node_takes_the_lost_ranks_place(
         " place"
     ], output[-4000:]
     took = max(record["recovered_at"] for record in records.values()) - float((out / "fault").read_text())
-    print(f"FIGURE replace, {fault}, DDP over gloo: fault to the next step {took:.2f} s")
+    print(
+        f"FIGURE replace, {fault}, DDP over gloo, torch {python_version(records)}: fault to the next step {took:.2f} s"
+    )
