@@ -96,9 +96,34 @@ class DeepSpeed:
         return {**(os.environ if base is None else base), "TORCH_EXTENSIONS_DIR": str(EXTENSIONS_DIR)}
 
 
-def _main_site_packages() -> list[str]:
+def main_site_packages() -> list[str]:
+    """This (the main) venv's ``site-packages`` folders."""
     paths = sysconfig.get_paths()
     return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
+def overlay_venv(venv_dir: Path, timeout: float) -> Path:
+    """A new venv at ``venv_dir`` (emptied first, no pip) that sees the main venv's packages after its own; its Python.
+
+    One ``.pth`` file in its ``site-packages`` adds the main venv's with ``site.addsitedir`` (their own ``.pth``
+    files too: the editable install of this checkout). Install into it with this Python's ``pip --python``.
+    """
+    python = venv_dir / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--clear", "--without-pip", str(venv_dir)], check=True, timeout=timeout
+    )
+    site_packages = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=timeout,
+        ).stdout.strip()
+    )
+    lines = "".join(f"import site; site.addsitedir({path!r})\n" for path in main_site_packages())
+    (site_packages / "lightning_mpi_env_main_venv.pth").write_text(lines)
+    return python
 
 
 def _marker_text() -> str:
@@ -141,20 +166,7 @@ def ensure_venv(*, timeout: float = 1800) -> DeepSpeed:
         def left() -> float:
             return max(1.0, deadline - time.monotonic())
 
-        subprocess.run(
-            [sys.executable, "-m", "venv", "--clear", "--without-pip", str(VENV_DIR)], check=True, timeout=left()
-        )
-        site_packages = Path(
-            subprocess.run(
-                [str(deepspeed.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=left(),
-            ).stdout.strip()
-        )
-        lines = "".join(f"import site; site.addsitedir({path!r})\n" for path in _main_site_packages())
-        (site_packages / "lightning_mpi_env_main_venv.pth").write_text(lines)
+        overlay_venv(VENV_DIR, left())
         # This Python's pip installs into the venv (`pip --python`, pip 22.3+), as for the launcher venvs.
         pip = [sys.executable, "-m", "pip", "--python", str(deepspeed.python), "--disable-pip-version-check"]
         subprocess.run(
@@ -185,7 +197,7 @@ def _check(pip: list[str], deepspeed: DeepSpeed, timeout: float) -> None:
         env=deepspeed.environ(),
     )
     found = json.loads(probe.stdout.strip().splitlines()[-1])
-    main = _main_site_packages()
+    main = main_site_packages()
     if (
         found["deepspeed"][0] != VERSION
         or not found["deepspeed"][1].startswith(str(VENV_DIR) + os.sep)
@@ -196,4 +208,13 @@ def _check(pip: list[str], deepspeed: DeepSpeed, timeout: float) -> None:
         raise RuntimeError(f"the DeepSpeed venv {VENV_DIR} is not what runs: {found}")
 
 
-__all__ = ["EXTENSIONS_DIR", "REQUIREMENTS", "VENV_DIR", "VERSION", "DeepSpeed", "ensure_venv"]
+__all__ = [
+    "EXTENSIONS_DIR",
+    "REQUIREMENTS",
+    "VENV_DIR",
+    "VERSION",
+    "DeepSpeed",
+    "ensure_venv",
+    "main_site_packages",
+    "overlay_venv",
+]

@@ -20,9 +20,9 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
+from tests.clusters.deepspeed_venv import main_site_packages, overlay_venv
 from tests.clusters.hydra import LAUNCHERS_DIR
 from tests.clusters.locks import file_lock
 
@@ -40,11 +40,6 @@ import json, lightning, lightning_mpi_env, torch
 print(json.dumps({"torch": [torch.__version__, torch.__file__], "lightning": lightning.__file__,
                   "package": lightning_mpi_env.__file__}))
 """
-
-
-def _main_site_packages() -> list[str]:
-    paths = sysconfig.get_paths()
-    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
 
 
 def _marker_text() -> str:
@@ -73,20 +68,7 @@ def ensure_venv(*, timeout: float = 1800) -> Path:
         if _installed():
             return python  # another process finished it while this one waited
         print(f"installing torch {VERSION} into {VENV_DIR} (once)", file=sys.stderr, flush=True)
-        subprocess.run(
-            [sys.executable, "-m", "venv", "--clear", "--without-pip", str(VENV_DIR)], check=True, timeout=timeout
-        )
-        site_packages = Path(
-            subprocess.run(
-                [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=60,
-            ).stdout.strip()
-        )
-        lines = "".join(f"import site; site.addsitedir({path!r})\n" for path in _main_site_packages())
-        (site_packages / "lightning_mpi_env_main_venv.pth").write_text(lines)
+        overlay_venv(VENV_DIR, timeout)
         pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
         subprocess.run([*pip, "install", "-q", f"torch=={VERSION}"], check=True, timeout=timeout)
         _check(python)
@@ -100,7 +82,7 @@ def _check(python: Path) -> None:
         [str(python), "-c", _VERIFY], capture_output=True, text=True, timeout=300, check=True, env=os.environ.copy()
     )
     found = json.loads(probe.stdout.strip().splitlines()[-1])
-    main = _main_site_packages()
+    main = main_site_packages()
     if (
         found["torch"][0].split("+")[0] != VERSION
         or not found["torch"][1].startswith(str(VENV_DIR) + os.sep)

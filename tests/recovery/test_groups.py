@@ -8,7 +8,6 @@ opens each generation's group anew, torch 2.14.1 (:mod:`tests.clusters.torch_ven
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,19 +17,14 @@ import torch.distributed as dist
 
 from lightning_mpi_env.core.errors import RecoveryError
 from lightning_mpi_env.recovery.groups import read_handles
+from tests.clusters.hydra import free_port
 
 PROGRAM = Path(__file__).parents[1] / "jobs" / "group_generations.py"
 TIMEOUT = 180  # four torch processes on two (maybe busy) cores
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def run_generations(python: Path | str, out: Path) -> dict[int, dict]:
-    port = free_port()
+    port = free_port("127.0.0.1")
     ranks = [
         subprocess.Popen([str(python), str(PROGRAM), str(role), str(port), str(out)], stderr=subprocess.PIPE, text=True)
         for role in range(3)
