@@ -77,6 +77,9 @@ def main():
     )
     parser.add_argument("--persistent-workers", action="store_true", help="DataLoader(persistent_workers=True)")
     parser.add_argument(
+        "--load-seconds", type=float, default=0.0, help="sleep in every sample's load (a loader that steps wait for)"
+    )
+    parser.add_argument(
         "--restartable",
         nargs="?",
         const="shrink",
@@ -102,6 +105,7 @@ def main():
 
         def __getitem__(self, index):
             block_here("loader")  # tamper.py --block loader: this rank's first batch never comes
+            time.sleep(args.load_seconds)
             x = torch.full((4,), float(index))
             return index, x, x.sum(dim=0, keepdim=True) * 0.5
 

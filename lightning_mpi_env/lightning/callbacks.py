@@ -94,6 +94,7 @@ def callback_class(package: str) -> type:
             self._fit = self._position = None  # the fit is over: nothing more to save or record for it
             environment = _environment(trainer)
             if environment is not None:
+                environment.between_steps(None)
                 environment.teardown()
                 if environment.requeue is not None:  # Lightning put back the handlers it found, ours among them
                     environment.requeue.restore()
@@ -126,9 +127,10 @@ def callback_class(package: str) -> type:
             _mark(trainer, BEFORE_THE_FIRST_STEP)
 
         def on_train_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
-            """Progress for the stall watchdog: the step started."""
+            """Progress for the stall watchdog: the step started (no longer between steps)."""
             _mark(trainer, 1)
             _watch_worker_ends(trainer)
+            _between_steps(trainer, None)
 
         def on_before_backward(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
             """Progress for the stall watchdog: backward (and its collectives) next."""
@@ -155,17 +157,23 @@ def callback_class(package: str) -> type:
                 self._finished, trainer.strategy.reduce_boolean_decision
             ):
                 checkpoint_and_requeue(trainer, environment.requeue, environment.settings.max_requeues)
-            if environment.sigterm_due(self._finished):  # a SIGTERM to any rank: every rank stops here
-                if environment.requeue_at_time_limit(trainer.global_rank, trainer.strategy.reduce_boolean_decision):
-                    assert environment.requeue is not None
-                    limit = "SIGTERM at the time limit"
-                    checkpoint_and_requeue(trainer, environment.requeue, environment.settings.max_requeues, limit)
-                _stop_on_sigterm(trainer, environment, sigterm_exception)
+            self._stop_on_sigterm(trainer, environment)
             if self._fit is not None:
                 progress, self._fit = self._fit, self._fit.after_batch(trainer)
                 if self._fit.last_saved > progress.last_saved:  # every rank saved a periodic checkpoint just now
                     step, broadcast = trainer.global_step, trainer.strategy.broadcast
                     environment.leave_out_stragglers(trainer.global_rank, step, broadcast)
+            # Validation, the epoch's end, the next batch: a SIGTERM there is decided in its handler, as here.
+            environment.between_steps(lambda: self._stop_on_sigterm(trainer, environment))
+
+        def _stop_on_sigterm(self, trainer: Any, environment: MPIClusterEnvironment) -> None:
+            """After a ``SIGTERM`` to any rank, every rank stops at one step: time limit, requeue; else exit 143."""
+            if environment.sigterm_due(self._finished):
+                if environment.requeue_at_time_limit(trainer.global_rank, trainer.strategy.reduce_boolean_decision):
+                    assert environment.requeue is not None
+                    limit = "SIGTERM at the time limit"
+                    checkpoint_and_requeue(trainer, environment.requeue, environment.settings.max_requeues, limit)
+                _stop_on_sigterm(trainer, environment, sigterm_exception)
 
         def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
             """``SIGTERMException`` exits 0; make it 143: the job did not finish (a script's ``&&`` stops).
@@ -208,7 +216,10 @@ def _start_training(trainer: Any) -> None:
 def _record_sigterm(trainer: Any, environment: MPIClusterEnvironment) -> None:
     """``SIGTERM`` noted for the ranks' stop agreement where there is one, else recorded as Lightning 2.1 does."""
     stop = environment.sigterm_stop
-    record_sigterm_without_collective(trainer, None if stop is None else stop.note)
+    if stop is None:
+        record_sigterm_without_collective(trainer)
+    else:
+        record_sigterm_without_collective(trainer, stop.note, stop.stop_between_steps)
 
 
 def _stop_on_sigterm(trainer: Any, environment: MPIClusterEnvironment, exception: type[BaseException]) -> None:
@@ -217,6 +228,12 @@ def _stop_on_sigterm(trainer: Any, environment: MPIClusterEnvironment, exception
     if stop is not None:
         stop.say(int(trainer.global_step))
     raise exception(SIGTERM_STATUS)
+
+
+def _between_steps(trainer: Any, stop: Any) -> None:
+    environment = _environment(trainer)
+    if environment is not None:
+        environment.between_steps(stop)
 
 
 def _watch_worker_ends(trainer: Any) -> None:

@@ -182,7 +182,9 @@ def sigterm_handler_runs_collective(trainer: Any) -> bool:
     return lightning_version(trainer) >= SIGTERM_COLLECTIVE_SINCE
 
 
-def record_sigterm_without_collective(trainer: Any, note: Callable[[], None] | None = None) -> bool:
+def record_sigterm_without_collective(
+    trainer: Any, note: Callable[[], None] | None = None, after: Callable[[], None] | None = None
+) -> bool:
     """For this ``fit``, a ``SIGTERM`` handler in the place of Lightning's ``_sigterm_notifier_fn``, with no collective.
 
     Lightning's (:data:`SIGTERM_COLLECTIVE_SINCE`) broadcasts wherever the main thread is: ranks signalled a moment
@@ -191,7 +193,7 @@ def record_sigterm_without_collective(trainer: Any, note: Callable[[], None] | N
     each step. With ``note`` (every version) it calls ``note`` instead and leaves ``received_sigterm`` unset, so that no
     rank stops by itself: the caller stops every rank at one step. Either way it kills the workers Lightning started
     itself, as Lightning's does, and Lightning's other handlers still run. Call from the main thread once Lightning
-    registered its handlers; whether the handler went in.
+    registered its handlers; whether the handler went in. ``after``: called last, once the other handlers ran.
     """
     if note is None and not sigterm_handler_runs_collective(trainer):
         return False
@@ -216,6 +218,8 @@ def record_sigterm_without_collective(trainer: Any, note: Callable[[], None] | N
             note()
         for handler in others:
             handler(signum, frame)
+        if after is not None:
+            after()
 
     signal.signal(signal.SIGTERM, record_sigterm)
     return True

@@ -128,6 +128,15 @@ class LoopCalls:
                 stop.exit(finished)
             self._limit_pending = finished
 
+    def between_steps(self, stop: Callable[[], object] | None) -> None:
+        """``stop`` (every rank's stop check, as after a step) while the loop is between two steps; ``None`` at a step.
+
+        A ``SIGTERM`` noted between steps runs it in the handler (``SigtermStop.stop_between_steps``): the signal may
+        have ended the data loader's workers too, and with them the batch the loop waits for.
+        """
+        if self.sigterm_stop is not None:
+            self.sigterm_stop.between_steps = stop
+
     def watch_worker_ends(self) -> None:
         """Each step, until it goes in: a loader worker ended by ``SIGTERM`` stops every rank as the signal would.
 

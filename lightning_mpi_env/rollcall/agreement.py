@@ -9,7 +9,8 @@ per step:
 1. A rank whose handler noted the signal writes ``<key>requested`` (its thread, at its next interval).
 2. Every rank's thread that sees it first sets :attr:`StopAgreement.seen`, then posts the step this rank will
    certainly reach: the last step its loop finished, plus one; under a ``prompt`` kind, the last step itself where
-   the loop already waits at its end. The store keeps the highest post (``compare_set``).
+   the loop already waits at its end, or between that step and the next (its handler waits there: ``sigterm.py``).
+   The store keeps the highest post (``compare_set``).
 3. When the last rank has posted, the highest post is the step every rank stops at.
 
 Why no rank has passed that step: the loop checks ``seen`` after each step, and the thread sets it *before* reading

@@ -44,12 +44,26 @@ class SigtermStop:
         self._handler: Any = None  # the handler :meth:`install` put in, and the one it replaced
         self._replaced: Any = None
         self._child_handler: _ChildEnds | None = None  # the SIGCHLD handler :meth:`watch_workers` put in
+        self.between_steps: Callable[[], object] | None = None
+        """Set by the loop while it is between two steps: the stop (or not) to decide in the handler, right there."""
 
     def note(self) -> None:
         """A ``SIGTERM`` came to this process (called by a signal handler: a count, then :attr:`on_note`)."""
         self._noted += 1
         if self.on_note is not None:
             self.on_note()
+
+    def stop_between_steps(self) -> None:
+        """At the end of a handler that noted the signal: where the loop is between two steps, decide there.
+
+        A batch may never come (the signal ended the data loader's workers too), so a loop waiting for one would not
+        reach the end of its next step. Between steps it has left one step and started no other, and no collective is
+        under way in its thread: it waits for the agreement there, as at a step's end, and stops there where every
+        rank does (:attr:`between_steps` may raise). Once a signal, in the main thread.
+        """
+        stop, self.between_steps = self.between_steps, None
+        if stop is not None and threading.current_thread() is threading.main_thread():
+            stop()
 
     def noted(self) -> bool:
         """Whether a ``SIGTERM`` came to this process."""
@@ -139,6 +153,7 @@ class _ChildEnds:
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() == self.owner and not self.stop.noted() and child_ended_by_sigterm():
             self.stop.note()  # its on_note lets the other workers end too
+            self.stop.stop_between_steps()
             return
         self.previous(signum, frame)
 

@@ -674,7 +674,8 @@ def test_slurm_mpirun_job_checkpoints_requeues_and_resumes(slurm_cluster, tmp_pa
 
 def saved_only_by_ranks(output: str) -> list[str]:
     """The SAVE lines of ``output`` (one per rank and checkpoint), each checked to come from a rank's process."""
-    ranks = {line.split("pid=", 1)[1].split()[0] for line in output.splitlines() if line.startswith("FIT pid=")}
+    # Anywhere in a line: mpirun forwards each rank's lines, and a line another process left open can come first.
+    ranks = set(re.findall(r"FIT pid=(\d+)\n", output))
     saves = [line for line in output.splitlines() if line.startswith("SAVE ")]
     workers = [line for line in saves if line.split("pid=", 1)[1].split()[0] not in ranks]
     assert not workers, f"saved by a process that is no rank (a data loader worker): {workers}"

@@ -114,16 +114,23 @@ def assert_stopped_together(status: int, output: str, *, every_line: bool = True
 
 
 def run_under_mpirun(
-    tmp_path: Path, job: Path, args: tuple[str, ...], strategy: str, send: Callable[[str], None]
+    tmp_path: Path,
+    job: Path,
+    args: tuple[str, ...],
+    strategy: str,
+    send: Callable[[str], None],
+    started: str | None = None,
+    count: int = 1,
 ) -> tuple[int, str]:
     """Run ``job`` on 2 simulated nodes, one rank each; once both train, ``send(output)`` sends the signals.
 
     A Trainer notes the signal from its first step on; Fabric under ``"ddp_mpi"`` from its first ``backward``.
+    ``started``, ``count``: instead, once each rank printed a line starting so ``count`` times.
     """
     cluster = SimulatedCluster(tmp_path)
     tag = f"sigterm-{uuid.uuid4().hex[:10]}"
     command = [sys.executable, str(job), *args, "--strategy", strategy, "--tag", tag]
-    started = "FIRST_STEP rank=" if job == TRAINER_JOB else "FIRST_BACKWARD rank="
+    started = started or ("FIRST_STEP rank=" if job == TRAINER_JOB else "FIRST_BACKWARD rank=")
     if job == TRAINER_JOB:
         command += ["--root-dir", str(tmp_path / "root")]
     export = {"MASTER_ADDR": "127.0.0.2", "OMP_NUM_THREADS": "1"}
@@ -135,15 +142,16 @@ def run_under_mpirun(
         start_new_session=True,
     )
     lines: list[str] = []
-    training: set[str] = set()
+    seen: dict[str, int] = {}
     trained = threading.Event()
 
     def read() -> None:
         for line in process.stdout:  # type: ignore[union-attr]
             lines.append(line)
             if line.startswith(started):
-                training.add(line.split()[1])
-                if len(training) == 2:
+                rank = line.split()[1]
+                seen[rank] = seen.get(rank, 0) + 1
+                if len(seen) == 2 and min(seen.values()) >= count:
                     trained.set()
 
     reader = threading.Thread(target=read, daemon=True)
@@ -190,18 +198,42 @@ def test_sigterm_that_ends_the_loader_workers_first_stops_every_rank_at_one_step
     assert "killed by signal" not in output, output[-4000:]
 
 
+# The loader sets the pace (0.25 s a sample, 1 s a batch of 4 per worker), as in a job whose steps wait for their data
+# or a validation loop: the signal ends the workers, and the batch each rank waits for never comes. Without the stop
+# between steps, each rank raises "DataLoader worker (pid(s) N) exited unexpectedly" (torch's check after a 5 s wait).
+WAITING_ARGS = (*TRAINER_ARGS, "--persistent-workers", "--load-seconds", "0.25", "--step-seconds", "0")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("started", "count", "samples"),
+    [("FIRST_STEP rank=", 1, "400"), ("VALIDATE rank=", 2, "48")],  # the sanity check's VALIDATE first
+    ids=["next-training-batch", "next-validation-batch"],
+)
+def test_sigterm_while_every_rank_waits_for_its_next_batch_stops_every_rank_at_one_step(
+    tmp_path, started, count, samples
+):
+    send = workers_first(0, 1, variable="OMPI_COMM_WORLD_RANK")
+    args = (*WAITING_ARGS, "--samples", samples)
+    status, output = run_under_mpirun(tmp_path, TRAINER_JOB, args, "ddp_mpi", send, started, count)
+    assert_stopped_together(status, output, every_line=False)
+    assert "exited unexpectedly" not in output, output[-4000:]
+
+
 SRUN_SCRIPT = """#!/bin/sh
 srun --kill-on-bad-exit=0 {train}
 echo "SRUN_STATUS=$?"
 """
 
 
-def run_under_srun(cluster, tmp_path: Path, send: Callable[[str], None]) -> tuple[int, str]:
+def run_under_srun(
+    cluster, tmp_path: Path, send: Callable[[str], None], args: tuple[str, ...] = TRAINER_ARGS
+) -> tuple[int, str]:
     """Run the Trainer job with ``srun`` on the 2-node cluster; once both tasks train, ``send(output)`` signals.
 
     The simulated nodes' tasks are processes of this machine, found by their FIT lines and ``SLURM_PROCID``.
     """
-    train = [sys.executable, str(TRAINER_JOB), *TRAINER_ARGS, "--strategy", "ddp_mpi", "--root-dir", str(tmp_path)]
+    train = [sys.executable, str(TRAINER_JOB), *args, "--strategy", "ddp_mpi", "--root-dir", str(tmp_path)]
     script = SRUN_SCRIPT.format(train=" ".join(train))
     job = cluster.sbatch(script, ["--nodes=2", "--ntasks-per-node=1"], env={"OMP_NUM_THREADS": "1"})
     for rank in (0, 1):
@@ -229,3 +261,12 @@ def test_sigterm_that_ends_the_loader_workers_first_stops_every_task_at_one_step
     status, output = run_under_srun(slurm_cluster, tmp_path, workers_first(0, 1, variable="SLURM_PROCID"))
     assert_stopped_together(status, output)
     assert "killed by signal" not in output, output[-4000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_sigterm_while_every_task_waits_for_its_next_batch_stops_every_task_at_one_step(slurm_cluster, tmp_path):
+    send = workers_first(0, 1, variable="SLURM_PROCID")
+    status, output = run_under_srun(slurm_cluster, tmp_path, send, WAITING_ARGS)
+    assert_stopped_together(status, output)
+    assert "exited unexpectedly" not in output, output[-4000:]

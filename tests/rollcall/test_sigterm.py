@@ -55,6 +55,22 @@ def test_a_child_ended_by_sigterm_is_noted_and_left_to_its_owner(torch_like_hand
     assert signal.getsignal(signal.SIGCHLD) is torchs
 
 
+def test_between_steps_a_worker_s_end_runs_the_loop_s_stop_in_the_handler_once(torch_like_handler):
+    stop = SigtermStop(rank=0, world_size=2)
+    decided: list[bool] = []
+    stop.between_steps = lambda: decided.append(stop.noted())  # the loop's stop check, as the callback sets it
+    assert stop.watch_workers()
+    process = child()
+    process.terminate()
+    wait_for(lambda: decided)
+    assert decided == [True]  # run after the note, in the handler
+    assert stop.between_steps is None  # once: a nested handler does not decide again
+    stop.stop_between_steps()
+    assert decided == [True]
+    assert process.wait(LIMIT) == -signal.SIGTERM
+    stop.unwatch_workers()
+
+
 def test_any_other_end_goes_to_the_handler_before(torch_like_handler):
     stop = SigtermStop(rank=0, world_size=2)
     assert stop.watch_workers()
