@@ -80,6 +80,12 @@ def main():
         "--load-seconds", type=float, default=0.0, help="sleep in every sample's load (a loader that steps wait for)"
     )
     parser.add_argument(
+        "--stall-loader-after",
+        type=int,
+        default=0,
+        help="each loader process (worker) loads this many samples, then says LOADER_STALL and never loads another",
+    )
+    parser.add_argument(
         "--restartable",
         nargs="?",
         const="shrink",
@@ -100,12 +106,19 @@ def main():
     pl = importlib.import_module(args.namespace)
 
     class Indexed(Dataset):
+        loaded = 0
+
         def __len__(self):
             return args.samples
 
         def __getitem__(self, index):
             block_here("loader")  # tamper.py --block loader: this rank's first batch never comes
             time.sleep(args.load_seconds)
+            Indexed.loaded += 1  # in this process: each worker counts its own
+            if args.stall_loader_after and Indexed.loaded > args.stall_loader_after:
+                print(f"LOADER_STALL pid={os.getpid()}\n", end="", flush=True)
+                while True:  # every rank's loader stops at the same batch: no rank has a batch the others lack
+                    time.sleep(3600)
             x = torch.full((4,), float(index))
             return index, x, x.sum(dim=0, keepdim=True) * 0.5
 
@@ -159,6 +172,10 @@ def main():
                 time.sleep(args.slow_eval)
             index, x, y = batch
             return torch.nn.functional.mse_loss(self.layer(x) / 100, y / 100)
+
+        def on_train_batch_end(self, outputs, batch, batch_index):
+            if args.stall_loader_after:  # the steps the loader allows, each said: then the rank waits for a batch
+                print(f"STEP_END rank={self.global_rank} step={self.trainer.global_step}\n", end="", flush=True)
 
         def on_save_checkpoint(self, checkpoint):
             # Every rank builds the checkpoint; a process that is no rank (a data loader worker) must never get here.

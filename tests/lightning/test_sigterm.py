@@ -198,23 +198,24 @@ def test_sigterm_that_ends_the_loader_workers_first_stops_every_rank_at_one_step
     assert "killed by signal" not in output, output[-4000:]
 
 
-# The loader sets the pace (0.25 s a sample, 1 s a batch of 4 per worker), as in a job whose steps wait for their data
-# or a validation loop: the signal ends the workers, and the batch each rank waits for never comes. Without the stop
-# between steps, each rank raises "DataLoader worker (pid(s) N) exited unexpectedly" (torch's check after a 5 s wait).
-WAITING_ARGS = (*TRAINER_ARGS, "--persistent-workers", "--load-seconds", "0.25", "--step-seconds", "0")
+# Every rank waits for a batch that never comes once the signal ends the workers. Without the stop between steps,
+# each rank raises "DataLoader worker (pid(s) N) exited unexpectedly" (torch's check after a 5 s wait). Training: each
+# worker loads 8 samples (2 batches of 4) and stalls, so every rank waits for its fifth batch after its fourth step's
+# end; validation: the loader sets the pace (0.25 s a sample), and the signal comes at the first validation's first
+# batch.
+WAITING = (*TRAINER_ARGS, "--persistent-workers", "--step-seconds", "0")
+STALLED = (*WAITING, "--stall-loader-after", "8")
+VALIDATING = (*WAITING, "--load-seconds", "0.25", "--samples", "48")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize(
-    ("started", "count", "samples"),
-    [("FIRST_STEP rank=", 1, "400"), ("VALIDATE rank=", 2, "48")],  # the sanity check's VALIDATE first
+    ("args", "started", "count"),
+    [(STALLED, "STEP_END rank=", 4), (VALIDATING, "VALIDATE rank=", 2)],  # the sanity check's VALIDATE first
     ids=["next-training-batch", "next-validation-batch"],
 )
-def test_sigterm_while_every_rank_waits_for_its_next_batch_stops_every_rank_at_one_step(
-    tmp_path, started, count, samples
-):
+def test_sigterm_while_every_rank_waits_for_its_next_batch_stops_every_rank_at_one_step(tmp_path, args, started, count):
     send = workers_first(0, 1, variable="OMPI_COMM_WORLD_RANK")
-    args = (*WAITING_ARGS, "--samples", samples)
     status, output = run_under_mpirun(tmp_path, TRAINER_JOB, args, "ddp_mpi", send, started, count)
     assert_stopped_together(status, output, every_line=False)
     assert "exited unexpectedly" not in output, output[-4000:]
@@ -227,7 +228,11 @@ echo "SRUN_STATUS=$?"
 
 
 def run_under_srun(
-    cluster, tmp_path: Path, send: Callable[[str], None], args: tuple[str, ...] = TRAINER_ARGS
+    cluster,
+    tmp_path: Path,
+    send: Callable[[str], None],
+    args: tuple[str, ...] = TRAINER_ARGS,
+    then: tuple[str, int] | None = None,
 ) -> tuple[int, str]:
     """Run the Trainer job with ``srun`` on the 2-node cluster; once both tasks train, ``send(output)`` signals.
 
@@ -238,6 +243,8 @@ def run_under_srun(
     job = cluster.sbatch(script, ["--nodes=2", "--ntasks-per-node=1"], env={"OMP_NUM_THREADS": "1"})
     for rank in (0, 1):
         output = cluster.wait_output(job, f"FIRST_STEP rank={rank} ", timeout=SLURM_TIMEOUT)
+    if then is not None:  # a line, and how many of it, to wait for as well
+        output = cluster.wait_output(job, then[0], timeout=SLURM_TIMEOUT, count=then[1])
     send(output)
     cluster.wait_output(job, "SRUN_STATUS=", timeout=SLURM_TIMEOUT)
     cluster.wait(job, timeout=SLURM_TIMEOUT)
@@ -267,6 +274,6 @@ def test_sigterm_that_ends_the_loader_workers_first_stops_every_task_at_one_step
 @pytest.mark.slurm
 def test_sigterm_while_every_task_waits_for_its_next_batch_stops_every_task_at_one_step(slurm_cluster, tmp_path):
     send = workers_first(0, 1, variable="SLURM_PROCID")
-    status, output = run_under_srun(slurm_cluster, tmp_path, send, WAITING_ARGS)
+    status, output = run_under_srun(slurm_cluster, tmp_path, send, STALLED, ("STEP_END rank=", 8))
     assert_stopped_together(status, output)
     assert "exited unexpectedly" not in output, output[-4000:]
