@@ -157,16 +157,16 @@ def callback_class(package: str) -> type:
                 self._finished, trainer.strategy.reduce_boolean_decision
             ):
                 checkpoint_and_requeue(trainer, environment.requeue, environment.settings.max_requeues)
-            self._stop_on_sigterm(trainer, environment)
+            self._stop_if_sigterm_due(trainer, environment)
             if self._fit is not None:
                 progress, self._fit = self._fit, self._fit.after_batch(trainer)
                 if self._fit.last_saved > progress.last_saved:  # every rank saved a periodic checkpoint just now
                     step, broadcast = trainer.global_step, trainer.strategy.broadcast
                     environment.leave_out_stragglers(trainer.global_rank, step, broadcast)
             # Validation, the epoch's end, the next batch: a SIGTERM there is decided in its handler, as here.
-            environment.between_steps(lambda: self._stop_on_sigterm(trainer, environment))
+            environment.between_steps(lambda: self._stop_if_sigterm_due(trainer, environment))
 
-        def _stop_on_sigterm(self, trainer: Any, environment: MPIClusterEnvironment) -> None:
+        def _stop_if_sigterm_due(self, trainer: Any, environment: MPIClusterEnvironment) -> None:
             """After a ``SIGTERM`` to any rank, every rank stops at one step: time limit, requeue; else exit 143."""
             if environment.sigterm_due(self._finished):
                 if environment.requeue_at_time_limit(trainer.global_rank, trainer.strategy.reduce_boolean_decision):
