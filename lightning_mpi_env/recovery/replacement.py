@@ -10,8 +10,10 @@ so that every survivor knows whether the world keeps its size.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -21,10 +23,10 @@ from lightning_mpi_env.core.hostlist import expand_nodelist
 from lightning_mpi_env.core.launchers import NODE_NAME, on_node_command
 from lightning_mpi_env.core.rank_layout import RankLayout
 from lightning_mpi_env.core.schedulers import detect_scheduler
-from lightning_mpi_env.core.settings import REPLACES
+from lightning_mpi_env.core.settings import REPLACES, VARIABLE
 from lightning_mpi_env.recovery.ending import KEY as TASK_KEY
 from lightning_mpi_env.recovery.ending import read_task
-from lightning_mpi_env.recovery.worlds import FOREIGN_WRITE, MAX_GENERATIONS, prefix
+from lightning_mpi_env.recovery.worlds import FOREIGN_WRITE, MAX_GENERATIONS, World, prefix
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store  # the public torch.distributed.Store
@@ -36,6 +38,19 @@ SPARE_KEY = "end/spare"
 """Under the generation that lost ranks: the spare nodes rank 0 starts their replacements on, ``""`` for none."""
 
 FORMAT = "<generation> <rank> <world size> <node rank> <nodes> <host> <port>"
+
+ARRIVED_KEY = "arrived/"
+"""Under the generation a replacement joins: its rank, once its process reached the job's store."""
+
+ENDED_KEY = "end/replacement-ended"
+"""Under that generation: rank 0's word that a replacement's step ended before its process arrived.
+
+``<rank> <exit status>``."""
+
+ENDED = re.compile(r"([0-9]{1,7}) (-?[0-9]{1,4})")
+
+ARRIVAL_POLL = 0.1
+"""Seconds between two looks at the store (and rank 0's at the replacements' steps) while the survivors wait."""
 
 
 @dataclass(frozen=True)
@@ -181,3 +196,87 @@ def start_replacement(
             "start the job again (`lightning-mpi-env run` does)",
             value=node,
         ) from error
+
+
+def arrive(store: Store, joining: Joining) -> None:
+    """A replacement, once it reached the job's store: say so to the survivors (:func:`await_replacements`)."""
+    store.set(f"{prefix(joining.generation)}{ARRIVED_KEY}{joining.rank}", "1")
+
+
+def await_replacements(
+    store: Store,
+    world: World,
+    nodes: Sequence[str],
+    timeout: float,
+    started: Sequence[subprocess.Popen[bytes]] = (),
+) -> None:
+    """Wait until the new process in each place ``world`` lost (on ``nodes``, in order) has reached the job's store.
+
+    A replacement starts as the program did: its launcher step, interpreter and imports may take longer than the
+    process group's timeout, the survivors' bound once every member is there. So they wait for it here first, at
+    most ``timeout`` seconds (the roll call's). Rank 0 passes the steps it started (in the same order): one that ends
+    before its process arrived ends the wait on every rank; past ``timeout`` rank 0 ends those still starting.
+
+    Raises:
+        RecoveryError: A replacement's step ended first, or it did not arrive in time, naming its rank and node; or
+            the store does not answer (rank 0 is gone).
+    """
+    from torch.distributed import DistError
+
+    places = dict(zip(world.lost, nodes, strict=True))
+    steps = dict(zip(world.lost, started, strict=True)) if started else {}
+    keys = {rank: f"{prefix(world.number)}{ARRIVED_KEY}{rank}" for rank in world.lost}
+    ended_key = prefix(world.number) + ENDED_KEY
+    deadline = time.monotonic() + timeout
+    try:
+        while not store.check(list(keys.values())):
+            for rank, step in steps.items():  # its process writes its key before it ends, if it arrived
+                if step.poll() is not None and not store.check([keys[rank]]):
+                    store.set(ended_key, f"{rank} {step.returncode}")
+            if store.check([ended_key]):
+                rank, status = _read_ended(store.get(ended_key), ended_key, places)
+                raise RecoveryError(
+                    f"the replacement for rank {rank} on {places[rank]} ended (exit status {status}) before it reached"
+                    " the job's store",
+                    "its output above says why; start the job again (`lightning-mpi-env run` does)",
+                    value=places[rank],
+                )
+            if time.monotonic() > deadline:
+                missing = [rank for rank, key in keys.items() if not store.check([key])]
+                for rank in missing:
+                    if rank in steps:
+                        steps[rank].terminate()
+                names = ", ".join(f"rank {rank} on {places[rank]}" for rank in missing)
+                variable = VARIABLE["rendezvous_timeout"]
+                raise RecoveryError(
+                    f"the replacement for {names} did not reach the job's store within {timeout:g} s ({variable})",
+                    f"a node that starts the program slower than that: raise {variable}; else start the job again"
+                    " (`lightning-mpi-env run` does)",
+                    variable=variable,
+                    value=f"{timeout:g}",
+                )
+            time.sleep(ARRIVAL_POLL)
+    except DistError as error:
+        raise RecoveryError(
+            f"the job's store did not answer while generation {world.number} waited for its replacements: {error}",
+            "rank 0 serves the job's store; if it is gone, the job is started again (`lightning-mpi-env run` does)",
+        ) from error
+
+
+def _read_ended(raw: bytes, key: str, places: Mapping[int, str]) -> tuple[int, int]:
+    """The rank and exit status under ``key``, one of the ranks in ``places``.
+
+    Raises:
+        RecoveryError: Anything else (the store is anyone's on the network), naming the key and the value.
+    """
+    text = raw[:40].decode("ascii", "replace")
+    found = ENDED.fullmatch(text) if len(raw) <= 40 else None
+    if found is not None and int(found[1]) in places:
+        return int(found[1]), int(found[2])
+    raise RecoveryError(
+        f"the word under {key} in the job's store is {text!r}, not a lost rank ({', '.join(map(str, places))}) and"
+        " its replacement's exit status",
+        FOREIGN_WRITE,
+        variable=key,
+        value=text,
+    )

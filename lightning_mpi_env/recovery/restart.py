@@ -38,6 +38,8 @@ from lightning_mpi_env.recovery.liveness import Watcher, connect
 from lightning_mpi_env.recovery.outcome import finished
 from lightning_mpi_env.recovery.replacement import (
     Joining,
+    arrive,
+    await_replacements,
     node_index,
     publish_spares,
     read_joining,
@@ -153,6 +155,7 @@ def restartable(
         world, rank, nodes = first(layout.world_size), layout.rank, (met.nodes.node_rank, met.nodes.num_nodes)
     else:  # a replacement rank 0 started: it joins the generation the survivors open
         store, main_address = _join(joining, timeout), joining.host
+        arrive(store, joining)
         world, rank = World(joining.generation, tuple(range(joining.world_size))), joining.rank
         nodes = (joining.node_rank, joining.num_nodes)
     post_task(store, layout, environ, world.launch_ranks[rank])
@@ -210,9 +213,11 @@ def restartable(
                 spares = _spares(store, layout, environ, world, rank, lost, shrink=shrink, avoided=avoided)
                 before_loss = world
                 world, rank = _next(world, rank, lost, error, shrink=shrink, spares=len(spares))
-                if spares and rank == 0:
+                if spares:
                     address = (main_address, store.port)
-                    replacements += _replace(store, layout, environ, before_loss, world, spares, address)
+                    started = _replace(store, layout, environ, before_loss, world, spares, address) if rank == 0 else []
+                    replacements += started
+                    await_replacements(store, world, spares, settings.rendezvous_timeout, started)
                 kept = generation.kept
             finally:
                 _RUNNING.reset(running)

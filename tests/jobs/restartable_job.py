@@ -17,6 +17,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +27,9 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_mpi_env import Generation, from_env, restartable
 from lightning_mpi_env.core.settings import REPLACES
 from lightning_mpi_env.recovery.replacement import read_joining
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "examples" / "instrumented"))
+from tamper import first_time  # noqa: E402  (the one "fault only the first time" marker)
 
 BATCH = 4
 FEATURES = 3
@@ -79,7 +83,12 @@ def batches(position: int, size: int, rank: int, steps: int) -> list[list[int]]:
 def fault_now(args: argparse.Namespace, launch_rank: int, step: int) -> None:
     """The faulty rank kills or stops itself before step ``--fault-step``, saying when in ``fault`` (its replacement,
     which does that step again, does not)."""
-    if launch_rank == args.fault_rank and step == args.fault_step and REPLACES not in os.environ:
+    if (
+        launch_rank == args.fault_rank
+        and step == args.fault_step
+        and REPLACES not in os.environ
+        and first_time(args.fault_once)
+    ):
         (args.out / "fault").write_text(repr(time.time()))
         os.kill(os.getpid(), signal.SIGSTOP if args.freeze else signal.SIGKILL)
 
@@ -92,7 +101,23 @@ def parser() -> argparse.ArgumentParser:
     arguments.add_argument("--fault-step", type=int, default=-1)
     arguments.add_argument("--shrink", action="store_true")
     arguments.add_argument("--freeze", action="store_true", help="the faulty rank stops (SIGSTOP) instead of dying")
+    arguments.add_argument(
+        "--replacement-start", type=float, default=0.0, help="seconds a replacement sleeps first: a slow node's start"
+    )
+    arguments.add_argument(
+        "--fault-once", help="a file: the fault happens only where it makes it (not after a relaunch)"
+    )
+    arguments.add_argument("--replacement-fails-once", help="a file: only the replacement that makes it exits 3 first")
     return arguments
+
+
+def start_as_replacement(args: argparse.Namespace) -> None:
+    """A replacement's start, as slow or as failed as the test asks (before ``restartable``, as imports are)."""
+    if REPLACES not in os.environ:
+        return
+    if args.replacement_fails_once is not None and first_time(args.replacement_fails_once):
+        raise SystemExit(3)
+    time.sleep(args.replacement_start)
 
 
 def this_launch_rank() -> int:
@@ -138,6 +163,7 @@ if __name__ == "__main__":
     arguments = parser().parse_args()
     launch_rank = this_launch_rank()
     (arguments.out / f"started-{launch_rank}-{os.getpid()}").touch()  # one file per process that ever started
+    start_as_replacement(arguments)
     record: dict = {"generations": [], "worlds": []}
     main(arguments, launch_rank, record)
     finish(arguments, launch_rank, record)

@@ -1,9 +1,13 @@
 """A replacement's place: the variable rank 0 sets read back checked, the spare nodes found on a real ``TCPStore``
 from the ranks' task records and the allocation's node list (``SLURM_JOB_NODELIST``, sbatch(1)), and the spares
-rank 0 publishes read back checked."""
+rank 0 publishes read back checked; the survivors' wait for a replacement to reach the store, with real processes
+standing for its step."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 from datetime import timedelta
 
 import pytest
@@ -17,12 +21,15 @@ from lightning_mpi_env.core.settings import REPLACES
 from lightning_mpi_env.recovery.ending import KEY as TASK_KEY
 from lightning_mpi_env.recovery.replacement import (
     Joining,
+    arrive,
+    await_replacements,
     node_index,
     publish_spares,
     read_joining,
     read_spares,
     spare_nodes,
 )
+from lightning_mpi_env.recovery.worlds import World
 
 # srun's variables for rank 0 of a 4-rank step on node1 and node2 of a 3-node allocation (srun(1), sbatch(1)).
 SLURM = {
@@ -142,4 +149,55 @@ def test_forged_spares_are_one_named_error(store, forged):
     with pytest.raises(RecoveryError) as caught:
         read_spares(store, 2, 1)
     assert caught.value.variable == "lightning_mpi_env/gen/2/end/spare"
+    assert "\x1b" not in str(caught.value)
+
+
+# Generation 2 of 4 ranks after rank 2 of generation 1 was lost, with a replacement on node3.
+REPLACED = World(2, (0, 1, 2, 3), lost=(2,))
+JOINING = Joining(2, 2, 4, 1, 2, "node1", 29500)
+
+
+def test_the_survivors_go_on_once_the_replacement_arrived(store):
+    # Rank 0 waits with the step it started (still running: the replacement is up); rank 1 waits on the store alone.
+    step = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    rank_1 = threading.Thread(target=await_replacements, args=(store, REPLACED, ["node3"], 60))
+    rank_1.start()
+    arrive(store, JOINING)
+    await_replacements(store, REPLACED, ["node3"], 60, [step])
+    rank_1.join(60)
+    assert not rank_1.is_alive()
+    assert step.poll() is None  # a replacement that arrived is left running
+    step.communicate(b"")
+
+
+def test_a_replacement_step_that_ends_first_ends_every_survivors_wait(store):
+    step = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    step.wait()
+    with pytest.raises(RecoveryError) as at_rank_0:
+        await_replacements(store, REPLACED, ["node3"], 60, [step])
+    with pytest.raises(RecoveryError) as at_rank_1:  # told by rank 0, through the store
+        await_replacements(store, REPLACED, ["node3"], 60)
+    for caught in (at_rank_0, at_rank_1):
+        assert "the replacement for rank 2 on node3 ended (exit status 3) before it reached the job's store" in str(
+            caught.value
+        )
+        assert caught.value.value == "node3"
+
+
+def test_a_replacement_slower_than_the_roll_calls_timeout_is_ended_and_named(store):
+    step = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    with pytest.raises(RecoveryError) as caught:
+        await_replacements(store, REPLACED, ["node3"], 0.3, [step])
+    assert "the replacement for rank 2 on node3 did not reach the job's store within 0.3 s" in str(caught.value)
+    assert caught.value.variable == "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT"
+    assert "raise LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT" in caught.value.hint
+    assert step.wait(60) < 0  # rank 0 ended it
+
+
+@pytest.mark.parametrize("forged", ["1 3", "2", "2 3 4", "2 99999", "\x1b[2K 3", "2 " + "3" * 50])
+def test_a_forged_word_of_an_ended_replacement_is_one_named_error(store, forged):
+    store.set("lightning_mpi_env/gen/2/end/replacement-ended", forged)
+    with pytest.raises(RecoveryError) as caught:
+        await_replacements(store, REPLACED, ["node3"], 60)
+    assert caught.value.variable == "lightning_mpi_env/gen/2/end/replacement-ended"
     assert "\x1b" not in str(caught.value)

@@ -262,3 +262,56 @@ def test_a_new_process_on_the_spare_node_takes_the_lost_ranks_place(
     print(
         f"FIGURE replace, {fault}, DDP over gloo, torch {python_version(records)}: fault to the next step {took:.2f} s"
     )
+
+
+@pytest.mark.slurm
+def test_the_survivors_wait_for_a_replacement_slower_to_start_than_the_group_timeout(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
+):
+    # The replacement's node takes twice the process group's timeout (the stall timeout, with a frozen rank) to start
+    # the program: the survivors wait for it to reach the store, bounded by the roll call's timeout, before the group.
+    job = [sys.executable, str(JOB), "--replacement-start", str(2 * FROZEN_GROUP_TIMEOUT)]
+    output, records = run_replaced(slurm_cluster_with_spare, tmp_path / "out", job, "frozen")
+    assert records[2]["generations"] == [[2, 2, 4, FAULT_STEP]]
+    expected = expected_weights([4] * STEPS)
+    for record in records.values():
+        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.slurm
+def test_a_replacement_that_fails_to_start_ends_every_rank_at_once_and_run_starts_the_job_again(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
+):
+    # The first replacement exits 3 before it reaches the store. With a killed rank the group's timeout is beyond the
+    # test's limit: the job ends in time only if the survivors stop waiting when its step ends.
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [*SRUN, "--ntasks=4", sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS)]
+    command += ["--fault-rank", "2", "--fault-step", str(FAULT_STEP), "--fault-once", str(tmp_path / "faulted")]
+    command += ["--replacement-fails-once", str(tmp_path / "failed")]
+    state = tmp_path / "state"
+    supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", "1", "--state-dir", str(state)]
+    done = slurm_cluster_with_spare.run(
+        ["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *supervisor, "--", *command],
+        timeout=TIMEOUT,
+        env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(KILLED_GROUP_TIMEOUT)},
+    )
+    output, records = done.stdout + done.stderr, read_records(out)
+    assert done.returncode == 0, output[-4000:]
+    said = "the replacement for rank 2 on node3 ended (exit status 3) before it reached the job's store"
+    assert output.count(said) == 3, output[-4000:]  # each survivor's error
+    [journal] = state.glob("*/timeline.jsonl")
+    kinds = [json.loads(line)["event"] for line in journal.read_text().splitlines()]
+    assert [kind for kind in kinds if kind not in ("first_step", "excluded", "probe")] == [
+        "launch",
+        "failure",
+        "relaunch",
+        "launch",
+        "done",
+    ], kinds
+    # The relaunch trained from the start with no fault: the weights of a job that never failed.
+    assert sorted(records) == [0, 1, 2, 3], output[-4000:]
+    expected = expected_weights([4] * STEPS)
+    for record in records.values():
+        assert record["generations"] == [[1, record["generations"][0][1], 4, 0]]
+        assert record["weights"] == pytest.approx(expected, abs=1e-6)
