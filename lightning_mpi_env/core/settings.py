@@ -50,11 +50,7 @@ class Setting(NamedTuple):
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("roll_call", "LIGHTNING_MPI_ENV_ROLL_CALL", "`0` skips the roll call before `init_process_group`"),
-    Setting(
-        "rendezvous_timeout",
-        "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT",
-        "seconds the roll call waits for every rank; under `restartable`, for a replacement to start too",
-    ),
+    Setting("rendezvous_timeout", "LIGHTNING_MPI_ENV_RENDEZVOUS_TIMEOUT", "seconds the roll call waits for every rank"),
     Setting("requeue", "LIGHTNING_MPI_ENV_REQUEUE", "`0` turns checkpoint-and-requeue off"),
     Setting(
         "stall_timeout",
