@@ -1,6 +1,7 @@
 """The callback Lightning adds to each Trainer through the ``callbacks_factory`` entry points, where it has work.
 
-Under ``restartable``, it also keeps the Trainer's state in memory for the next generation (at the end of this module).
+Under ``restartable``, it also keeps the Trainer's state in memory for the next generation
+(:mod:`lightning_mpi_env.recovery.trainer_state`).
 """
 
 from __future__ import annotations
@@ -8,29 +9,25 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lightning_mpi_env.checks.findings import Writers, go_on_warning, stop_error
 from lightning_mpi_env.checks.node_check import TIMEOUT as NODE_CHECK_TIMEOUT
 from lightning_mpi_env.checks.node_check import Place, local_findings, run_node_check
-from lightning_mpi_env.core.errors import LayoutError, MixedImportError, MixedImportWarning, RecoveryError
+from lightning_mpi_env.core.errors import LayoutError, MixedImportError, MixedImportWarning
 from lightning_mpi_env.core.namespaces import STANDALONE, UNIFIED
 from lightning_mpi_env.core.report import shows_errors_briefly
 from lightning_mpi_env.core.settings import MixedImportMode
 from lightning_mpi_env.imports.class_check import check_roles
 from lightning_mpi_env.imports.sites import both_namespaces_loaded, mode
-from lightning_mpi_env.lightning.compat import dump_checkpoint, fit_loop_state, record_sigterm_without_collective
+from lightning_mpi_env.lightning.compat import record_sigterm_without_collective
 from lightning_mpi_env.lightning.entry_point import needed
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
 from lightning_mpi_env.lightning.periodic import FitProgress
 from lightning_mpi_env.lightning.requeue import checkpoint_and_requeue, refuse_another_jobs_resume
-from lightning_mpi_env.recovery.restart import KEPT_CHECKPOINT
+from lightning_mpi_env.recovery.trainer_state import FitPosition, keep_at_failure, note
 from lightning_mpi_env.rollcall.sigterm import SIGTERM_STATUS
 from lightning_mpi_env.rollcall.stall import BEFORE_THE_FIRST_STEP
-
-if TYPE_CHECKING:
-    from lightning_mpi_env.recovery.restart import Generation
 
 _CLASSES: dict[str, type] = {}
 
@@ -87,7 +84,10 @@ def callback_class(package: str) -> type:
             environment = _environment(trainer)
             self._fit = None if environment is None else FitProgress.start(trainer, environment.settings, os.environ)
             if environment is not None and environment.generation is not None:
-                self._position = note(trainer, batch_ended=False)
+                if shards_the_state(trainer.strategy, package):  # rank 0's state dictionary is its shard alone
+                    environment.generation.keep_none(f"{type(trainer.strategy).__name__} {SHARDS}")
+                else:
+                    self._position = note(trainer, batch_ended=False)
 
         def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
             """Put back what the environment changed process-wide (after Lightning put back its signal handlers)."""
@@ -151,7 +151,7 @@ def callback_class(package: str) -> type:
             environment = _environment(trainer)
             if environment is None:
                 return
-            if environment.generation is not None:  # before the collectives below: a lost peer fails those
+            if self._position is not None:  # before the collectives below: a lost peer fails those
                 self._position = note(trainer, batch_ended=True)
             if environment.requeue is not None and environment.requeue_due(
                 self._finished, trainer.strategy.reduce_boolean_decision
@@ -253,6 +253,16 @@ SHARDED_STRATEGIES = ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrateg
 """Lightning's strategies whose checkpoints every rank writes a part of (FSDP's full state dict too: it is private)."""
 
 
+SHARDS = "shards the model and optimizer state over the ranks: no rank holds all of it to hand over"
+"""Why ``restartable`` keeps no Trainer state in memory under a sharded strategy (after the strategy's name)."""
+
+
+def shards_the_state(strategy: Any, package: str) -> bool:
+    """Whether ``strategy`` (of Lightning's ``package``) shards the model and optimizer state over the ranks."""
+    module = importlib.import_module(f"{package}.strategies")
+    return isinstance(strategy, tuple(getattr(module, name) for name in SHARDED_STRATEGIES if hasattr(module, name)))
+
+
 def check_nodes(strategy: Any, package: str, trainer: Any = None) -> None:
     """The node check, on every rank once the process group is open and before the model is built.
 
@@ -283,9 +293,7 @@ def check_nodes(strategy: Any, package: str, trainer: Any = None) -> None:
             choice = None  # the launch gave this rank no known device: nothing to compare
     found = local_findings(place, _checkpoint_folders(trainer, environment), choice)
     nccl = device.type == "cuda" and "nccl" in str(torch.distributed.get_backend())
-    sharded = importlib.import_module(f"{package}.strategies")
-    classes = tuple(getattr(sharded, name) for name in SHARDED_STRATEGIES if hasattr(sharded, name))
-    writers = Writers.EVERY_RANK if isinstance(strategy, classes) else Writers.RANK_ZERO
+    writers = Writers.EVERY_RANK if shards_the_state(strategy, package) else Writers.RANK_ZERO
     # A job the roll call allows this long to meet gets as long for its first collective (NCCL's set-up at scale).
     bound = max(NODE_CHECK_TIMEOUT, environment.rendezvous_timeout)
     outcome = run_node_check(met.store, place, found, writers=writers, device=device if nccl else "cpu", timeout=bound)
@@ -327,73 +335,3 @@ def unified_callbacks() -> list[Any]:
 def standalone_callbacks() -> list[Any]:
     """The ``pytorch_lightning.callbacks_factory`` entry point: one ``MPIEnvCallback`` per Trainer, when needed."""
     return [callback_class(STANDALONE.trainer)()] if needed(os.environ) else []
-
-
-# The Trainer's state kept in memory under ``restartable``: what the next generation's ``fit`` resumes, no file.
-# The callback notes the fit loop's position when training starts and at each training batch's end, before any
-# collective of its own there: where Lightning's ``ModelCheckpoint`` saves mid-epoch. When the fit fails,
-# :func:`keep_at_failure` keeps Lightning's checkpoint dictionary, taken then, as the generation's state:
-#
-# - the optimizer has not stepped since the last note (a peer was lost in the step's collectives, before the update):
-#   the weights and the optimizer are those of the noted batch's end, and so is the position kept (the checkpoint's own
-#   has its loader past the failed batch): the failed batch is done again;
-# - it has stepped (the failure came at the batch's end): the checkpoint as taken, Lightning's state at a batch's end;
-# - nothing was trained in this fit: what the generation resumed stays kept.
-#
-# ``"ddp_mpi"`` loads it for ``fit(ckpt_path=generation.ckpt_path)`` (:func:`kept_checkpoint`).
-
-NOT_RESUMED = ("hyper_parameters", "datamodule_hyper_parameters")
-"""Checkpoint entries a ``fit`` resume does not read (``load_from_checkpoint`` does), left out of the kept state: they
-hold any object the program saved (Lightning's ``AttributeDict`` at least), which the hand-over's
-``weights_only=True`` load refuses."""
-
-
-@dataclass(frozen=True)
-class FitPosition:
-    """Where the fit stood at a note: its optimizer steps, and the fit loop's state at a batch's end."""
-
-    global_step: int
-    loops: dict[str, Any] | None
-    """``None``: noted as training started, before any batch ended."""
-
-
-def note(trainer: Any, *, batch_ended: bool) -> FitPosition:
-    """The fit's position now: at a training batch's end (``batch_ended``), or as training starts."""
-    return FitPosition(int(trainer.global_step), fit_loop_state(trainer) if batch_ended else None)
-
-
-def keep_at_failure(trainer: Any, generation: Generation, position: FitPosition | None) -> None:
-    """Keep, as ``generation``'s state, the checkpoint the next generation resumes from (see the module's rules)."""
-    if position is None or (position.loops is None and int(trainer.global_step) == position.global_step):
-        return  # nothing trained in this fit: the state the generation resumed (or none) stays
-    checkpoint = {key: value for key, value in dump_checkpoint(trainer).items() if key not in NOT_RESUMED}
-    if int(trainer.global_step) == position.global_step:
-        checkpoint["loops"]["fit_loop"] = position.loops
-    generation.keep(checkpoint)
-
-
-def kept_checkpoint(generation: Generation | None) -> dict[str, Any]:
-    """The checkpoint rank 0 kept, as ``"ddp_mpi"`` loads it for ``ckpt_path=KEPT_CHECKPOINT``.
-
-    Raises:
-        RecoveryError: Outside ``restartable``, or with nothing kept (the path is then ``generation.ckpt_path``'s
-            ``None``, not this one), or with a state that is no Trainer checkpoint (``main`` kept its own).
-    """
-    if generation is None:
-        raise RecoveryError(
-            f"ckpt_path={KEPT_CHECKPOINT!r} names the Trainer state that restartable keeps, and this Trainer was made"
-            " outside restartable's main",
-            "pass ckpt_path=generation.ckpt_path inside the function restartable calls: it is None in generation 1",
-            variable="ckpt_path",
-            value=KEPT_CHECKPOINT,
-        )
-    state = generation.resumed
-    if not isinstance(state, dict) or "state_dict" not in state or "loops" not in state:
-        raise RecoveryError(
-            f"generation {generation.number} resumed no Trainer checkpoint from rank 0 (it kept"
-            f" {type(state).__name__}), so ckpt_path={KEPT_CHECKPOINT!r} has nothing to load",
-            'use strategy="ddp_mpi" and leave generation.keep() to it, or pass ckpt_path=None and load what you kept',
-            variable="ckpt_path",
-            value=KEPT_CHECKPOINT,
-        )
-    return state

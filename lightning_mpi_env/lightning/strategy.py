@@ -19,11 +19,12 @@ from lightning_mpi_env.core.report import shows_errors_briefly
 from lightning_mpi_env.core.settings import DEFAULT_RENDEZVOUS_TIMEOUT
 from lightning_mpi_env.core.values import seconds
 from lightning_mpi_env.gpu.nccl import TORCH_DEVICE_ID_SINCE, installed_torch
-from lightning_mpi_env.lightning.callbacks import attach, check_nodes, kept_checkpoint
+from lightning_mpi_env.lightning.callbacks import attach, check_nodes
 from lightning_mpi_env.lightning.compat import init_dist_connection, passes_device_id, strategy_registry
 from lightning_mpi_env.lightning.environment import MPIClusterEnvironment
 from lightning_mpi_env.lightning.errors import nodes_against_launch
 from lightning_mpi_env.recovery.restart import KEPT_CHECKPOINT
+from lightning_mpi_env.recovery.trainer_state import kept_checkpoint
 from lightning_mpi_env.rollcall.stall import BEFORE_THE_FIRST_STEP
 
 if TYPE_CHECKING:

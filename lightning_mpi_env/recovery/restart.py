@@ -89,6 +89,8 @@ class Generation:
     reconfigured: bool = False
     """Whether this generation's group is the process's one group reconfigured in place (torch 2.14+'s reconfigure,
     gloo) rather than a group opened anew."""
+    unkept: str | None = field(default=None, repr=False)
+    """Why none of this generation's state can be handed over in memory (:meth:`keep_none`); ``None``: it can."""
     recovered: dict[str, float] = field(default_factory=dict)
     """When (``time.time()``) each part of the recovery that began this generation ended on this process: ``failed``
     (``main`` raised), ``left`` (its group left), ``agreed`` (the lost ranks named), ``opened`` (this generation's
@@ -110,6 +112,14 @@ class Generation:
         finished step, and the step that failed is done again.
         """
         self.kept = state
+
+    def keep_none(self, reason: str) -> None:
+        """Keep nothing in memory, because of ``reason`` (the state is sharded: rank 0 holds a part of it).
+
+        A lost rank then ends every process with one :class:`RecoveryError` saying so, for the job to start again from
+        its last checkpoint.
+        """
+        self.kept, self.unkept = None, reason
 
 
 _RUNNING: ContextVar[Generation | None] = ContextVar("lightning_mpi_env.recovery.generation", default=None)
@@ -209,6 +219,8 @@ def restartable(
                     launch_ranks = [world.launch_ranks[number] for number in lost]
                     lost_nodes.update({launch_rank: task_node(store, launch_rank) for launch_rank in launch_ranks})
                     endings.append(end_lost(store, layout, environ, launch_ranks))
+                if lost and generation.unkept is not None:
+                    raise _no_state(world, lost, generation.unkept) from error
                 avoided = set(lost_nodes.values())
                 spares = _spares(store, layout, environ, world, rank, lost, shrink=shrink, avoided=avoided)
                 before_loss = world
@@ -340,6 +352,16 @@ def _wait_for(replacement: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         replacement.kill()
         replacement.wait()
+
+
+def _no_state(world: World, lost: tuple[int, ...], reason: str) -> RecoveryError:
+    """The error of a generation that lost ``lost`` and kept no state (:meth:`Generation.keep_none`, ``reason``)."""
+    return RecoveryError(
+        f"generation {world.number} of {world.world_size} ranks lost rank {', '.join(map(str, lost))}, and no rank kept"
+        f" the state in memory: {reason}",
+        "start the job again from its last checkpoint (`lightning-mpi-env run` does): save one with"
+        ' ModelCheckpoint(save_last=True) and pass fit(ckpt_path=generation.ckpt_path or "last")',
+    )
 
 
 def _next(

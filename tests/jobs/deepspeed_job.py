@@ -6,11 +6,10 @@ DeepSpeed see them, the launcher's rank, its host, the samples it trained on and
 ``DEEPSPEED_INIT`` line when Lightning calls ``deepspeed.init_distributed``: the environment's stage then (``met``:
 the roll call has run) and whether a process group existed already.
 
-Lightning's ``DeepSpeedStrategy`` takes no accelerator but its ``CUDAAccelerator`` (``setup_environment`` checks
-``isinstance``), and this machine has no GPU. The job therefore passes ``Trainer(accelerator=CPUAsCUDA())``: a
-subclass of Lightning's public ``CUDAAccelerator`` whose devices are CPUs, the public way to hand the Trainer an
-accelerator of one's own. Everything from ``fit()`` to ``deepspeed.init_distributed`` and ``deepspeed.initialize`` is
-Lightning's and DeepSpeed's code; DeepSpeed runs on its own CPU accelerator, whose collectives are gloo's.
+Lightning's ``DeepSpeedStrategy`` takes no accelerator but its ``CUDAAccelerator``, and this machine has no GPU: the
+job passes ``Trainer(accelerator=CPUAsCUDA())`` (``cpu_as_cuda.py``). Everything from ``fit()`` to
+``deepspeed.init_distributed`` and ``deepspeed.initialize`` is Lightning's and DeepSpeed's code; DeepSpeed runs on its
+own CPU accelerator, whose collectives are gloo's.
 """
 
 import argparse
@@ -29,6 +28,7 @@ from torch.utils.data import Dataset
 from lightning_mpi_env import MPIClusterEnvironment
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "examples" / "instrumented"))
+from cpu_as_cuda import cpu_as_cuda  # noqa: E402  (this folder: the script's own path)
 from tamper import start_gate  # noqa: E402  (the instrumented jobs' start gate)
 
 
@@ -42,35 +42,8 @@ def main() -> None:
     parser.add_argument("--root-dir", help="Trainer(default_root_dir=...): where the requeue's checkpoint would go")
     args = parser.parse_args()
     pl = importlib.import_module(args.namespace)
-    accelerators = importlib.import_module(args.namespace + ".accelerators")
 
-    class CPUAsCUDA(accelerators.CUDAAccelerator):
-        """Lightning's CUDA accelerator on the CPU: DeepSpeedStrategy takes no other (see the module docstring)."""
-
-        def setup_device(self, device):
-            pass  # torch.cuda.set_device: no CUDA here
-
-        def setup(self, trainer):
-            pass  # CUDA flags and memory stats
-
-        def teardown(self):
-            pass
-
-        @staticmethod
-        def parse_devices(devices):
-            return list(range(int(devices)))
-
-        @staticmethod
-        def get_parallel_devices(devices):
-            return [torch.device("cpu", index) for index in devices]
-
-        @staticmethod
-        def auto_device_count():
-            return 1
-
-        @staticmethod
-        def is_available():
-            return True
+    CPUAsCUDA = cpu_as_cuda(args.namespace)
 
     class Indexed(Dataset):
         def __len__(self):

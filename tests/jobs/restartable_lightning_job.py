@@ -6,6 +6,8 @@ The data are those of ``restartable_job.py`` (each item a pure function of its i
 weights the job must end with. The Trainer resumes ``ckpt_path=generation.ckpt_path`` (the state ``"ddp_mpi"`` kept in
 memory) and feeds a plain ``DataLoader`` through Lightning's ``DistributedSampler`` (no shuffling); the Fabric program
 keeps its own state with ``generation.keep`` and takes the next ``world_size * BATCH`` items each step.
+With ``--fsdp`` the Trainer's strategy is Lightning's ``FSDPStrategy`` (sharded: no state is kept in memory), saving
+``last.ckpt`` too, and each start resumes ``generation.ckpt_path or "last"``.
 
 Each process leaves ``started-<launch rank>-<pid>`` in ``--out`` as it starts; each rank writes ``rank-<launch
 rank>.json`` there at the end: its process id, each generation it ran (number, rank, world size, the step it started
@@ -21,6 +23,7 @@ import time
 from typing import Any
 
 import torch
+from cpu_as_cuda import cpu_as_cuda  # this folder: the script's own path
 from restartable_job import (  # this folder: the script's own path
     BATCH,
     LR,
@@ -38,7 +41,7 @@ from restartable_job import (  # this folder: the script's own path
 )
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_mpi_env import Generation, restartable
+from lightning_mpi_env import Generation, MPIClusterEnvironment, restartable
 
 EPOCH_ITEMS = 192
 """One epoch's items: 12 batches a rank on 4 ranks, 16 on 3."""
@@ -71,6 +74,12 @@ def trainer_main(args: argparse.Namespace, launch_rank: int, record: dict) -> No
             x, y, _ = batch
             self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y))
 
+        def configure_model(self) -> None:
+            if args.fsdp:  # wrapped here, on the CPU: Lightning's own wrapping gives FSDP an accelerator's device
+                from torch.distributed.fsdp import FullyShardedDataParallel
+
+                self.layer = FullyShardedDataParallel(self.layer, device_id=torch.device("cpu"))
+
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=MOMENTUM)
 
@@ -91,11 +100,21 @@ def trainer_main(args: argparse.Namespace, launch_rank: int, record: dict) -> No
             if self.generation.number > 1 and "recovered_at" not in record:
                 record["recovered_at"] = time.time()
 
+    def strategy() -> Any:
+        if not args.fsdp:
+            return "ddp_mpi"
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        return FSDPStrategy(
+            cluster_environment=MPIClusterEnvironment(), process_group_backend="gloo", state_dict_type="sharded"
+        )
+
     def train(generation: Generation) -> None:
         net = Net(LR)
         trainer = pl.Trainer(
-            accelerator="cpu",
-            strategy="ddp_mpi",
+            accelerator=cpu_as_cuda("lightning.pytorch")() if args.fsdp else "cpu",
+            **({"devices": 2, "num_nodes": 2} if args.fsdp else {}),  # "ddp_mpi" takes them from the generation
+            strategy=strategy(),
             max_steps=args.steps,
             val_check_interval=4,
             limit_val_batches=2,
@@ -105,7 +124,9 @@ def trainer_main(args: argparse.Namespace, launch_rank: int, record: dict) -> No
             default_root_dir=args.out,
             callbacks=[
                 Record(generation),
-                ModelCheckpoint(dirpath=args.out / "checkpoints", every_n_train_steps=4, save_top_k=-1),
+                ModelCheckpoint(
+                    dirpath=args.out / "checkpoints", every_n_train_steps=4, save_top_k=-1, save_last=args.fsdp
+                ),
             ],
         )
         if args.stateful:  # its position is in Lightning's checkpoint, the kept one too
@@ -115,7 +136,8 @@ def trainer_main(args: argparse.Namespace, launch_rank: int, record: dict) -> No
         else:
             loader = DataLoader(Epoch(), batch_size=BATCH, num_workers=1)
         val = DataLoader(Epoch(), batch_size=BATCH, num_workers=1)
-        trainer.fit(net, train_dataloaders=loader, val_dataloaders=val, ckpt_path=generation.ckpt_path)
+        resume = generation.ckpt_path or ("last" if args.fsdp else None)  # FSDP: no state kept, the last file
+        trainer.fit(net, train_dataloaders=loader, val_dataloaders=val, ckpt_path=resume)
         record["weights"] = weights(net)
 
     restartable(train, shrink=args.shrink)
@@ -157,6 +179,7 @@ if __name__ == "__main__":
     arguments = parser()
     arguments.add_argument("--api", choices=["trainer", "fabric"], required=True)
     arguments.add_argument("--stateful", action="store_true", help="the Trainer's loader: StatefulDataLoader")
+    arguments.add_argument("--fsdp", action="store_true", help="the Trainer's strategy: Lightning's FSDPStrategy")
     arguments = arguments.parse_args()
     launch_rank = this_launch_rank()
     (arguments.out / f"started-{launch_rank}-{os.getpid()}").touch()  # one file per process that ever started

@@ -401,35 +401,10 @@ strategies = importlib.import_module(PACKAGE + ".strategies")
 accelerators = importlib.import_module(PACKAGE + ".accelerators")
 registry = accelerators.AcceleratorRegistry if TRAINER else accelerators.ACCELERATOR_REGISTRY
 
+sys.path.insert(0, __JOBS__)
+from cpu_as_cuda import cpu_as_cuda  # Lightning's CUDA accelerator on the CPU: FSDP and DeepSpeed take no other
 
-class CPUAsCUDA(accelerators.CUDAAccelerator):
-    # Lightning's CUDA accelerator, on the CPU: FSDP and DeepSpeed take no other (see the test module's docstring).
-    def setup_device(self, device):
-        pass
-
-    def setup(self, trainer):
-        pass
-
-    def teardown(self):
-        pass
-
-    @staticmethod
-    def parse_devices(devices):
-        return list(range(int(devices)))
-
-    @staticmethod
-    def get_parallel_devices(devices):
-        return [torch.device("cpu", index) for index in devices]
-
-    @staticmethod
-    def auto_device_count():
-        return 1
-
-    @staticmethod
-    def is_available():
-        return True
-
-
+CPUAsCUDA = cpu_as_cuda(PACKAGE)
 registry.register("cuda", CPUAsCUDA, override=True)
 deepspeed_calls = []
 if "deepspeed" in WANTED:
@@ -504,7 +479,7 @@ for name in WANTED:
     if dist.is_initialized():
         dist.destroy_process_group()
 print("PROBE " + json.dumps(runs))
-"""
+""".replace("__JOBS__", repr(str(Path(__file__).parents[1] / "jobs")))
 )
 
 EXPECTED_CLASSES = {
@@ -757,7 +732,7 @@ def test_hpc_resume_path_is_the_file_lightning_resumes_by_itself(lightning, pack
 KEPT_FIT_PROGRAM = """
 import importlib, os, sys, tempfile, torch
 from torch.utils.data import DataLoader, TensorDataset
-from lightning_mpi_env.lightning.callbacks import keep_at_failure, note
+from lightning_mpi_env.recovery.trainer_state import keep_at_failure, note
 from lightning_mpi_env.recovery.restart import Generation
 
 pl = importlib.import_module(sys.argv[1])

@@ -2,7 +2,7 @@
 cluster: 4 ranks, rank 2 killed or frozen before step 10 of 16, the survivors going on in their processes, alone (two
 nodes) or with a new process on the spare node in rank 2's place (three).
 
-The Trainer's state is the one ``"ddp_mpi"`` keeps in memory (``lightning_mpi_env.lightning.callbacks.py``) and loads
+The Trainer's state is the one ``"ddp_mpi"`` keeps in memory (``lightning_mpi_env/recovery/trainer_state.py``) and loads
 for ``ckpt_path=generation.ckpt_path``; Fabric's, the program's own. The data are a pure function of the index
 (``tests/jobs/restartable_job.py``), so the weights each job must end with are computed here.
 """
@@ -18,8 +18,8 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from lightning_mpi_env import RecoveryError
-from lightning_mpi_env.lightning.callbacks import kept_checkpoint
 from lightning_mpi_env.recovery.restart import KEPT_CHECKPOINT, Generation
+from lightning_mpi_env.recovery.trainer_state import kept_checkpoint
 from tests.clusters.slurm import SlurmCluster
 from tests.jobs.restartable_job import BATCH, LR, MOMENTUM, item, model
 from tests.recovery.test_restart import (
@@ -28,6 +28,7 @@ from tests.recovery.test_restart import (
     expected_weights,
     group_timeout,
     read_records,
+    run_relaunched_once,
     run_replaced,
     started,
 )
@@ -229,3 +230,27 @@ def check_replaced(cluster: SlurmCluster, out: Path, api: str, fault: str, pytho
     took = max(record["recovered_at"] for record in records.values()) - float((out / "fault").read_text())
     print(f"FIGURE {api}, replace, {fault}, {python}: fault to the next step {took:.2f} s")
     return records
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_under_fsdp_no_state_is_kept_and_a_lost_rank_starts_the_job_again_from_its_last_checkpoint(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
+):
+    # Lightning's FSDPStrategy on CPU (gloo) shards the state: rank 0 holds a part. With a spare node there, the
+    # survivors still do not go on in their processes: each ends with the error that says why, and run starts the job
+    # again, which resumes the last checkpoint (step 8; the fault comes before step 10, once).
+    job = [sys.executable, str(JOB), "--api", "trainer", "--fsdp"]
+    output, records = run_relaunched_once(slurm_cluster_with_spare, tmp_path, job)
+    said = (
+        "generation 1 of 4 ranks lost rank 2, and no rank kept the state in memory: FSDPStrategy shards the model and"
+        " optimizer state over the ranks"
+    )
+    assert output.count(said) == 3, output[-4000:]  # each survivor's error
+    assert "in its place" not in output, output[-4000:]
+    # Each rank of the relaunch resumed the last checkpoint, saved at step 8, and did the steps from there.
+    last = str(tmp_path / "out" / "checkpoints" / "last.ckpt")
+    assert sorted(records) == [0, 1, 2, 3], output[-4000:]
+    for launch_rank, record in records.items():
+        assert record["generations"] == [[1, launch_rank, 4, 8, last]], record
+        assert record["worlds"] == [4] * (STEPS - 8), record

@@ -284,22 +284,35 @@ def test_a_replacement_that_fails_to_start_ends_every_rank_at_once_and_run_start
 ):
     # The first replacement exits 3 before it reaches the store. With a killed rank the group's timeout is beyond the
     # test's limit: the job ends in time only if the survivors stop waiting when its step ends.
-    out = tmp_path / "out"
-    out.mkdir()
-    command = [*SRUN, "--ntasks=4", sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS)]
-    command += ["--fault-rank", "2", "--fault-step", str(FAULT_STEP), "--fault-once", str(tmp_path / "faulted")]
-    command += ["--replacement-fails-once", str(tmp_path / "failed")]
-    state = tmp_path / "state"
-    supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", "1", "--state-dir", str(state)]
-    done = slurm_cluster_with_spare.run(
-        ["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *supervisor, "--", *command],
-        timeout=TIMEOUT,
-        env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(KILLED_GROUP_TIMEOUT)},
-    )
-    output, records = done.stdout + done.stderr, read_records(out)
-    assert done.returncode == 0, output[-4000:]
+    job = [sys.executable, str(JOB), "--replacement-fails-once", str(tmp_path / "failed")]
+    output, records = run_relaunched_once(slurm_cluster_with_spare, tmp_path, job)
     said = "the replacement for rank 2 on node3 ended (exit status 3) before it reached the job's store"
     assert output.count(said) == 3, output[-4000:]  # each survivor's error
+    # The relaunch trained from the start with no fault: the weights of a job that never failed.
+    assert sorted(records) == [0, 1, 2, 3], output[-4000:]
+    expected = expected_weights([4] * STEPS)
+    for record in records.values():
+        assert record["generations"] == [[1, record["generations"][0][1], 4, 0]]
+        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+
+
+def run_relaunched_once(cluster: SlurmCluster, tmp_path: Path, job: list[str]) -> tuple[str, dict[int, dict]]:
+    """Run ``job`` under ``lightning-mpi-env run`` as :func:`run_replaced` does, rank 2 killed at step 10 once (not
+    after a relaunch); check that the step failed and ``run`` started it again, which succeeded. Its output and the
+    ranks' records (their last processes')."""
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [*SRUN, "--ntasks=4", *job, "--out", str(out), "--steps", str(STEPS), "--fault-rank", "2"]
+    command += ["--fault-step", str(FAULT_STEP), "--fault-once", str(tmp_path / "faulted")]
+    state = tmp_path / "state"
+    supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", "1", "--state-dir", str(state)]
+    done = cluster.run(
+        ["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *supervisor, "--", *command],
+        timeout=TIMEOUT,
+        env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(KILLED_GROUP_TIMEOUT)},  # no survivor may wait for the lost rank
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
     [journal] = state.glob("*/timeline.jsonl")
     kinds = [json.loads(line)["event"] for line in journal.read_text().splitlines()]
     assert [kind for kind in kinds if kind not in ("first_step", "excluded", "probe")] == [
@@ -309,9 +322,4 @@ def test_a_replacement_that_fails_to_start_ends_every_rank_at_once_and_run_start
         "launch",
         "done",
     ], kinds
-    # The relaunch trained from the start with no fault: the weights of a job that never failed.
-    assert sorted(records) == [0, 1, 2, 3], output[-4000:]
-    expected = expected_weights([4] * STEPS)
-    for record in records.values():
-        assert record["generations"] == [[1, record["generations"][0][1], 4, 0]]
-        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+    return output, read_records(out)
