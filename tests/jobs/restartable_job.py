@@ -107,6 +107,7 @@ def parser() -> argparse.ArgumentParser:
     arguments.add_argument(
         "--fault-once", help="a file: the fault happens only where it makes it (not after a relaunch)"
     )
+    arguments.add_argument("--swallow", action="store_true", help="each step's error is caught, and the loop goes on")
     arguments.add_argument("--replacement-fails-once", help="a file: only the replacement that makes it exits 3 first")
     return arguments
 
@@ -145,8 +146,13 @@ def main(args: argparse.Namespace, launch_rank: int, record: dict) -> None:
         for x, y in DataLoader(Items(), batch_sampler=sampler, num_workers=1):
             fault_now(args, launch_rank, step)
             optimizer.zero_grad()
-            torch.nn.functional.mse_loss(ddp(x), y).backward()
-            optimizer.step()
+            try:
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+                optimizer.step()
+            except RuntimeError:  # --swallow: a program that catches a step's error and goes on
+                if not args.swallow:
+                    raise
+                print(f"SWALLOWED rank={launch_rank} step={step}", flush=True)
             step, position = step + 1, position + size * BATCH
             record["worlds"].append(size)
             if generation.number > 1 and "recovered_at" not in record:

@@ -296,6 +296,23 @@ def test_a_replacement_that_fails_to_start_ends_every_rank_at_once_and_run_start
         assert record["weights"] == pytest.approx(expected, abs=1e-6)
 
 
+@pytest.mark.slurm
+def test_a_program_that_swallows_the_lost_ranks_error_ends_in_runs_relaunch(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
+):
+    # The survivors catch their step's error when rank 2 dies and go on: restartable never sees the loss, so nothing
+    # recovers in the processes. Their steps fail at once (closed connections; the group's timeout is beyond the
+    # test's limit), they finish, and the lost task's status makes run start the job again.
+    output, records = run_relaunched_once(slurm_cluster_with_spare, tmp_path, [sys.executable, str(JOB), "--swallow"])
+    swallowed = {line.split()[1] for line in output.splitlines() if line.startswith("SWALLOWED ")}
+    assert swallowed == {"rank=0", "rank=1", "rank=3"}, output[-4000:]
+    assert "goes on with" not in output, output[-4000:]
+    expected = expected_weights([4] * STEPS)  # the relaunch's, with no fault
+    for launch_rank, record in records.items():
+        assert record["generations"] == [[1, launch_rank, 4, 0]]
+        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+
+
 def run_relaunched_once(cluster: SlurmCluster, tmp_path: Path, job: list[str]) -> tuple[str, dict[int, dict]]:
     """Run ``job`` under ``lightning-mpi-env run`` as :func:`run_replaced` does, rank 2 killed at step 10 once (not
     after a relaunch); check that the step failed and ``run`` started it again, which succeeded. Its output and the
