@@ -104,8 +104,10 @@ def assert_stopped_together(status: int, output: str, *, every_line: bool = True
 
     Not ``every_line``: mpirun ends the other ranks once the first exits 143, maybe before they said so.
     """
-    assert status == SIGTERM_STATUS, output[-4000:]
-    assert "Traceback" not in output, output[-6000:]
+    # Each rank's own lines before the tail: a failure in a long run shows both ranks' side of the stop.
+    said = "\n".join(line for line in output.splitlines() if not line.lstrip().startswith(("File ", "[rank", "^")))
+    assert status == SIGTERM_STATUS, f"{said[-6000:]}\n--- the output's end ---\n{output[-3000:]}"
+    assert "Traceback" not in output, f"{said[-6000:]}\n--- the output's end ---\n{output[-3000:]}"
     stops = [(int(rank), int(step)) for rank, step in STOPPED.findall(output)]
     ranks = sorted(rank for rank, _ in stops)
     assert ranks == [0, 1] if every_line else ranks in ([0], [1], [0, 1]), output[-4000:]
