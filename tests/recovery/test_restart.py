@@ -201,22 +201,10 @@ def run_replaced(cluster: SlurmCluster, out: Path, job: list[str], fault: str) -
     """Run ``job`` under ``lightning-mpi-env run`` with 4 ranks on 2 nodes of a 3-node allocation, rank 2 killed or
     frozen at step 10; check that the survivors kept their processes, a new one on node3 took rank 2's place, and
     ``run`` took the step as done (no relaunch). Its output and the ranks' records."""
-    out.mkdir()
     freeze = ["--freeze"] if fault == "frozen" else []
-    command = [*SRUN, "--ntasks=4", *job, "--out", str(out), "--steps", str(STEPS)]
-    command += ["--fault-rank", "2", "--fault-step", str(FAULT_STEP), *freeze]
-    state = out.parent / "state"
-    supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", "1", "--state-dir", str(state)]
-    done = cluster.run(
-        ["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *supervisor, "--", *command],
-        timeout=TIMEOUT,
-        env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(group_timeout(tuple(freeze)))},
-    )
-    output, records = done.stdout + done.stderr, read_records(out)
-    assert done.returncode == 0, output[-4000:]
+    output, events = run_under_run(cluster, out, job, freeze, group_timeout(tuple(freeze)))
+    records = read_records(out)
     assert "srun: error: node2: task 2: Killed" in output, output[-4000:]  # srun's status counts it: run does not
-    [journal] = state.glob("*/timeline.jsonl")
-    events = [json.loads(line) for line in journal.read_text().splitlines()]
     # No failure, no relaunch (a Trainer's first step is an event too).
     assert [event["event"] for event in events if event["event"] != "first_step"] == ["launch", "done"], events
     assert "the step succeeded in its processes: rank 2 lost;" in events[-1]["message"], events
@@ -314,24 +302,13 @@ def test_a_program_that_swallows_the_lost_ranks_error_ends_in_runs_relaunch(
 
 
 def run_relaunched_once(cluster: SlurmCluster, tmp_path: Path, job: list[str]) -> tuple[str, dict[int, dict]]:
-    """Run ``job`` under ``lightning-mpi-env run`` as :func:`run_replaced` does, rank 2 killed at step 10 once (not
-    after a relaunch); check that the step failed and ``run`` started it again, which succeeded. Its output and the
-    ranks' records (their last processes')."""
-    out = tmp_path / "out"
-    out.mkdir()
-    command = [*SRUN, "--ntasks=4", *job, "--out", str(out), "--steps", str(STEPS), "--fault-rank", "2"]
-    command += ["--fault-step", str(FAULT_STEP), "--fault-once", str(tmp_path / "faulted")]
-    state = tmp_path / "state"
-    supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", "1", "--state-dir", str(state)]
-    done = cluster.run(
-        ["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *supervisor, "--", *command],
-        timeout=TIMEOUT,
-        env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(KILLED_GROUP_TIMEOUT)},  # no survivor may wait for the lost rank
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    [journal] = state.glob("*/timeline.jsonl")
-    kinds = [json.loads(line)["event"] for line in journal.read_text().splitlines()]
+    """Run ``job`` as :func:`run_replaced` does, rank 2 killed at step 10 once (not after a relaunch); check that the
+    step failed and ``run`` started it again, which succeeded. Its output and the ranks' records (their last
+    processes')."""
+    once = ["--fault-once", str(tmp_path / "faulted")]
+    # No survivor may wait for the lost rank: the group's timeout is beyond the test's limit.
+    output, events = run_under_run(cluster, tmp_path / "out", job, once, KILLED_GROUP_TIMEOUT)
+    kinds = [event["event"] for event in events]
     assert [kind for kind in kinds if kind not in ("first_step", "excluded", "probe")] == [
         "launch",
         "failure",
@@ -339,4 +316,26 @@ def run_relaunched_once(cluster: SlurmCluster, tmp_path: Path, job: list[str]) -
         "launch",
         "done",
     ], kinds
-    return output, read_records(out)
+    return output, read_records(tmp_path / "out")
+
+
+def run_under_run(
+    cluster: SlurmCluster, out: Path, job: list[str], fault: list[str], stall_timeout: int
+) -> tuple[str, list[dict]]:
+    """Run ``job`` under ``lightning-mpi-env run --restarts 1`` with 4 ranks on 2 nodes of a 3-node allocation, rank
+    2 lost at step 10 (``fault``: how, beyond a kill), its records in ``out``; check that ``run`` succeeded. Its output
+    and the events of ``run``'s journal."""
+    out.mkdir()
+    command = [*SRUN, "--ntasks=4", *job, "--out", str(out), "--steps", str(STEPS)]
+    command += ["--fault-rank", "2", "--fault-step", str(FAULT_STEP), *fault]
+    state = out.parent / "state"
+    supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", "1", "--state-dir", str(state)]
+    done = cluster.run(
+        ["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *supervisor, "--", *command],
+        timeout=TIMEOUT,
+        env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(stall_timeout)},
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    [journal] = state.glob("*/timeline.jsonl")
+    return output, [json.loads(line) for line in journal.read_text().splitlines()]
