@@ -128,8 +128,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if id(item) not in leaving]
     # Real launcher jobs (4 ranks each) run in lanes: one xdist group each, one job at a time within a lane, the
     # lanes side by side. Much of a real job is waiting (a roll call's timeout, a stall's, a scheduler's requeue),
-    # so lanes overlap waits with work. They cannot clash: each mpirun derives its own main port from its
-    # PMIX_NAMESPACE, Hydra jobs take a free one, Slurm's jobs from their job ids (tests/clusters/lanes.py).
+    # so lanes overlap waits with work. They seldom clash: each mpirun derives its own main port from its
+    # PMIX_NAMESPACE, Hydra jobs take a free one, Slurm's jobs from their job ids; two jobs that run at once derive
+    # the same port about once in 10,000 pairs, on any address (tests/clusters/lanes.py).
     # - Slurm's jobs share one lane: one cluster starts (a session fixture) in one worker, not one per worker;
     # - MPICH's and Intel MPI's share another (their installs, and a fixed MASTER_PORT in one scenario);
     # - Open MPI's are dealt round-robin over OPEN_MPI_LANES lanes, parametrized variants apart.

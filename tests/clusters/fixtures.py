@@ -61,7 +61,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     """A running two-node Slurm cluster (``node1``, ``node2``), shared by the session's tests (~1 s start).
 
     One per pytest process: where xdist spreads its tests over two workers, the second starts its own on the next
-    base port (each numbers its jobs apart, so ports derived from job ids differ too).
+    base port (each numbers its jobs apart: no job id comes twice, though two may derive one port, see
+    :mod:`tests.clusters.lanes`).
     """
     yield from _running_slurm()
 

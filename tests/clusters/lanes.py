@@ -1,9 +1,13 @@
 """Lanes for the real launcher jobs: which jobs may run side by side, and which one at a time.
 
 A lane is one xdist group and one file lock (:func:`tests.clusters.fixtures.real_launch_lock`): its jobs run one
-after another, and the lanes run at once. Jobs in different lanes do not clash, because no two of them meet on one
-port: each ``mpirun`` derives its main port from its own ``PMIX_NAMESPACE``, the Hydra tests take a free port or a
-fixed one of their own, and Slurm's jobs derive theirs from their job ids. Standard library only.
+after another, and the lanes run at once. Jobs in different lanes seldom clash: each ``mpirun`` derives its main
+port from its own ``PMIX_NAMESPACE`` and Slurm's jobs from their job and step ids, into the 10,000 ports of
+``DERIVED_PORT_RANGE``, and the Hydra tests take a free port above those or a fixed one of their own. Two jobs of
+different lanes that run at once still derive the same port about once in 10,000 pairs: the second one's rank 0
+cannot serve its roll call ("port ... is already in use") and its other ranks join the first job's ("Duplicate
+rank"). Loopback addresses do not keep lanes apart, since torch's store listens on its port on every address
+(``*:PORT``). Standard library only.
 """
 
 from __future__ import annotations
