@@ -29,6 +29,11 @@ KEY = "lightning_mpi_env/task/"
 """Add a launch rank: ``"<node> <pid> <start>"``, where that rank runs."""
 
 ATTEMPTS = 5
+
+ENDING_WAIT = 300.0
+"""Seconds the end of ``restartable`` waits for the ending of lost processes, or a replacement's step, still under
+way (the ending is bounded itself)."""
+
 COMMAND_TIMEOUT = 30.0
 """Seconds one attempt may take (a launcher that cannot reach the node's daemon may hang)."""
 

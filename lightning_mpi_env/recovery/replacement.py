@@ -24,8 +24,8 @@ from lightning_mpi_env.core.launchers import NODE_NAME, on_node_command
 from lightning_mpi_env.core.rank_layout import RankLayout
 from lightning_mpi_env.core.schedulers import detect_scheduler
 from lightning_mpi_env.core.settings import REPLACES, VARIABLE
+from lightning_mpi_env.recovery.ending import ENDING_WAIT, read_task
 from lightning_mpi_env.recovery.ending import KEY as TASK_KEY
-from lightning_mpi_env.recovery.ending import read_task
 from lightning_mpi_env.recovery.worlds import FOREIGN_WRITE, MAX_GENERATIONS, World, prefix
 
 if TYPE_CHECKING:
@@ -261,6 +261,40 @@ def await_replacements(
             f"the job's store did not answer while generation {world.number} waited for its replacements: {error}",
             "rank 0 serves the job's store; if it is gone, the job is started again (`lightning-mpi-env run` does)",
         ) from error
+
+
+def replace_lost(
+    store: Store,
+    layout: RankLayout,
+    environ: Mapping[str, str],
+    before: World,
+    after: World,
+    spares: tuple[str, ...],
+    address: tuple[str, int],
+) -> list[subprocess.Popen[bytes]]:
+    """Rank 0: start a process on each spare in the place of each rank ``before`` lost, joining ``after``."""
+    started = []
+    for number, node in zip(after.lost, spares, strict=True):
+        node_rank, num_nodes = node_index(store, before.world_size, number)
+        joining = Joining(after.number, number, after.world_size, node_rank, num_nodes, *address)
+        started.append(start_replacement(layout, environ, node, joining))
+    names = ", ".join(str(number) for number in after.lost)
+    print(
+        f"lightning-mpi-env: generation {before.number} lost rank {names} of {before.world_size}; generation"
+        f" {after.number} goes on with a new process on {', '.join(spares)} in its place",
+        file=sys.stderr,
+        flush=True,
+    )
+    return started
+
+
+def wait_for_replacement(replacement: subprocess.Popen[bytes]) -> None:
+    """Let a replacement's step end as the job does; past :data:`ENDING_WAIT`, end it."""
+    try:
+        replacement.wait(ENDING_WAIT)
+    except subprocess.TimeoutExpired:
+        replacement.kill()
+        replacement.wait()
 
 
 def _read_ended(raw: bytes, key: str, places: Mapping[int, str]) -> tuple[int, int]:

@@ -31,21 +31,21 @@ from lightning_mpi_env.core.schedulers import job_identity
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.recovery.agreement import LOOKOUT_WAIT, Lookout, agree_on_lost
 from lightning_mpi_env.recovery.connections import GroupConnections, not_inherited, open_sockets
-from lightning_mpi_env.recovery.ending import end_lost, post_task, task_node
+from lightning_mpi_env.recovery.ending import ENDING_WAIT, end_lost, post_task, task_node
 from lightning_mpi_env.recovery.groups import Group
 from lightning_mpi_env.recovery.handover import hand_over
 from lightning_mpi_env.recovery.liveness import Watcher, connect
-from lightning_mpi_env.recovery.outcome import finished
+from lightning_mpi_env.recovery.outcome import finished, unreturned
 from lightning_mpi_env.recovery.replacement import (
     Joining,
     arrive,
     await_replacements,
-    node_index,
     publish_spares,
     read_joining,
     read_spares,
+    replace_lost,
     spare_nodes,
-    start_replacement,
+    wait_for_replacement,
 )
 from lightning_mpi_env.recovery.worlds import Relaunch, World, first, successor
 from lightning_mpi_env.rollcall.claims import Claim
@@ -59,9 +59,6 @@ T = TypeVar("T")
 
 DEFAULT_SETTLE = 3.0
 """Seconds rank 0 waits, after the last rank that answered the alarm, for another before it names the rest lost."""
-
-ENDING_WAIT = 300.0
-"""Seconds the end of ``restartable`` waits for the ending of lost processes still under way (it is bounded itself)."""
 
 GROUP_TIMEOUT = 1800.0
 """The process group's timeout without a stall timeout set: torch's own default for gloo."""
@@ -207,8 +204,9 @@ def restartable(
                     generation.resumed = generation.kept = hand_over(kept, 0)
                     generation.recovered = {**recovered, "restored": time.time()}
                 result = main(generation)
-                finished(store, world, rank, lost_nodes, recorder, timeout)
-                return result
+                frozen = finished(store, world, rank, lost_nodes, recorder, timeout, gone)
+                if not frozen:
+                    return result
             except Exception as error:
                 recovered = {"failed": time.time()}
                 group.leave(error, connections)
@@ -227,13 +225,19 @@ def restartable(
                 world, rank = _next(world, rank, lost, error, shrink=shrink, spares=len(spares))
                 if spares:
                     address = (main_address, store.port)
-                    started = _replace(store, layout, environ, before_loss, world, spares, address) if rank == 0 else []
+                    started = [] if rank else replace_lost(store, layout, environ, before_loss, world, spares, address)
                     replacements += started
                     await_replacements(store, world, spares, settings.rendezvous_timeout, started)
                 kept = generation.kept
+                continue
             finally:
                 _RUNNING.reset(running)
                 lookout.close()
+            # Rank 0, where main returned on a frozen rank's peers (they caught their errors): srun would wait for it.
+            endings.append(end_lost(store, layout, environ, [world.launch_ranks[number] for number in frozen]))
+            raise unreturned(
+                world, {number: task_node(store, world.launch_ranks[number]) for number in frozen}, timeout
+            )
     finally:
         group.close()
         not_inherited(None)
@@ -246,7 +250,7 @@ def restartable(
         for ending in endings:
             ending.join(ENDING_WAIT)
         for replacement in replacements:
-            _wait_for(replacement)
+            wait_for_replacement(replacement)
 
 
 def _ended(watcher: Watcher | None, world: World, rank: int) -> bool:
@@ -318,40 +322,6 @@ def _spares(
         publish_spares(store, world.number, chosen)
         return chosen
     return read_spares(store, world.number, len(lost))
-
-
-def _replace(
-    store: Store,
-    layout: RankLayout,
-    environ: Mapping[str, str],
-    before: World,
-    after: World,
-    spares: tuple[str, ...],
-    address: tuple[str, int],
-) -> list[subprocess.Popen[bytes]]:
-    """Rank 0: start a process on each spare in the place of each rank ``before`` lost, joining ``after``."""
-    started = []
-    for number, node in zip(after.lost, spares, strict=True):
-        node_rank, num_nodes = node_index(store, before.world_size, number)
-        joining = Joining(after.number, number, after.world_size, node_rank, num_nodes, *address)
-        started.append(start_replacement(layout, environ, node, joining))
-    names = ", ".join(str(number) for number in after.lost)
-    print(
-        f"lightning-mpi-env: generation {before.number} lost rank {names} of {before.world_size}; generation"
-        f" {after.number} goes on with a new process on {', '.join(spares)} in its place",
-        file=sys.stderr,
-        flush=True,
-    )
-    return started
-
-
-def _wait_for(replacement: subprocess.Popen[bytes]) -> None:
-    """Let a replacement's step end as the job does; past :data:`ENDING_WAIT`, end it."""
-    try:
-        replacement.wait(ENDING_WAIT)
-    except subprocess.TimeoutExpired:
-        replacement.kill()
-        replacement.wait()
 
 
 def _no_state(world: World, lost: tuple[int, ...], reason: str) -> RecoveryError:

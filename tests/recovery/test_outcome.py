@@ -1,5 +1,7 @@
-"""The record a step that recovered in its processes leaves for ``run``: written by rank 0 once every rank of the last
-generation returned, on a real ``TCPStore`` with threads as ranks; none without a loss or with a rank missing."""
+"""How ``restartable`` ends, on a real ``TCPStore`` with threads as ranks: rank 0 waits for every rank's word that it
+returned, or its end; the record a step that recovered in its processes leaves for ``run``, written once every rank of
+the last generation returned (none without a loss or with a rank missing); the ranks that neither returned nor
+ended (frozen), which rank 0 names."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 import torch.distributed as dist
 
 from lightning_mpi_env.core.records import FailureKind, FailureRecorder
-from lightning_mpi_env.recovery.outcome import finished
+from lightning_mpi_env.recovery.outcome import finished, unreturned
 from lightning_mpi_env.recovery.worlds import World
 from lightning_mpi_env.supervise.records import read_records
 
@@ -47,17 +49,60 @@ def test_rank_0_writes_the_record_once_every_rank_returned(store, tmp_path):
     )
 
 
-def test_no_record_while_a_rank_has_not_returned(store, tmp_path):
+def test_a_rank_that_neither_returns_nor_ends_is_named_and_no_record_is_written(store, tmp_path):
     recorder = FailureRecorder.plan(str(tmp_path), "Slurm srun", "77")
     world = World(2, (0, 1, 2, 3), (2,))
     ranks_finish(store, world, [1, 3], recorder)
-    finished(store, world, 0, {2: "node2"}, recorder, 0.3)  # rank 2 never says so: run sees what srun's status says
+    # Rank 2 never says so and its process lives (frozen): rank 0 names it once the time is up.
+    assert finished(store, world, 0, {2: "node2"}, recorder, 0.3) == (2,)
     assert read_records(str(tmp_path)) == []
+
+
+def test_a_rank_that_ended_without_returning_is_not_waited_for(store, tmp_path):
+    # Killed while the others caught their errors: its status ends the step, so rank 0 returns with nothing to end,
+    # long before the timeout (the thread's join only ends a hang).
+    recorder = FailureRecorder.plan(str(tmp_path), "Slurm srun", "77")
+    world = World(2, (0, 1, 2, 3), (2,))
+    ranks_finish(store, world, [1, 3], recorder)
+    frozen = []
+    rank_0 = threading.Thread(target=lambda: frozen.append(finished(store, world, 0, {}, recorder, 3600, gone)))
+    rank_0.start()
+    rank_0.join(60)
+    assert frozen == [()]
+    assert read_records(str(tmp_path)) == []
+
+
+def gone(rank: int) -> bool:
+    return rank == 2
+
+
+def test_rank_0_waits_for_a_rank_that_returns_after_it(store, tmp_path):
+    recorder = FailureRecorder.plan(str(tmp_path), "Slurm srun", "77")
+    world = World(2, (0, 1, 2, 3), (2,))
+    ranks_finish(store, world, [1, 3], recorder)
+    frozen = []
+    rank_0 = threading.Thread(target=lambda: frozen.append(finished(store, world, 0, {2: "node2"}, recorder, 3600)))
+    rank_0.start()
+    waiting = "lightning_mpi_env/gen/2/done/0"
+    store.wait([waiting])  # rank 0 said it returned, and waits
+    assert frozen == []
+    ranks_finish(store, world, [2], recorder)
+    rank_0.join(60)
+    assert frozen == [()]
+    [record] = read_records(str(tmp_path))
+    assert record.ranks == (2,)
 
 
 def test_no_record_where_no_rank_was_lost_or_outside_run(store, tmp_path):
     recorder = FailureRecorder.plan(str(tmp_path), "Slurm srun", "77")
-    finished(store, World(1, (0,)), 0, {}, recorder, 10.0)
-    finished(store, World(2, (0,), (1,)), 0, {1: "node2"}, None, 10.0)
+    assert finished(store, World(1, (0,)), 0, {}, recorder, 10.0) == ()
+    assert finished(store, World(2, (0,), (1,)), 0, {1: "node2"}, None, 10.0) == ()
     assert read_records(str(tmp_path)) == []
-    assert not store.check(["lightning_mpi_env/gen/2/done"])
+
+
+def test_the_error_names_each_frozen_rank_its_node_and_the_wait():
+    error = unreturned(World(1, (0, 1, 2, 3)), {2: "node2", 3: ""}, 10.0)
+    assert str(error).startswith(
+        "rank 2 (node2), 3 of generation 1 did not return from the function restartable runs within 10 s of the others"
+    )
+    assert "LIGHTNING_MPI_ENV_STALL_TIMEOUT" in str(error)

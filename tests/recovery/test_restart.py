@@ -197,6 +197,30 @@ def test_under_open_mpi_with_ulfm_the_survivors_go_on(cluster: SimulatedCluster,
     )
 
 
+def test_under_mpirun_a_frozen_rank_that_the_program_swallowed_ends_the_job(cluster: SimulatedCluster, tmp_path: Path):
+    # The survivors catch each step's error (the group's timeout) and finish; rank 0 waits that long again for rank 2
+    # to return, then raises: its status makes mpirun end the job, the frozen rank with it, where it would wait.
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS), "--swallow", "--freeze"]
+    command += ["--fault-rank", "2", "--fault-step", str(FAULT_STEP)]
+    done = cluster.run(
+        command,
+        timeout=TIMEOUT,
+        export={**cluster.job_environment(), "LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(FROZEN_GROUP_TIMEOUT)},
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-4000:]
+    swallowed = {line.split()[1] for line in output.splitlines() if line.startswith("SWALLOWED ")}
+    # mpirun wakes the frozen rank (SIGCONT) as it ends it: its steps fail then too, and it may finish first.
+    assert swallowed >= {"rank=0", "rank=1", "rank=3"}, output[-4000:]
+    unreturned = "rank 2 of generation 1 did not return from the function restartable runs within"
+    assert output.count(f"{unreturned} {FROZEN_GROUP_TIMEOUT} s") == 1, output[-4000:]
+    records = read_records(out)
+    assert 0 not in records, output[-4000:]  # rank 0 raised
+    assert {1, 3} <= set(records), output[-4000:]  # the others returned
+
+
 def run_replaced(cluster: SlurmCluster, out: Path, job: list[str], fault: str) -> tuple[str, dict[int, dict]]:
     """Run ``job`` under ``lightning-mpi-env run`` with 4 ranks on 2 nodes of a 3-node allocation, rank 2 killed or
     frozen at step 10; check that the survivors kept their processes, a new one on node3 took rank 2's place, and
@@ -285,29 +309,39 @@ def test_a_replacement_that_fails_to_start_ends_every_rank_at_once_and_run_start
 
 
 @pytest.mark.slurm
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
 def test_a_program_that_swallows_the_lost_ranks_error_ends_in_runs_relaunch(
-    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path, fault: str
 ):
-    # The survivors catch their step's error when rank 2 dies and go on: restartable never sees the loss, so nothing
-    # recovers in the processes. Their steps fail at once (closed connections; the group's timeout is beyond the
-    # test's limit), they finish, and the lost task's status makes run start the job again.
-    output, records = run_relaunched_once(slurm_cluster_with_spare, tmp_path, [sys.executable, str(JOB), "--swallow"])
+    # The survivors catch their step's error when rank 2 is lost and go on: restartable never sees the loss, so nothing
+    # recovers in the processes. A killed rank: their steps fail at once (closed connections; the group's timeout is
+    # beyond the test's limit), they finish, and the lost task's status makes run start the job again. A frozen rank:
+    # each of their steps waits the group's timeout, they finish, and rank 0 waits that long again for rank 2 to
+    # return, then ends it (srun would wait for it to the allocation's end) and raises.
+    freeze = ("--freeze",) if fault == "frozen" else ()
+    job = [sys.executable, str(JOB), "--swallow"]
+    output, records = run_relaunched_once(slurm_cluster_with_spare, tmp_path, job, freeze)
     swallowed = {line.split()[1] for line in output.splitlines() if line.startswith("SWALLOWED ")}
     assert swallowed == {"rank=0", "rank=1", "rank=3"}, output[-4000:]
     assert "goes on with" not in output, output[-4000:]
+    unreturned = "rank 2 (node2) of generation 1 did not return from the function restartable runs within"
+    unreturned += f" {FROZEN_GROUP_TIMEOUT} s"
+    assert output.count(unreturned) == (1 if freeze else 0), output[-4000:]
     expected = expected_weights([4] * STEPS)  # the relaunch's, with no fault
     for launch_rank, record in records.items():
         assert record["generations"] == [[1, launch_rank, 4, 0]]
         assert record["weights"] == pytest.approx(expected, abs=1e-6)
 
 
-def run_relaunched_once(cluster: SlurmCluster, tmp_path: Path, job: list[str]) -> tuple[str, dict[int, dict]]:
-    """Run ``job`` as :func:`run_replaced` does, rank 2 killed at step 10 once (not after a relaunch); check that the
-    step failed and ``run`` started it again, which succeeded. Its output and the ranks' records (their last
-    processes')."""
-    once = ["--fault-once", str(tmp_path / "faulted")]
-    # No survivor may wait for the lost rank: the group's timeout is beyond the test's limit.
-    output, events = run_under_run(cluster, tmp_path / "out", job, once, KILLED_GROUP_TIMEOUT)
+def run_relaunched_once(
+    cluster: SlurmCluster, tmp_path: Path, job: list[str], freeze: tuple[str, ...] = ()
+) -> tuple[str, dict[int, dict]]:
+    """Run ``job`` as :func:`run_replaced` does, rank 2 killed (or with ``--freeze``, frozen) at step 10 once (not after
+    a relaunch); check that the step failed and ``run`` started it again, which succeeded. Its output and the ranks'
+    records (their last processes')."""
+    once = ["--fault-once", str(tmp_path / "faulted"), *freeze]
+    # Without a freeze, no survivor may wait for the lost rank: the group's timeout is beyond the test's limit.
+    output, events = run_under_run(cluster, tmp_path / "out", job, once, group_timeout(freeze))
     kinds = [event["event"] for event in events]
     assert [kind for kind in kinds if kind not in ("first_step", "excluded", "probe")] == [
         "launch",
