@@ -135,7 +135,7 @@ class LoopCalls:
         have ended the data loader's workers too, and with them the batch the loop waits for.
         """
         if self.sigterm_stop is not None:
-            self.sigterm_stop.between_steps = stop
+            self.sigterm_stop.wait_between_steps(stop)
 
     def watch_worker_ends(self) -> None:
         """Each step, until it goes in: a loader worker ended by ``SIGTERM`` stops every rank as the signal would.

@@ -65,6 +65,16 @@ class SigtermStop:
         if stop is not None and threading.current_thread() is threading.main_thread():
             stop()
 
+    def wait_between_steps(self, stop: Callable[[], object] | None) -> None:
+        """From now the loop is between two steps, ``stop`` its stop check (``None``: at a step again).
+
+        A signal noted after the loop's check at the step's end found no stop to run in its handler: ``stop`` runs
+        here, at once, where it would otherwise wait for a batch that may never come.
+        """
+        self.between_steps = stop
+        if stop is not None and self.noted() and not self.stopped:
+            self.stop_between_steps()
+
     def noted(self) -> bool:
         """Whether a ``SIGTERM`` came to this process."""
         return self._noted > 0

@@ -71,6 +71,26 @@ def test_between_steps_a_worker_s_end_runs_the_loop_s_stop_in_the_handler_once(t
     stop.unwatch_workers()
 
 
+def test_a_signal_noted_before_the_loop_is_between_steps_runs_its_stop_as_it_gets_there():
+    # The handler ran after the loop's check at the step's end and before the loop set its stop: nothing to run then.
+    stop = SigtermStop(rank=0, world_size=2)
+    stop.note()
+    decided: list[bool] = []
+    stop.wait_between_steps(lambda: decided.append(True))
+    assert decided == [True]
+    assert stop.between_steps is None  # once
+    stop.wait_between_steps(None)  # at the next step
+    assert decided == [True]
+
+
+def test_without_a_signal_the_loop_s_stop_waits_for_one():
+    stop = SigtermStop(rank=0, world_size=2)
+    decided: list[bool] = []
+    stop.wait_between_steps(check := lambda: decided.append(True))
+    assert decided == []
+    assert stop.between_steps is check
+
+
 def test_any_other_end_goes_to_the_handler_before(torch_like_handler):
     stop = SigtermStop(rank=0, world_size=2)
     assert stop.watch_workers()
