@@ -1,15 +1,19 @@
 """Ending a lost rank's process where it may still live (frozen): the launcher would otherwise wait for it.
 
-``srun`` waits for every task of its step; a frozen task that the others went on without would hold the step to its
-time limit. Each rank posts where it runs (its node, process id and the process's start time) once; after the
-agreement, rank 0 runs a one-task command on each lost rank's node beside the step (the launcher's ``on_node``:
-``srun --jobid J --overlap -w NODE``), which sends ``SIGKILL`` only to the process that started at that time (a
-process id can be reused), asking again with a back-off until the process is gone or the attempts run out.
+``srun`` and ``mpirun`` wait for every task of their step; a frozen task that the others went on without would hold
+the step to its time limit. Each rank posts where it runs (its node, process id and the process's start time) once.
+After the agreement, every survivor sends ``SIGKILL`` to each lost rank's process on its own node (any launcher),
+and rank 0 runs a one-task command on each lost rank's node beside the step where the launcher has one (its
+``on_node``: ``srun --jobid J --overlap -w NODE``), asking again with a back-off until the process is gone or the
+attempts run out. Either way only the process that started at that time is ended (a process id can be reused).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -56,13 +60,17 @@ def process_start(pid: int | str = "self") -> str:
 
 
 def post_task(store: Store, layout: RankLayout, env: Mapping[str, str], rank: int) -> None:
-    """Say where launch rank ``rank`` (this process) runs, where its launcher can end one task (nothing otherwise)."""
-    launcher = layout.launcher
-    if launcher is None or not launcher.on_node or launcher.node_name is None:
-        return
-    node, start = env.get(launcher.node_name, ""), process_start()
+    """Say where launch rank ``rank`` (this process) runs: its node (:func:`this_node`), process id and start."""
+    node, start = this_node(layout, env), process_start()
     if NODE_NAME.fullmatch(node) and start.isdigit():
         store.set(f"{KEY}{rank}", f"{node} {os.getpid()} {start}")
+
+
+def this_node(layout: RankLayout, env: Mapping[str, str]) -> str:
+    """This process's node: the launcher's variable for it (srun's ``SLURMD_NODENAME``), else the host name."""
+    launcher = layout.launcher
+    named = env.get(launcher.node_name, "") if launcher is not None and launcher.node_name is not None else ""
+    return named or socket.gethostname()
 
 
 def read_task(raw: bytes, key: str) -> tuple[str, str, str]:
@@ -97,6 +105,22 @@ def task_node(store: Store, launch_rank: int) -> str:
         return read_task(store.get(key), key)[0] if store.check([key]) else ""
     except (DistError, RecoveryError):
         return ""
+
+
+def end_here(store: Store, layout: RankLayout, env: Mapping[str, str], launch_ranks: Iterable[int]) -> None:
+    """Send ``SIGKILL`` to the processes of ``launch_ranks`` that run on this node, if each is still the one posted."""
+    from torch.distributed import DistError
+
+    node = this_node(layout, env)
+    for rank in launch_ranks:
+        key = f"{KEY}{rank}"
+        try:
+            where, pid, start = read_task(store.get(key), key) if store.check([key]) else ("", "", "")
+        except (DistError, RecoveryError):
+            continue
+        if where == node and int(pid or 0) not in (0, os.getpid()) and process_start(pid) == start:
+            with contextlib.suppress(OSError):  # gone meanwhile
+                os.kill(int(pid), signal.SIGKILL)
 
 
 def end_lost(store: Store, layout: RankLayout, env: Mapping[str, str], launch_ranks: Iterable[int]) -> threading.Thread:

@@ -31,7 +31,7 @@ from lightning_mpi_env.core.schedulers import job_identity
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.recovery.agreement import LOOKOUT_WAIT, Lookout, agree_on_lost
 from lightning_mpi_env.recovery.connections import GroupConnections, not_inherited, open_sockets
-from lightning_mpi_env.recovery.ending import ENDING_WAIT, end_lost, post_task, task_node
+from lightning_mpi_env.recovery.ending import ENDING_WAIT, end_here, end_lost, post_task, task_node
 from lightning_mpi_env.recovery.groups import Group
 from lightning_mpi_env.recovery.handover import hand_over
 from lightning_mpi_env.recovery.liveness import Watcher, connect
@@ -213,6 +213,7 @@ def restartable(
                 recovered["left"] = time.time()
                 lost = agree_on_lost(store, world, rank, settle=settle, timeout=timeout)
                 recovered["agreed"] = time.time()
+                end_here(store, layout, environ, [world.launch_ranks[number] for number in lost])
                 if lost and rank == 0:  # a frozen process among them would hold the launcher's step
                     launch_ranks = [world.launch_ranks[number] for number in lost]
                     lost_nodes.update({launch_rank: task_node(store, launch_rank) for launch_rank in launch_ranks})

@@ -1,16 +1,21 @@
-"""Ending a lost rank's process: the script kills only the process that started when the rank's did; what a rank
-posted about itself is read back checked; the launcher's prefix is filled only with values it can take."""
+"""Ending a lost rank's process: the script, and a survivor on the lost rank's node, kill only the process that started
+when the rank's did; what a rank posted about itself is read back checked; the launcher's prefix is filled only with
+values it can take."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
+from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
 
 from lightning_mpi_env.core.errors import RecoveryError
 from lightning_mpi_env.core.launchers import SRUN, on_node_command
-from lightning_mpi_env.recovery.ending import SCRIPT, process_start, read_task
+from lightning_mpi_env.core.layout import from_env
+from lightning_mpi_env.recovery.ending import KEY, SCRIPT, end_here, process_start, read_task
 
 
 def run_script(pid: int, start: str) -> int:
@@ -42,6 +47,27 @@ def test_the_script_succeeds_for_a_process_already_gone():
     start = process_start(child.pid)
     child.wait()
     assert run_script(child.pid, start or "1") == 0
+
+
+def test_a_survivor_on_the_lost_rank_s_node_ends_its_frozen_process_and_nothing_else(stopped):
+    # Under mpirun no command runs beside the job on a node: a survivor there sends the signal itself.
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    here, start = socket.gethostname(), process_start(stopped.pid)
+    elsewhere = subprocess.Popen(["sleep", "300"])
+    reused = subprocess.Popen(["sleep", "300"])
+    try:
+        store.set(f"{KEY}2", f"{here} {stopped.pid} {start}")
+        store.set(f"{KEY}3", f"another-node {elsewhere.pid} {process_start(elsewhere.pid)}")
+        store.set(f"{KEY}4", f"{here} {reused.pid} {int(process_start(reused.pid)) + 1}")  # a process id reused
+        store.set(f"{KEY}5", "forged")
+        end_here(store, from_env({}), {}, [2, 3, 4, 5, 6])  # 6 posted nothing
+        assert stopped.wait(timeout=30) == -signal.SIGKILL
+        assert elsewhere.poll() is None
+        assert reused.poll() is None
+    finally:
+        for child in (elsewhere, reused):
+            child.kill()
+            child.wait()
 
 
 def test_process_start_reads_this_process():

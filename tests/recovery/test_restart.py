@@ -167,17 +167,20 @@ def test_without_shrink_a_lost_rank_ends_every_process_with_one_named_error(
     assert "pass `shrink=True`" in output, output[-4000:]
 
 
-def test_under_open_mpi_with_ulfm_the_survivors_go_on(cluster: SimulatedCluster, tmp_path: Path):
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+def test_under_open_mpi_with_ulfm_the_survivors_go_on(cluster: SimulatedCluster, tmp_path: Path, fault: str):
     # Open MPI 5's `mpirun --with-ft ulfm` keeps the job when a rank dies (without it, mpirun ends every rank), on two
-    # simulated nodes, two ranks each.
+    # simulated nodes, two ranks each. A frozen rank 2 is ended by rank 3, its survivor on the same node (mpirun
+    # runs no command beside the job there), or mpirun would wait for it after the others finish.
     out = tmp_path / "out"
     out.mkdir()
-    command = [sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS), "--shrink"]
+    freeze = ("--freeze",) if fault == "frozen" else ()
+    command = [sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS), "--shrink", *freeze]
     command += ["--fault-rank", "2", "--fault-step", str(FAULT_STEP)]
     done = cluster.run(
         command,
         timeout=TIMEOUT,
-        export={**cluster.job_environment(), "LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(KILLED_GROUP_TIMEOUT)},
+        export={**cluster.job_environment(), "LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(group_timeout(freeze))},
         mpirun_args=["--with-ft", "ulfm"],
     )
     output = done.stdout + done.stderr
@@ -192,7 +195,7 @@ def test_under_open_mpi_with_ulfm_the_survivors_go_on(cluster: SimulatedCluster,
     assert output.count("goes on with the 3 survivors") == 1, output[-4000:]
     took = max(record["recovered_at"] for record in records.values()) - float((out / "fault").read_text())
     print(
-        f"FIGURE mpirun --with-ft ulfm, killed, group timeout {KILLED_GROUP_TIMEOUT} s: fault to the next step"
+        f"FIGURE mpirun --with-ft ulfm, {fault}, group timeout {group_timeout(freeze)} s: fault to the next step"
         f" {took:.2f} s"
     )
 
@@ -214,8 +217,8 @@ def test_under_mpirun_a_frozen_rank_that_the_program_swallowed_ends_the_job(clus
     swallowed = {line.split()[1] for line in output.splitlines() if line.startswith("SWALLOWED ")}
     # mpirun wakes the frozen rank (SIGCONT) as it ends it: its steps fail then too, and it may finish first.
     assert swallowed >= {"rank=0", "rank=1", "rank=3"}, output[-4000:]
-    unreturned = "rank 2 of generation 1 did not return from the function restartable runs within"
-    assert output.count(f"{unreturned} {FROZEN_GROUP_TIMEOUT} s") == 1, output[-4000:]
+    unreturned = f"rank 2 ({cluster.hosts[1]}) of generation 1 did not return from the function restartable runs"
+    assert output.count(f"{unreturned} within {FROZEN_GROUP_TIMEOUT} s") == 1, output[-4000:]  # its host's name
     records = read_records(out)
     assert 0 not in records, output[-4000:]  # rank 0 raised
     assert {1, 3} <= set(records), output[-4000:]  # the others returned
