@@ -6,8 +6,10 @@ The data are those of ``restartable_job.py`` (each item a pure function of its i
 weights the job must end with. The Trainer resumes ``ckpt_path=generation.ckpt_path`` (the state ``"ddp_mpi"`` kept in
 memory) and feeds a plain ``DataLoader`` through Lightning's ``DistributedSampler`` (no shuffling); the Fabric program
 keeps its own state with ``generation.keep`` and takes the next ``world_size * BATCH`` items each step.
-With ``--fsdp`` the Trainer's strategy is Lightning's ``FSDPStrategy`` (sharded: no state is kept in memory), saving
-``last.ckpt`` too, and each start resumes ``generation.ckpt_path or "last"``.
+With ``--fsdp`` the Trainer's strategy is Lightning's ``FSDPStrategy``, with ``--deepspeed`` its ``DeepSpeedStrategy``
+(ZeRO stage 2; run with the DeepSpeed venv's Python: ``tests/clusters/deepspeed_venv.py``), both on the CPU
+(``cpu_as_cuda.py``) with gloo. Both shard the state, so none is kept in memory: the job saves ``last.ckpt`` too (a
+folder under DeepSpeed), and each start resumes ``generation.ckpt_path or "last"``.
 
 Each process leaves ``started-<launch rank>-<pid>`` in ``--out`` as it starts; each rank writes ``rank-<launch
 rank>.json`` there at the end: its process id, each generation it ran (number, rank, world size, the step it started
@@ -100,7 +102,13 @@ def trainer_main(args: argparse.Namespace, launch_rank: int, record: dict) -> No
             if self.generation.number > 1 and "recovered_at" not in record:
                 record["recovered_at"] = time.time()
 
+    sharded = args.fsdp or args.deepspeed
+
     def strategy() -> Any:
+        if args.deepspeed:
+            from lightning.pytorch.strategies import DeepSpeedStrategy
+
+            return DeepSpeedStrategy(stage=2, cluster_environment=MPIClusterEnvironment(), process_group_backend="gloo")
         if not args.fsdp:
             return "ddp_mpi"
         from lightning.pytorch.strategies import FSDPStrategy
@@ -112,8 +120,8 @@ def trainer_main(args: argparse.Namespace, launch_rank: int, record: dict) -> No
     def train(generation: Generation) -> None:
         net = Net(LR)
         trainer = pl.Trainer(
-            accelerator=cpu_as_cuda("lightning.pytorch")() if args.fsdp else "cpu",
-            **({"devices": 2, "num_nodes": 2} if args.fsdp else {}),  # "ddp_mpi" takes them from the generation
+            accelerator=cpu_as_cuda("lightning.pytorch")() if sharded else "cpu",
+            **({"devices": 2, "num_nodes": 2} if sharded else {}),  # "ddp_mpi" takes them from the generation
             strategy=strategy(),
             max_steps=args.steps,
             val_check_interval=4,
@@ -125,7 +133,7 @@ def trainer_main(args: argparse.Namespace, launch_rank: int, record: dict) -> No
             callbacks=[
                 Record(generation),
                 ModelCheckpoint(
-                    dirpath=args.out / "checkpoints", every_n_train_steps=4, save_top_k=-1, save_last=args.fsdp
+                    dirpath=args.out / "checkpoints", every_n_train_steps=4, save_top_k=-1, save_last=sharded
                 ),
             ],
         )
@@ -136,7 +144,7 @@ def trainer_main(args: argparse.Namespace, launch_rank: int, record: dict) -> No
         else:
             loader = DataLoader(Epoch(), batch_size=BATCH, num_workers=1)
         val = DataLoader(Epoch(), batch_size=BATCH, num_workers=1)
-        resume = generation.ckpt_path or ("last" if args.fsdp else None)  # FSDP: no state kept, the last file
+        resume = generation.ckpt_path or ("last" if sharded else None)  # sharded: no state kept, the last file
         trainer.fit(net, train_dataloaders=loader, val_dataloaders=val, ckpt_path=resume)
         record["weights"] = weights(net)
 
@@ -180,6 +188,7 @@ if __name__ == "__main__":
     arguments.add_argument("--api", choices=["trainer", "fabric"], required=True)
     arguments.add_argument("--stateful", action="store_true", help="the Trainer's loader: StatefulDataLoader")
     arguments.add_argument("--fsdp", action="store_true", help="the Trainer's strategy: Lightning's FSDPStrategy")
+    arguments.add_argument("--deepspeed", action="store_true", help="the Trainer's strategy: its DeepSpeedStrategy")
     arguments = arguments.parse_args()
     launch_rank = this_launch_rank()
     (arguments.out / f"started-{launch_rank}-{os.getpid()}").touch()  # one file per process that ever started

@@ -4,7 +4,9 @@ nodes) or with a new process on the spare node in rank 2's place (three).
 
 The Trainer's state is the one ``"ddp_mpi"`` keeps in memory (``lightning_mpi_env/recovery/trainer_state.py``) and loads
 for ``ckpt_path=generation.ckpt_path``; Fabric's, the program's own. The data are a pure function of the index
-(``tests/jobs/restartable_job.py``), so the weights each job must end with are computed here.
+(``tests/jobs/restartable_job.py``), so the weights each job must end with are computed here. Under a strategy that
+shards the state (Lightning's FSDP and DeepSpeed) none is kept: the survivors end, and ``lightning-mpi-env run`` starts
+the job again from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch.utils.data import DistributedSampler
 from lightning_mpi_env import RecoveryError
 from lightning_mpi_env.recovery.restart import KEPT_CHECKPOINT, Generation
 from lightning_mpi_env.recovery.trainer_state import kept_checkpoint
+from tests.clusters.deepspeed_venv import DeepSpeed
 from tests.clusters.slurm import SlurmCluster
 from tests.jobs.restartable_job import BATCH, LR, MOMENTUM, item, model
 from tests.recovery.test_restart import (
@@ -254,3 +257,30 @@ def test_under_fsdp_no_state_is_kept_and_a_lost_rank_starts_the_job_again_from_i
     for launch_rank, record in records.items():
         assert record["generations"] == [[1, launch_rank, 4, 8, last]], record
         assert record["worlds"] == [4] * (STEPS - 8), record
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_under_deepspeed_no_state_is_kept_and_a_lost_rank_starts_the_job_again_from_its_last_checkpoint(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path, deepspeed: DeepSpeed
+):
+    # Lightning's DeepSpeedStrategy (ZeRO stage 2, on DeepSpeed's CPU accelerator with gloo) shards the optimizer state:
+    # as under FSDP, each survivor ends with the error that says why, and run starts the job again, which resumes the
+    # last checkpoint (a folder, each rank's part in it). `env` hands each rank DeepSpeed's built ops
+    # (TORCH_EXTENSIONS_DIR), so that none compiles them.
+    extensions = [f"{name}={value}" for name, value in deepspeed.environ({}).items()]
+    job = ["env", *extensions, str(deepspeed.python), str(JOB), "--api", "trainer", "--deepspeed"]
+    output, records = run_relaunched_once(slurm_cluster_with_spare, tmp_path, job)
+    said = (
+        "generation 1 of 4 ranks lost rank 2, and no rank kept the state in memory: DeepSpeedStrategy shards the model"
+        " and optimizer state over the ranks"
+    )
+    assert output.count(said) == 3, output[-4000:]  # each survivor's error
+    assert "in its place" not in output, output[-4000:]
+    last = tmp_path / "out" / "checkpoints" / "last.ckpt"
+    assert last.is_dir(), output[-4000:]  # DeepSpeed's checkpoint: a folder
+    assert sorted(records) == [0, 1, 2, 3], output[-4000:]
+    for launch_rank, record in records.items():
+        assert record["generations"] == [[1, launch_rank, 4, 8, str(last)]], record
+        assert record["worlds"] == [4] * (STEPS - 8), record
+    assert len({tuple(record["weights"]) for record in records.values()}) == 1, records  # ZeRO's replicas agree
