@@ -244,19 +244,7 @@ def test_under_fsdp_no_state_is_kept_and_a_lost_rank_starts_the_job_again_from_i
     # survivors still do not go on in their processes: each ends with the error that says why, and run starts the job
     # again, which resumes the last checkpoint (step 8; the fault comes before step 10, once).
     job = [sys.executable, str(JOB), "--api", "trainer", "--fsdp"]
-    output, records = run_relaunched_once(slurm_cluster_with_spare, tmp_path, job)
-    said = (
-        "generation 1 of 4 ranks lost rank 2, and no rank kept the state in memory: FSDPStrategy shards the model and"
-        " optimizer state over the ranks"
-    )
-    assert output.count(said) == 3, output[-4000:]  # each survivor's error
-    assert "in its place" not in output, output[-4000:]
-    # Each rank of the relaunch resumed the last checkpoint, saved at step 8, and did the steps from there.
-    last = str(tmp_path / "out" / "checkpoints" / "last.ckpt")
-    assert sorted(records) == [0, 1, 2, 3], output[-4000:]
-    for launch_rank, record in records.items():
-        assert record["generations"] == [[1, launch_rank, 4, 8, last]], record
-        assert record["worlds"] == [4] * (STEPS - 8), record
+    check_resumed_last(slurm_cluster_with_spare, tmp_path, job, "FSDPStrategy")
 
 
 @pytest.mark.mpi
@@ -270,17 +258,24 @@ def test_under_deepspeed_no_state_is_kept_and_a_lost_rank_starts_the_job_again_f
     # (TORCH_EXTENSIONS_DIR), so that none compiles them.
     extensions = [f"{name}={value}" for name, value in deepspeed.environ({}).items()]
     job = ["env", *extensions, str(deepspeed.python), str(JOB), "--api", "trainer", "--deepspeed"]
-    output, records = run_relaunched_once(slurm_cluster_with_spare, tmp_path, job)
+    records = check_resumed_last(slurm_cluster_with_spare, tmp_path, job, "DeepSpeedStrategy")
+    assert (tmp_path / "out" / "checkpoints" / "last.ckpt").is_dir()  # DeepSpeed's checkpoint: a folder
+    assert len({tuple(record["weights"]) for record in records.values()}) == 1, records  # ZeRO's replicas agree
+
+
+def check_resumed_last(cluster: SlurmCluster, tmp_path: Path, job: list[str], strategy: str) -> dict[int, dict]:
+    """Run ``job`` under ``run``, rank 2 lost once before step 10; check that each survivor's error names ``strategy``,
+    none was replaced, and each rank of the relaunch resumed ``last.ckpt`` (step 8) and did the steps from there."""
+    output, records = run_relaunched_once(cluster, tmp_path, job)
     said = (
-        "generation 1 of 4 ranks lost rank 2, and no rank kept the state in memory: DeepSpeedStrategy shards the model"
-        " and optimizer state over the ranks"
+        f"generation 1 of 4 ranks lost rank 2, and no rank kept the state in memory: {strategy} shards the model and"
+        " optimizer state over the ranks"
     )
     assert output.count(said) == 3, output[-4000:]  # each survivor's error
     assert "in its place" not in output, output[-4000:]
-    last = tmp_path / "out" / "checkpoints" / "last.ckpt"
-    assert last.is_dir(), output[-4000:]  # DeepSpeed's checkpoint: a folder
+    last = str(tmp_path / "out" / "checkpoints" / "last.ckpt")
     assert sorted(records) == [0, 1, 2, 3], output[-4000:]
     for launch_rank, record in records.items():
-        assert record["generations"] == [[1, launch_rank, 4, 8, str(last)]], record
+        assert record["generations"] == [[1, launch_rank, 4, 8, last]], record
         assert record["worlds"] == [4] * (STEPS - 8), record
-    assert len({tuple(record["weights"]) for record in records.values()}) == 1, records  # ZeRO's replicas agree
+    return records
