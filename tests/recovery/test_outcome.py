@@ -83,8 +83,8 @@ def test_rank_0_waits_for_a_rank_that_returns_after_it(store, tmp_path):
     frozen = []
     rank_0 = threading.Thread(target=lambda: frozen.append(finished(store, world, 0, {2: "node2"}, recorder, 3600)))
     rank_0.start()
-    waiting = "lightning_mpi_env/gen/2/done/0"
-    store.wait([waiting])  # rank 0 said it returned, and waits
+    # Rank 0 said it returned, and waits (seen through a client of this thread's own: one is not for two threads).
+    client(store).wait(["lightning_mpi_env/gen/2/done/0"], timedelta(seconds=60))
     assert frozen == []
     ranks_finish(store, world, [2], recorder)
     rank_0.join(60)
