@@ -96,31 +96,37 @@ def read_task(raw: bytes, key: str) -> tuple[str, str, str]:
     )
 
 
-def task_node(store: Store, launch_rank: int) -> str:
-    """The node launch rank ``launch_rank`` said it runs on; ``""`` where it said none (or nothing readable)."""
+def posted_task(store: Store, launch_rank: int) -> tuple[str, str, str] | None:
+    """Where launch rank ``launch_rank`` said it runs, ``(node, pid, start)``; ``None``: nothing readable."""
     from torch.distributed import DistError
 
     key = f"{KEY}{launch_rank}"
     try:
-        return read_task(store.get(key), key)[0] if store.check([key]) else ""
+        return read_task(store.get(key), key) if store.check([key]) else None
     except (DistError, RecoveryError):
-        return ""
+        return None
+
+
+def task_node(store: Store, launch_rank: int) -> str:
+    """The node launch rank ``launch_rank`` said it runs on; ``""`` where it said none (or nothing readable)."""
+    task = posted_task(store, launch_rank)
+    return task[0] if task is not None else ""
 
 
 def end_here(store: Store, layout: RankLayout, env: Mapping[str, str], launch_ranks: Iterable[int]) -> None:
     """Send ``SIGKILL`` to the processes of ``launch_ranks`` that run on this node, if each is still the one posted."""
-    from torch.distributed import DistError
-
     node = this_node(layout, env)
     for rank in launch_ranks:
-        key = f"{KEY}{rank}"
-        try:
-            where, pid, start = read_task(store.get(key), key) if store.check([key]) else ("", "", "")
-        except (DistError, RecoveryError):
-            continue
-        if where == node and int(pid or 0) not in (0, os.getpid()) and process_start(pid) == start:
-            with contextlib.suppress(OSError):  # gone meanwhile
-                os.kill(int(pid), signal.SIGKILL)
+        task = posted_task(store, rank)
+        if task is not None and task[0] == node:
+            _kill(task[1], task[2])
+
+
+def _kill(pid: str, start: str) -> None:
+    """``SIGKILL`` to process ``pid`` of this node if it is still the one that started at ``start`` (not this one)."""
+    if int(pid) not in (0, os.getpid()) and process_start(pid) == start:  # 0 would be this process group
+        with contextlib.suppress(OSError):  # gone meanwhile
+            os.kill(int(pid), signal.SIGKILL)
 
 
 def end_lost(store: Store, layout: RankLayout, env: Mapping[str, str], launch_ranks: Iterable[int]) -> threading.Thread:

@@ -213,9 +213,9 @@ def restartable(
                 recovered["left"] = time.time()
                 lost = agree_on_lost(store, world, rank, settle=settle, timeout=timeout)
                 recovered["agreed"] = time.time()
-                end_here(store, layout, environ, [world.launch_ranks[number] for number in lost])
+                launch_ranks = [world.launch_ranks[number] for number in lost]
+                end_here(store, layout, environ, launch_ranks)
                 if lost and rank == 0:  # a frozen process among them would hold the launcher's step
-                    launch_ranks = [world.launch_ranks[number] for number in lost]
                     lost_nodes.update({launch_rank: task_node(store, launch_rank) for launch_rank in launch_ranks})
                     endings.append(end_lost(store, layout, environ, launch_ranks))
                 if lost and generation.unkept is not None:
