@@ -12,6 +12,7 @@ collective. A rank that finds itself in the list answered too late, and ends.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from lightning_mpi_env.core.errors import RecoveryError
 from lightning_mpi_env.recovery.worlds import World, lost_text, prefix, read_lost
 from lightning_mpi_env.rollcall.batches import multi_set, present
+from lightning_mpi_env.rollcall.deadline import Deadline, Unanswered
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store  # the public torch.distributed.Store
@@ -70,15 +72,18 @@ class Lookout:
         settle: float,
         timeout: float,
         gone: Callable[[int], bool] = lambda rank: False,
+        requests: Deadline | None = None,
     ) -> None:
         """``client``: a client of ``store``'s server of the thread's own (a pending wait holds up its client).
 
         ``settle`` and ``timeout``: rank 0's lookout names the lost once no rank answered for ``settle`` seconds,
         or at the latest ``timeout`` seconds after the alarm; at once where every rank answered or its process is
-        ``gone`` (by its rank in ``world``: :mod:`.liveness`).
+        ``gone`` (by its rank in ``world``: :mod:`.liveness`). ``requests``: what runs this process's requests to
+        ``store`` with a deadline (:func:`agree_on_lost`'s too): a frozen server holds a request without end.
         """
         self._gone = gone
         self._store = store
+        self._requests = requests or Deadline()
         self._client = client
         self._world = world
         self._keys = keys_of(world)
@@ -96,8 +101,9 @@ class Lookout:
         """End the thread (the generation ended well on this rank)."""
         from torch.distributed import DistError
 
-        with contextlib.suppress(DistError):  # the store is gone: so is the thread's wait
-            self._store.set(self._keys.alarm + str(self._rank), DONE.decode())
+        done = functools.partial(self._store.set, self._keys.alarm + str(self._rank), DONE.decode())
+        with contextlib.suppress(DistError, Unanswered):  # the store is gone or frozen: so is the thread's wait
+            self._requests.run(done, GRACE)
         self._thread.join(timeout=GRACE)
 
     def _run(self) -> None:
@@ -127,11 +133,22 @@ def sound_alarm(store: Store, world: World) -> None:
     multi_set(store, [alarm + str(rank) for rank in range(world.world_size)], [FAILED.decode()] * world.world_size)
 
 
-def agree_on_lost(store: Store, world: World, rank: int, *, settle: float, timeout: float) -> tuple[int, ...]:
+def agree_on_lost(
+    store: Store,
+    world: World,
+    rank: int,
+    *,
+    settle: float,
+    timeout: float,
+    requests: Deadline | None = None,
+    store_lost: Callable[[RecoveryError], object] = lambda failure: None,
+) -> tuple[int, ...]:
     """Sound the alarm, and return the ranks of ``world`` that are lost, as every living rank reads them (``()``: none).
 
     ``timeout``: how long a living rank may still be held in a collective (the process group's timeout); the other
-    ranks wait that long and more for rank 0's list.
+    ranks wait that long and more for rank 0's list. ``requests``: runs this process's requests to ``store``, which a
+    frozen server would hold without end. ``store_lost``: called with the error before it is raised, where the store
+    does not answer (rank 0's process, which serves it, is gone or frozen).
 
     Raises:
         RecoveryError: This rank was counted lost (it answered after the list was written), or no list came (rank 0,
@@ -139,18 +156,17 @@ def agree_on_lost(store: Store, world: World, rank: int, *, settle: float, timeo
     """
     from torch.distributed import DistError
 
-    keys = keys_of(world)
-    try:
-        store.set_timeout(timedelta(seconds=timeout + settle + GRACE))
-        sound_alarm(store, world)
-        store.wait([keys.lost])
-        lost = read_lost(store.get(keys.lost), world.world_size, keys.lost)
-    except DistError as error:
-        raise RecoveryError(
+    wait = timeout + settle + GRACE
+    try:  # the store's timeout bounds each request to a living server, the deadline one to a frozen one
+        lost = (requests or Deadline()).run(functools.partial(_read_agreed, store, world, wait), wait + GRACE)
+    except (DistError, Unanswered) as error:
+        failure = RecoveryError(
             f"rank {rank} of generation {world.number} could not learn which ranks are lost: {error}",
             "rank 0 writes the list and serves the job's store; if it is gone, the job is started again"
             " (`lightning-mpi-env run` does that)",
-        ) from error
+        )
+        store_lost(failure)
+        raise failure from error
     if rank in lost:
         raise RecoveryError(
             f"rank {rank} of generation {world.number} was counted lost: it answered after the others had gone on",
@@ -158,6 +174,15 @@ def agree_on_lost(store: Store, world: World, rank: int, *, settle: float, timeo
             " longer cannot rejoin, so the job goes on without it",
         )
     return lost
+
+
+def _read_agreed(store: Store, world: World, wait: float) -> tuple[int, ...]:
+    """Sound ``world``'s alarm, and read the list of the lost once rank 0 wrote it (``wait``: the store's timeout)."""
+    keys = keys_of(world)
+    store.set_timeout(timedelta(seconds=wait))
+    sound_alarm(store, world)
+    store.wait([keys.lost])
+    return read_lost(store.get(keys.lost), world.world_size, keys.lost)
 
 
 def _name_lost(store: Store, world: World, settle: float, timeout: float, gone: Callable[[int], bool]) -> None:

@@ -122,9 +122,37 @@ def end_here(store: Store, layout: RankLayout, env: Mapping[str, str], launch_ra
             _kill(task[1], task[2])
 
 
+def end_rank_0(
+    task: tuple[str, str, str] | None, layout: RankLayout, env: Mapping[str, str], failure: RecoveryError, *, ask: bool
+) -> None:
+    """Where rank 0's store does not answer (its process frozen, or gone): end the process rank 0 posted (``task``).
+
+    The launcher would wait for a frozen one. On this node by a signal; on another, where ``ask`` (one survivor
+    asks), by the launcher's command on that node, as :func:`end_lost` runs it (bounded), and nothing where it has none.
+    Before, it says ``failure`` (why): ``mpirun`` may end this process as soon as rank 0's has.
+    """
+    if task is None:
+        return
+    node, pid, start = task
+    if node == this_node(layout, env):
+        if _running(pid, start):
+            _say(f"{failure.problem}; ending rank 0's process {pid} on {node} (it still runs)")
+            _kill(pid, start)
+        return
+    prefix = on_node_command(layout.launcher, env, node) if ask else None
+    if prefix is not None:
+        _say(f"{failure.problem}; ending rank 0's process {pid} on {node} if it still runs")
+        _end_all([(0, node, pid, (*prefix, "sh", "-c", SCRIPT, "sh", pid, start))])
+
+
+def _running(pid: str, start: str) -> bool:
+    """Whether process ``pid`` of this node is the one that started at ``start``, and not this one."""
+    return int(pid) not in (0, os.getpid()) and process_start(pid) == start  # 0 would be this process group
+
+
 def _kill(pid: str, start: str) -> None:
     """``SIGKILL`` to process ``pid`` of this node if it is still the one that started at ``start`` (not this one)."""
-    if int(pid) not in (0, os.getpid()) and process_start(pid) == start:  # 0 would be this process group
+    if _running(pid, start):
         with contextlib.suppress(OSError):  # gone meanwhile
             os.kill(int(pid), signal.SIGKILL)
 

@@ -31,7 +31,15 @@ from lightning_mpi_env.core.schedulers import job_identity
 from lightning_mpi_env.core.settings import Settings
 from lightning_mpi_env.recovery.agreement import LOOKOUT_WAIT, Lookout, agree_on_lost
 from lightning_mpi_env.recovery.connections import GroupConnections, not_inherited, open_sockets
-from lightning_mpi_env.recovery.ending import ENDING_WAIT, end_here, end_lost, post_task, task_node
+from lightning_mpi_env.recovery.ending import (
+    ENDING_WAIT,
+    end_here,
+    end_lost,
+    end_rank_0,
+    post_task,
+    posted_task,
+    task_node,
+)
 from lightning_mpi_env.recovery.groups import Group
 from lightning_mpi_env.recovery.handover import hand_over
 from lightning_mpi_env.recovery.liveness import Watcher, connect
@@ -49,6 +57,7 @@ from lightning_mpi_env.recovery.replacement import (
 )
 from lightning_mpi_env.recovery.worlds import Relaunch, World, first, successor
 from lightning_mpi_env.rollcall.claims import Claim
+from lightning_mpi_env.rollcall.deadline import Deadline
 from lightning_mpi_env.rollcall.process_info import process_info
 from lightning_mpi_env.rollcall.store import RendezvousResult, client_of, rendezvous
 
@@ -177,18 +186,21 @@ def restartable(
     kept = None
     recovered: dict[str, float] = {}
     group = Group(store, backend, timeout)
+    rank_0 = None  # where rank 0 runs, read once it has said so (its store may freeze with it)
+    requests = Deadline("lightning-mpi-env-store-request")  # a frozen rank 0 would hold a request without end
     try:
         while True:
             before = open_sockets()
-            group.open(world, rank)
+            group.open(world, rank)  # every rank posted where it runs before
             if recovered:
                 recovered["opened"] = time.time()
+            rank_0 = rank_0 or (posted_task(store, 0) if rank else None)
             connections = GroupConnections.opened_since(before, store.port, *([watcher.port] if watcher else []))
             # A killed rank's connections close with it, not with its loader workers: its line to rank 0 too.
             not_inherited(GroupConnections({**connections.sockets, **held}, connections.kept_ports))
             gone = functools.partial(_ended, watcher, world)
             client = client_of(store, LOOKOUT_WAIT)
-            lookout = Lookout(store, client, world, rank, settle=settle, timeout=timeout, gone=gone)
+            lookout = Lookout(store, client, world, rank, settle=settle, timeout=timeout, gone=gone, requests=requests)
             lookout.start()
             generation = Generation(
                 world.number,
@@ -211,7 +223,10 @@ def restartable(
                 recovered = {"failed": time.time()}
                 group.leave(error, connections)
                 recovered["left"] = time.time()
-                lost = agree_on_lost(store, world, rank, settle=settle, timeout=timeout)
+                ending_0 = functools.partial(end_rank_0, rank_0, layout, environ, ask=rank == 1)
+                lost = agree_on_lost(
+                    store, world, rank, settle=settle, timeout=timeout, requests=requests, store_lost=ending_0
+                )
                 recovered["agreed"] = time.time()
                 launch_ranks = [world.launch_ranks[number] for number in lost]
                 end_here(store, layout, environ, launch_ranks)

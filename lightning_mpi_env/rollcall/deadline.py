@@ -20,7 +20,9 @@ class Deadline:
     client's timeout does not cover a server that accepted the connection and stopped answering.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "lightning-mpi-env-watchdog-request") -> None:
+        """``name``: its threads' (each request's thread, while one runs)."""
+        self._name = name
         self._runner: threading.Thread | None = None
         self._outcome: list[tuple[bool, object]] = []
 
@@ -36,10 +38,10 @@ class Deadline:
             def target() -> None:
                 try:
                     outcome.append((True, work()))
-                except BaseException as error:  # handed to the watchdog thread, which decides
+                except BaseException as error:  # handed to the caller, which decides
                     outcome.append((False, error))
 
-            self._runner = threading.Thread(target=target, name="lightning-mpi-env-watchdog-request", daemon=True)
+            self._runner = threading.Thread(target=target, name=self._name, daemon=True)
             self._runner.start()
         self._runner.join(seconds)
         if self._runner.is_alive():

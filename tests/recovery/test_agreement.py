@@ -7,6 +7,10 @@ an older generation's writes replayed later change nothing of a newer one's.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -17,6 +21,7 @@ import torch.distributed as dist
 from lightning_mpi_env.core.errors import RecoveryError
 from lightning_mpi_env.recovery.agreement import Lookout, agree_on_lost, keys_of, sound_alarm
 from lightning_mpi_env.recovery.worlds import World, first, successor
+from lightning_mpi_env.rollcall.deadline import Deadline
 
 SETTLE = 5.0  # longer than a thread's wake-up on busy cores: only a rank with no lookout at all goes unheard
 TIMEOUT = 60.0
@@ -185,3 +190,38 @@ def test_a_rank_whose_process_ended_is_named_at_once_not_after_settle(server):
     assert run_ranks(agree) == {0: (2,), 1: (2,), 3: (2,)}
     for lookout in watching:
         lookout.close()
+
+
+def test_with_rank_0_frozen_a_rank_gives_up_ends_it_and_says_why():
+    # A request to a stopped server does not return, whatever the client's timeout (its kernel still keeps the
+    # connection): the agreement and the lookout's close give up after their deadlines, and the store is called lost.
+    serving = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        port = int(serving.stdout.readline())  # the server listens
+        store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=TIMEOUT))
+        world = first(2)
+        lookout = Lookout(store, dist.TCPStore("127.0.0.1", port, None, False), world, 1, settle=0.1, timeout=1)
+        lookout.start()
+        os.kill(serving.pid, signal.SIGSTOP)
+        called = []
+        requests = Deadline()
+        with pytest.raises(RecoveryError, match="rank 1 of generation 1 could not learn which ranks are lost"):
+            agree_on_lost(store, world, 1, settle=0.1, timeout=1, requests=requests, store_lost=called.append)
+        assert [type(failure) for failure in called] == [RecoveryError]
+        closing = threading.Thread(target=lookout.close)
+        closing.start()
+        closing.join(TIMEOUT)
+        assert not closing.is_alive()
+    finally:
+        serving.kill()
+        serving.wait()
+
+
+SERVER = """
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
+print(store.port, flush=True)
+time.sleep(600)
+"""

@@ -224,6 +224,29 @@ def test_under_mpirun_a_frozen_rank_that_the_program_swallowed_ends_the_job(clus
     assert {1, 3} <= set(records), output[-4000:]  # the others returned
 
 
+@pytest.mark.parametrize("ulfm", [False, True], ids=["mpirun", "mpirun --with-ft ulfm"])
+def test_under_mpirun_a_frozen_rank_0_ends_the_job(cluster: SimulatedCluster, tmp_path: Path, ulfm: bool):
+    # Rank 0 served the store: the others give up on it, rank 1 (its survivor on node1) ends it, and each raises.
+    # Plain mpirun ends the job at the first status that is not 0; under ulfm every survivor ends by its own error.
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS), "--freeze"]
+    command += ["--fault-rank", "0", "--fault-step", str(FAULT_STEP)]
+    done = cluster.run(
+        command,
+        timeout=TIMEOUT,
+        export={**cluster.job_environment(), "LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(FROZEN_GROUP_TIMEOUT)},
+        mpirun_args=["--with-ft", "ulfm"] if ulfm else [],
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-4000:]
+    said = {rank for rank in (1, 2, 3) if f"rank {rank} of generation 1 could not learn which ranks are lost" in output}
+    # Rank 1 says why before it ends rank 0; plain mpirun may end the others before they say it.
+    assert (said == {1, 2, 3}) if ulfm else (1 in said), output[-4000:]
+    assert output.count("; ending rank 0's process") == 1, output[-4000:]
+    assert read_records(out) == {}, output[-4000:]  # no rank finished
+
+
 def run_replaced(cluster: SlurmCluster, out: Path, job: list[str], fault: str) -> tuple[str, dict[int, dict]]:
     """Run ``job`` under ``lightning-mpi-env run`` with 4 ranks on 2 nodes of a 3-node allocation, rank 2 killed or
     frozen at step 10; check that the survivors kept their processes, a new one on node3 took rank 2's place, and
@@ -336,15 +359,33 @@ def test_a_program_that_swallows_the_lost_ranks_error_ends_in_runs_relaunch(
         assert record["weights"] == pytest.approx(expected, abs=1e-6)
 
 
+@pytest.mark.slurm
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+def test_losing_rank_0_ends_every_process_and_run_starts_the_job_again(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path, fault: str
+):
+    # Rank 0's process served the job's store: the others cannot agree, and each ends with the error that says so.
+    # A frozen rank 0 would hold srun to the allocation's end: rank 1, its survivor on node1, ends it first.
+    freeze = ("--freeze",) if fault == "frozen" else ()
+    job = [sys.executable, str(JOB)]
+    output, records = run_relaunched_once(slurm_cluster_with_spare, tmp_path, job, freeze, fault_rank=0)
+    said = "of generation 1 could not learn which ranks are lost"
+    assert {f"rank {rank} {said}" in output for rank in (1, 2, 3)} == {True}, output[-4000:]
+    expected = expected_weights([4] * STEPS)  # the relaunch's, with no fault
+    for launch_rank, record in records.items():
+        assert record["generations"] == [[1, launch_rank, 4, 0]]
+        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+
+
 def run_relaunched_once(
-    cluster: SlurmCluster, tmp_path: Path, job: list[str], freeze: tuple[str, ...] = ()
+    cluster: SlurmCluster, tmp_path: Path, job: list[str], freeze: tuple[str, ...] = (), fault_rank: int = 2
 ) -> tuple[str, dict[int, dict]]:
-    """Run ``job`` as :func:`run_replaced` does, rank 2 killed (or with ``--freeze``, frozen) at step 10 once (not after
-    a relaunch); check that the step failed and ``run`` started it again, which succeeded. Its output and the ranks'
-    records (their last processes')."""
+    """Run ``job`` as :func:`run_replaced` does, ``fault_rank`` killed (or with ``--freeze``, frozen) at step 10 once
+    (not after a relaunch); check that the step failed and ``run`` started it again, which succeeded. Its output and
+    the ranks' records (their last processes')."""
     once = ["--fault-once", str(tmp_path / "faulted"), *freeze]
     # Without a freeze, no survivor may wait for the lost rank: the group's timeout is beyond the test's limit.
-    output, events = run_under_run(cluster, tmp_path / "out", job, once, group_timeout(freeze))
+    output, events = run_under_run(cluster, tmp_path / "out", job, once, group_timeout(freeze), fault_rank)
     kinds = [event["event"] for event in events]
     assert [kind for kind in kinds if kind not in ("first_step", "excluded", "probe")] == [
         "launch",
@@ -357,14 +398,14 @@ def run_relaunched_once(
 
 
 def run_under_run(
-    cluster: SlurmCluster, out: Path, job: list[str], fault: list[str], stall_timeout: int
+    cluster: SlurmCluster, out: Path, job: list[str], fault: list[str], stall_timeout: int, fault_rank: int = 2
 ) -> tuple[str, list[dict]]:
-    """Run ``job`` under ``lightning-mpi-env run --restarts 1`` with 4 ranks on 2 nodes of a 3-node allocation, rank
-    2 lost at step 10 (``fault``: how, beyond a kill), its records in ``out``; check that ``run`` succeeded. Its output
-    and the events of ``run``'s journal."""
+    """Run ``job`` under ``lightning-mpi-env run --restarts 1`` with 4 ranks on 2 nodes of a 3-node allocation,
+    ``fault_rank`` lost at step 10 (``fault``: how, beyond a kill), its records in ``out``; check that ``run``
+    succeeded. Its output and the events of ``run``'s journal."""
     out.mkdir()
     command = [*SRUN, "--ntasks=4", *job, "--out", str(out), "--steps", str(STEPS)]
-    command += ["--fault-rank", "2", "--fault-step", str(FAULT_STEP), *fault]
+    command += ["--fault-rank", str(fault_rank), "--fault-step", str(FAULT_STEP), *fault]
     state = out.parent / "state"
     supervisor = [sys.executable, "-m", "lightning_mpi_env", "run", "--restarts", "1", "--state-dir", str(state)]
     done = cluster.run(
