@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 FD_FOLDER = "/proc/self/fd"
@@ -61,34 +62,50 @@ class GroupConnections:
 
     def shut(self) -> int:
         """Shut down each of them that is still the same connected TCP stream, on none of the kept ports; how many."""
-        now = open_sockets()
-        done = 0
-        for fd, link in self.sockets.items():
-            if now.get(fd) != link:
-                continue  # closed, or the number now names another socket
-            try:
-                connection = socket.socket(fileno=os.dup(fd))
-            except OSError:
-                continue
-            with connection:
-                if self._is_peer(connection):
-                    try:
-                        connection.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        continue  # not connected any more
-                    done += 1
-        return done
+        return _shut(self.sockets, lambda ports: not set(ports) & set(self.kept_ports))
 
-    def _is_peer(self, connection: socket.socket) -> bool:
-        if connection.family not in (socket.AF_INET, socket.AF_INET6) or connection.type != socket.SOCK_STREAM:
-            return False
+
+def shut_to(port: int) -> int:
+    """Shut down this process's connections to ``port`` (the job's store, whose server stopped answering); how many.
+
+    A request blocked on one fails at once, and its thread ends: one still inside torch as the interpreter exits
+    aborts the process.
+    """
+    return _shut(open_sockets(), lambda ports: ports[1] == port)
+
+
+def _shut(sockets: dict[int, str], wanted: Callable[[tuple[int, int]], bool]) -> int:
+    """Shut down each of ``sockets`` still the same connected TCP stream, whose (own, peer) ports are ``wanted``."""
+    now = open_sockets()
+    done = 0
+    for fd, link in sockets.items():
+        if now.get(fd) != link:
+            continue  # closed, or the number now names another socket
         try:
-            if connection.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                return False  # a listener: gloo aborts the process when its accept fails
-            ports = (connection.getsockname()[1], connection.getpeername()[1])
+            connection = socket.socket(fileno=os.dup(fd))
         except OSError:
-            return False  # not connected
-        return not set(ports) & set(self.kept_ports)
+            continue
+        with connection:
+            ports = _stream_ports(connection)
+            if ports is not None and wanted(ports):
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    continue  # not connected any more
+                done += 1
+    return done
+
+
+def _stream_ports(connection: socket.socket) -> tuple[int, int] | None:
+    """A connected TCP stream's own port and its peer's; ``None`` for any other socket."""
+    if connection.family not in (socket.AF_INET, socket.AF_INET6) or connection.type != socket.SOCK_STREAM:
+        return None
+    try:
+        if connection.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            return None  # a listener: gloo aborts the process when its accept fails
+        return connection.getsockname()[1], connection.getpeername()[1]
+    except OSError:
+        return None  # not connected
 
 
 def not_inherited(connections: GroupConnections | None) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from lightning_mpi_env.core.errors import RecoveryError, escaped
 from lightning_mpi_env.core.launchers import NODE_NAME, on_node_command
 from lightning_mpi_env.core.rank_layout import RankLayout
+from lightning_mpi_env.recovery.connections import shut_to
 from lightning_mpi_env.recovery.worlds import FOREIGN_WRITE
 
 if TYPE_CHECKING:
@@ -123,14 +124,22 @@ def end_here(store: Store, layout: RankLayout, env: Mapping[str, str], launch_ra
 
 
 def end_rank_0(
-    task: tuple[str, str, str] | None, layout: RankLayout, env: Mapping[str, str], failure: RecoveryError, *, ask: bool
+    task: tuple[str, str, str] | None,
+    layout: RankLayout,
+    env: Mapping[str, str],
+    port: int,
+    failure: RecoveryError,
+    *,
+    ask: bool,
 ) -> None:
-    """Where rank 0's store does not answer (its process frozen, or gone): end the process rank 0 posted (``task``).
+    """Where rank 0's store (``port``) does not answer (rank 0 frozen, or gone): end the process it posted (``task``).
 
-    The launcher would wait for a frozen one. On this node by a signal; on another, where ``ask`` (one survivor
-    asks), by the launcher's command on that node, as :func:`end_lost` runs it (bounded), and nothing where it has none.
-    Before, it says ``failure`` (why): ``mpirun`` may end this process as soon as rank 0's has.
+    First, shut this process's connections to the store, which its requests may still wait on. The launcher would
+    wait for a frozen rank 0. On this node by a signal; on another, where ``ask`` (one survivor asks), by the
+    launcher's command on that node, as :func:`end_lost` runs it (bounded), and nothing where it has none. Before,
+    it says ``failure`` (why): ``mpirun`` may end this process as soon as rank 0's has.
     """
+    shut_to(port)
     if task is None:
         return
     node, pid, start = task

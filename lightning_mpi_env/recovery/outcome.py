@@ -7,21 +7,26 @@ lost ranks and their nodes, and ``run`` takes the step as done.
 
 A program that catches its steps' errors returns from ``main`` with a rank lost, and ``restartable`` never saw the
 loss. A killed rank's status ends the step; a frozen one would hold it (``srun`` and ``mpirun`` wait for every
-task), so rank 0 waits for its word at most the process group's timeout, then ends it and raises.
+task), so rank 0 waits for its word at most the process group's timeout, and writes which ranks did not return:
+every rank ends those on its node, rank 0 the others too, and raises. The other ranks wait for that list: a rank 0
+frozen after they returned would hold the step too, and its store answers no request then.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from lightning_mpi_env.core.errors import RecoveryError
 from lightning_mpi_env.core.records import FailureKind, FailureRecorder, Fault
-from lightning_mpi_env.recovery.worlds import World, prefix
+from lightning_mpi_env.recovery.worlds import World, lost_text, prefix, read_lost
 from lightning_mpi_env.rollcall.batches import Arrivals
 from lightning_mpi_env.rollcall.claims import format_ranks
+from lightning_mpi_env.rollcall.deadline import Deadline, Unanswered
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store  # the public torch.distributed.Store
@@ -29,7 +34,16 @@ if TYPE_CHECKING:
 DONE_KEY = "done/"
 """Under each generation: add a rank, once it returned from ``main``."""
 
+UNRETURNED_KEY = "done/unreturned"
+"""Under each generation: rank 0's list of the ranks that did not return, once it waited for every rank's word."""
+
 POLL = 0.05
+
+HEARD = 10.0
+"""Seconds of one wait of a rank for rank 0's list; between two, a request shows that rank 0's store still answers."""
+
+GRACE = 5.0
+"""Seconds past a wait that a request to the store may take before it is taken for unanswered (rank 0 frozen)."""
 
 
 def finished(
@@ -40,29 +54,82 @@ def finished(
     recorder: FailureRecorder | None,
     timeout: float,
     gone: Callable[[int], bool] = lambda rank: False,
+    *,
+    requests: Deadline | None = None,
+    store_lost: Callable[[RecoveryError], object] = lambda failure: None,
 ) -> tuple[int, ...]:
-    """Say that this rank returned from ``main`` in ``world``; rank 0 waits for every rank's word or end.
+    """Say that this rank returned from ``main`` in ``world``; return the ranks of ``world`` rank 0 found frozen.
 
-    Rank 0 returns the ranks of ``world`` that did neither within ``timeout`` seconds: a frozen process whose peers
-    caught their steps' errors, so that ``main`` returned on them; the launcher would wait for it. ``()`` elsewhere.
-    ``gone``: whether a rank's process ended (by its rank in ``world``); a killed rank's status ends the step.
+    Rank 0 waits for every rank's word or end, at most ``timeout`` seconds, and names the ranks that did neither: a
+    frozen process whose peers caught their steps' errors, so that ``main`` returned on them; the launcher would wait
+    for it. ``gone``: whether a rank's process ended (by its rank in ``world``); a killed rank's status ends the step.
+    The other ranks wait for rank 0's list, as long as its store answers: ``()`` where the store ended (rank 0's
+    status ends the step). ``requests`` runs their requests with a deadline.
 
     After a loss (``world.number > 1``), with every rank's word, rank 0 writes the ``recovered`` record into ``run``'s
     state folder (``recorder``; none outside it). ``lost``: each lost launch rank's node (rank 0 knows them).
+
+    Raises:
+        RecoveryError: Rank 0's store did not answer (rank 0 frozen, or its node hung), after ``store_lost`` was
+            called with the error.
     """
     from torch.distributed import DistError
 
     keys = [f"{prefix(world.number)}{DONE_KEY}{number}" for number in range(world.world_size)]
-    try:
-        store.set(keys[rank], "1")
-        if rank != 0:
+    unreturned_key = f"{prefix(world.number)}{UNRETURNED_KEY}"
+    if rank != 0:
+        try:
+            return _heard(store, keys[rank], unreturned_key, world, requests or Deadline())
+        except DistError:  # rank 0 ended, or its store did: no record, so run takes the step for what its status says
             return ()
+        except Unanswered as error:
+            failure = RecoveryError(
+                f"rank {rank} of generation {world.number} returned from the function restartable runs, and rank 0's"
+                f" store stopped answering ({error}): rank 0 is frozen, or its node hung",
+                "start the job again (`lightning-mpi-env run` does); a survivor ends rank 0's process, which the"
+                " launcher would wait for",
+            )
+            store_lost(failure)
+            raise failure from error
+    try:
+        store.set(keys[0], "1")
         missing, ended = _unreturned(store, keys, gone, time.monotonic() + timeout)
-    except DistError:  # rank 0 ended, or its store did: no record, so run takes the step for what its status says
+        frozen = tuple(number for number in missing if number not in ended)
+        store.set(unreturned_key, lost_text(frozen))
+    except DistError:  # its own store: only where torch failed it
         return ()
     if not missing and recorder is not None and world.number > 1:
         _record(world, lost, recorder)
-    return tuple(number for number in missing if number not in ended)
+    return frozen
+
+
+def _heard(store: Store, key: str, unreturned_key: str, world: World, requests: Deadline) -> tuple[int, ...]:
+    """A rank other than 0: say it returned (``key``), then wait for rank 0's list, while its store answers.
+
+    Raises:
+        DistError: The store ended.
+        Unanswered: A request to it did not return (rank 0 frozen).
+    """
+    requests.run(functools.partial(store.set, key, "1"), GRACE)
+    while not requests.run(functools.partial(_set_within, store, unreturned_key, HEARD), HEARD + GRACE):
+        pass
+    raw = requests.run(functools.partial(store.get, unreturned_key), GRACE)
+    return read_lost(raw, world.world_size, unreturned_key)
+
+
+def _set_within(store: Store, key: str, seconds: float) -> bool:
+    """Whether ``key`` is set within ``seconds``; the answer to a request shows the store's server answers.
+
+    Raises:
+        DistError: The store ended.
+    """
+    from torch.distributed import DistStoreError
+
+    try:
+        store.wait([key], timedelta(seconds=seconds))
+    except DistStoreError:  # the wait's time ran out: a check answers where the server does, else raises
+        return store.check([key])
+    return True
 
 
 def _unreturned(

@@ -202,6 +202,7 @@ def restartable(
             client = client_of(store, LOOKOUT_WAIT)
             lookout = Lookout(store, client, world, rank, settle=settle, timeout=timeout, gone=gone, requests=requests)
             lookout.start()
+            ending_0 = functools.partial(end_rank_0, rank_0, layout, environ, store.port, ask=rank == 1)
             generation = Generation(
                 world.number,
                 rank,
@@ -216,14 +217,10 @@ def restartable(
                     generation.resumed = generation.kept = hand_over(kept, 0)
                     generation.recovered = {**recovered, "restored": time.time()}
                 result = main(generation)
-                frozen = finished(store, world, rank, lost_nodes, recorder, timeout, gone)
-                if not frozen:
-                    return result
             except Exception as error:
                 recovered = {"failed": time.time()}
                 group.leave(error, connections)
                 recovered["left"] = time.time()
-                ending_0 = functools.partial(end_rank_0, rank_0, layout, environ, ask=rank == 1)
                 lost = agree_on_lost(
                     store, world, rank, settle=settle, timeout=timeout, requests=requests, store_lost=ending_0
                 )
@@ -246,10 +243,21 @@ def restartable(
                     await_replacements(store, world, spares, settings.rendezvous_timeout, started)
                 kept = generation.kept
                 continue
+            else:  # an error here is not main's: nothing to recover from
+                # No collective is left for this rank: shut its group's connections, so that a peer still held in one
+                # (a program that caught a step's error after a loss is out of step) fails now, not at the timeout.
+                connections.shut()
+                frozen = finished(
+                    store, world, rank, lost_nodes, recorder, timeout, gone, requests=requests, store_lost=ending_0
+                )
+                end_here(store, layout, environ, [world.launch_ranks[number] for number in frozen])
+                if not frozen or rank != 0:
+                    return result
             finally:
                 _RUNNING.reset(running)
                 lookout.close()
-            # Rank 0, where main returned on a frozen rank's peers (they caught their errors): srun would wait for it.
+            # Rank 0, where main returned on a frozen rank's peers (they caught their errors): srun would wait for it
+            # (a survivor on its node has ended it, if one runs there).
             endings.append(end_lost(store, layout, environ, [world.launch_ranks[number] for number in frozen]))
             raise unreturned(
                 world, {number: task_node(store, world.launch_ranks[number]) for number in frozen}, timeout

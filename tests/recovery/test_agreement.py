@@ -7,10 +7,6 @@ an older generation's writes replayed later change nothing of a newer one's.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -192,36 +188,19 @@ def test_a_rank_whose_process_ended_is_named_at_once_not_after_settle(server):
         lookout.close()
 
 
-def test_with_rank_0_frozen_a_rank_gives_up_ends_it_and_says_why():
+def test_with_rank_0_frozen_a_rank_gives_up_ends_it_and_says_why(store_process):
     # A request to a stopped server does not return, whatever the client's timeout (its kernel still keeps the
     # connection): the agreement and the lookout's close give up after their deadlines, and the store is called lost.
-    serving = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-    try:
-        port = int(serving.stdout.readline())  # the server listens
-        store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=TIMEOUT))
-        world = first(2)
-        lookout = Lookout(store, dist.TCPStore("127.0.0.1", port, None, False), world, 1, settle=0.1, timeout=1)
-        lookout.start()
-        os.kill(serving.pid, signal.SIGSTOP)
-        called = []
-        requests = Deadline()
-        with pytest.raises(RecoveryError, match="rank 1 of generation 1 could not learn which ranks are lost"):
-            agree_on_lost(store, world, 1, settle=0.1, timeout=1, requests=requests, store_lost=called.append)
-        assert [type(failure) for failure in called] == [RecoveryError]
-        closing = threading.Thread(target=lookout.close)
-        closing.start()
-        closing.join(TIMEOUT)
-        assert not closing.is_alive()
-    finally:
-        serving.kill()
-        serving.wait()
-
-
-SERVER = """
-import sys, time
-from datetime import timedelta
-import torch.distributed as dist
-store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
-print(store.port, flush=True)
-time.sleep(600)
-"""
+    store = dist.TCPStore("127.0.0.1", store_process.port, None, False, timeout=timedelta(seconds=TIMEOUT))
+    world = first(2)
+    lookout_client = dist.TCPStore("127.0.0.1", store_process.port, None, False)
+    lookout = Lookout(store, lookout_client, world, 1, settle=0.1, timeout=1).start()
+    store_process.freeze()
+    called = []
+    with pytest.raises(RecoveryError, match="rank 1 of generation 1 could not learn which ranks are lost"):
+        agree_on_lost(store, world, 1, settle=0.1, timeout=1, requests=Deadline(), store_lost=called.append)
+    assert [type(failure) for failure in called] == [RecoveryError]
+    closing = threading.Thread(target=lookout.close)
+    closing.start()
+    closing.join(TIMEOUT)
+    assert not closing.is_alive()

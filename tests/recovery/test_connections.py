@@ -12,11 +12,15 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
 
-from lightning_mpi_env.recovery.connections import GroupConnections, not_inherited, open_sockets
+from lightning_mpi_env.recovery.connections import GroupConnections, not_inherited, open_sockets, shut_to
 
 LIMIT = 60.0  # only ends a hang
 
@@ -98,7 +102,7 @@ def test_a_number_that_names_another_socket_now_is_left_alone(listener: socket.s
 KILLED_PARENT = textwrap.dedent(
     """
     import os, signal, socket, sys, time
-    from lightning_mpi_env.recovery.connections import GroupConnections, not_inherited, open_sockets
+    from lightning_mpi_env.recovery.connections import GroupConnections, not_inherited, open_sockets, shut_to
 
     before = open_sockets()
     connection = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
@@ -162,3 +166,52 @@ def test_outside_restartable_a_forked_child_keeps_what_it_inherited(listener: so
     assert os.waitstatus_to_exitcode(status) == 0
     near.close()
     far.close()
+
+
+def test_shut_to_the_store_port_ends_a_request_a_frozen_store_holds(store_process, listener: socket.socket):
+    # The request waits on a stopped server without end; once its connection is shut down it fails at once. Other
+    # connections (a peer's) stay up.
+    store = dist.TCPStore("127.0.0.1", store_process.port, None, False, timeout=timedelta(seconds=LIMIT))
+    peer = socket.create_connection(listener.getsockname(), timeout=LIMIT)
+    accepted, _ = listener.accept()
+    store_process.freeze()
+    outcome: list[BaseException] = []
+
+    def request() -> None:
+        try:
+            store.get("never")
+        except BaseException as error:  # noqa: BLE001  # the test looks at it
+            outcome.append(error)
+
+    waiting = threading.Thread(target=request, daemon=True)
+    waiting.start()
+    until(lambda: unread_at(store_process.port))  # the request reached the frozen server: it is waiting
+    assert shut_to(store_process.port) >= 1
+    waiting.join(LIMIT)
+    assert not waiting.is_alive()
+    assert [isinstance(error, dist.DistError) for error in outcome] == [True]
+    accepted.sendall(b"x")
+    assert peer.recv(1) == b"x"  # not a store connection: still up
+    peer.close()
+    accepted.close()
+
+
+def unread_at(port: int) -> bool:
+    """Whether a connection accepted on ``port`` of this machine holds bytes its process has not read."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                local_port = int(fields[1].rsplit(":", 1)[1], 16)
+                unread = int(fields[4].split(":")[1], 16)
+                if local_port == port and unread:
+                    return True
+    return False
+
+
+def until(condition, limit: float = LIMIT) -> None:
+    """Wait for ``condition`` (the limit only ends a hang)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, "no event within the limit"
+        time.sleep(0.01)

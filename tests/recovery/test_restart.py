@@ -200,9 +200,13 @@ def test_under_open_mpi_with_ulfm_the_survivors_go_on(cluster: SimulatedCluster,
     )
 
 
-def test_under_mpirun_a_frozen_rank_that_the_program_swallowed_ends_the_job(cluster: SimulatedCluster, tmp_path: Path):
+@pytest.mark.parametrize("ulfm", [False, True], ids=["mpirun", "mpirun --with-ft ulfm"])
+def test_under_mpirun_a_frozen_rank_that_the_program_swallowed_ends_the_job(
+    cluster: SimulatedCluster, tmp_path: Path, ulfm: bool
+):
     # The survivors catch each step's error (the group's timeout) and finish; rank 0 waits that long again for rank 2
     # to return, then raises: its status makes mpirun end the job, the frozen rank with it, where it would wait.
+    # mpirun --with-ft ulfm goes on without rank 0: rank 3, which reads rank 0's list on rank 2's node, ends it.
     out = tmp_path / "out"
     out.mkdir()
     command = [sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS), "--swallow", "--freeze"]
@@ -211,6 +215,7 @@ def test_under_mpirun_a_frozen_rank_that_the_program_swallowed_ends_the_job(clus
         command,
         timeout=TIMEOUT,
         export={**cluster.job_environment(), "LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(FROZEN_GROUP_TIMEOUT)},
+        mpirun_args=["--with-ft", "ulfm"] if ulfm else [],
     )
     output = done.stdout + done.stderr
     assert done.returncode != 0, output[-4000:]
@@ -243,6 +248,7 @@ def test_under_mpirun_a_frozen_rank_0_ends_the_job(cluster: SimulatedCluster, tm
     said = {rank for rank in (1, 2, 3) if f"rank {rank} of generation 1 could not learn which ranks are lost" in output}
     # Rank 1 says why before it ends rank 0; plain mpirun may end the others before they say it.
     assert (said == {1, 2, 3}) if ulfm else (1 in said), output[-4000:]
+    assert "Aborted" not in output or not ulfm, output[-4000:]  # plain mpirun may end a survivor as it exits
     assert output.count("; ending rank 0's process") == 1, output[-4000:]
     assert read_records(out) == {}, output[-4000:]  # no rank finished
 
@@ -360,6 +366,26 @@ def test_a_program_that_swallows_the_lost_ranks_error_ends_in_runs_relaunch(
 
 
 @pytest.mark.slurm
+def test_a_program_that_swallows_errors_with_rank_0_frozen_ends_in_runs_relaunch(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
+):
+    # Rank 1-3 catch each step's error and return; rank 0, which would say which ranks did not return, is frozen and
+    # its store answers no request: each gives up on it and raises, and rank 1 ends it (srun would wait for it).
+    job = [sys.executable, str(JOB), "--swallow"]
+    output, records = run_relaunched_once(slurm_cluster_with_spare, tmp_path, job, ("--freeze",), fault_rank=0)
+    swallowed = {line.split()[1] for line in output.splitlines() if line.startswith("SWALLOWED ")}
+    assert swallowed >= {"rank=1", "rank=2", "rank=3"}, output[-4000:]
+    said = "of generation 1 returned from the function restartable runs, and rank 0's store stopped answering"
+    assert {f"rank {rank} {said}" in output for rank in (1, 2, 3)} == {True}, output[-4000:]
+    assert output.count("; ending rank 0's process") == 1, output[-4000:]
+    assert "Aborted" not in output, output[-4000:]  # no request left inside torch as a survivor's interpreter exits
+    expected = expected_weights([4] * STEPS)  # the relaunch's, with no fault
+    for launch_rank, record in records.items():
+        assert record["generations"] == [[1, launch_rank, 4, 0]]
+        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.slurm
 @pytest.mark.parametrize("fault", ["killed", "frozen"])
 def test_losing_rank_0_ends_every_process_and_run_starts_the_job_again(
     slurm_cluster_with_spare: SlurmCluster, tmp_path: Path, fault: str
@@ -371,6 +397,7 @@ def test_losing_rank_0_ends_every_process_and_run_starts_the_job_again(
     output, records = run_relaunched_once(slurm_cluster_with_spare, tmp_path, job, freeze, fault_rank=0)
     said = "of generation 1 could not learn which ranks are lost"
     assert {f"rank {rank} {said}" in output for rank in (1, 2, 3)} == {True}, output[-4000:]
+    assert "Aborted" not in output, output[-4000:]  # no request left inside torch as a survivor's interpreter exits
     expected = expected_weights([4] * STEPS)  # the relaunch's, with no fault
     for launch_rank, record in records.items():
         assert record["generations"] == [[1, launch_rank, 4, 0]]
