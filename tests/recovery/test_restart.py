@@ -334,10 +334,7 @@ def test_a_replacement_that_fails_to_start_ends_every_rank_at_once_and_run_start
     assert output.count(said) == 3, output[-4000:]  # each survivor's error
     # The relaunch trained from the start with no fault: the weights of a job that never failed.
     assert sorted(records) == [0, 1, 2, 3], output[-4000:]
-    expected = expected_weights([4] * STEPS)
-    for record in records.values():
-        assert record["generations"] == [[1, record["generations"][0][1], 4, 0]]
-        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+    check_relaunched_afresh(records)
 
 
 @pytest.mark.slurm
@@ -359,10 +356,7 @@ def test_a_program_that_swallows_the_lost_ranks_error_ends_in_runs_relaunch(
     unreturned = "rank 2 (node2) of generation 1 did not return from the function restartable runs within"
     unreturned += f" {FROZEN_GROUP_TIMEOUT} s"
     assert output.count(unreturned) == (1 if freeze else 0), output[-4000:]
-    expected = expected_weights([4] * STEPS)  # the relaunch's, with no fault
-    for launch_rank, record in records.items():
-        assert record["generations"] == [[1, launch_rank, 4, 0]]
-        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+    check_relaunched_afresh(records)
 
 
 @pytest.mark.slurm
@@ -379,10 +373,7 @@ def test_a_program_that_swallows_errors_with_rank_0_frozen_ends_in_runs_relaunch
     assert {f"rank {rank} {said}" in output for rank in (1, 2, 3)} == {True}, output[-4000:]
     assert output.count("; ending rank 0's process") == 1, output[-4000:]
     assert "Aborted" not in output, output[-4000:]  # no request left inside torch as a survivor's interpreter exits
-    expected = expected_weights([4] * STEPS)  # the relaunch's, with no fault
-    for launch_rank, record in records.items():
-        assert record["generations"] == [[1, launch_rank, 4, 0]]
-        assert record["weights"] == pytest.approx(expected, abs=1e-6)
+    check_relaunched_afresh(records)
 
 
 @pytest.mark.slurm
@@ -398,7 +389,12 @@ def test_losing_rank_0_ends_every_process_and_run_starts_the_job_again(
     said = "of generation 1 could not learn which ranks are lost"
     assert {f"rank {rank} {said}" in output for rank in (1, 2, 3)} == {True}, output[-4000:]
     assert "Aborted" not in output, output[-4000:]  # no request left inside torch as a survivor's interpreter exits
-    expected = expected_weights([4] * STEPS)  # the relaunch's, with no fault
+    check_relaunched_afresh(records)
+
+
+def check_relaunched_afresh(records: dict[int, dict]) -> None:
+    """Each rank's record is the relaunch's: one generation from the start, and the weights of a job with no fault."""
+    expected = expected_weights([4] * STEPS)
     for launch_rank, record in records.items():
         assert record["generations"] == [[1, launch_rank, 4, 0]]
         assert record["weights"] == pytest.approx(expected, abs=1e-6)
