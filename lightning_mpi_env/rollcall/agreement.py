@@ -10,19 +10,23 @@ per step:
 2. Every rank's thread that sees it first sets :attr:`StopAgreement.seen`, then posts the step this rank will
    certainly reach: the last step its loop finished, plus one; under a ``prompt`` kind, the last step itself where
    the loop already waits at its end, or between that step and the next (its handler waits there: ``sigterm.py``).
-   The store keeps the highest post (``compare_set``).
+   A thread whose loop is between two steps with the signal in hand (its handler is on the way) holds its post until
+   the loop waits, for at most :data:`HOLD` seconds: posting the next step would send every rank to fetch a batch
+   from data loader workers the signal ended. The store keeps the highest post (``compare_set``).
 3. When the last rank has posted, the highest post is the step every rank stops at.
 
 Why no rank has passed that step: the loop checks ``seen`` after each step, and the thread sets it *before* reading
 the loop's step; so a loop that finished its step ``n`` either was seen at ``n - 1`` (post ``n``) or sees ``seen``
-at ``n`` and waits there for the agreed step, which is at least its own post. A rank waiting there holds no other
-rank: the posts come from the threads, not from the loops. The wait is bounded by the slowest thread's interval.
+at ``n`` and waits there for the agreed step, which is at least its own post. A held post is made the same way,
+only later. A rank waiting there holds no other rank: the posts come from the threads, not from the loops. The wait is
+bounded by the slowest thread's interval, plus :data:`HOLD` where a thread holds its post.
 """
 
 from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -39,6 +43,10 @@ REQUESTED = KEY + "requested"
 AT = KEY + "at"
 POSTED = KEY + "posted"
 KNOWN = KEY + "known"
+
+HOLD = 15.0
+"""Seconds a thread holds its post for its loop on the way to wait (a quarter of the least wait in ``due``, 60 s): a
+main thread blocked in C code (a collective, a loader's 5 s poll) runs its handler late."""
 
 
 @dataclass(frozen=True)
@@ -74,9 +82,17 @@ class StopAgreement:
     """This rank's part in agreeing on a step to stop at; ``signalled()`` is asked by the thread, never the handler."""
 
     def __init__(
-        self, *, rank: int, world_size: int, signalled: Callable[[], bool], kind: StopKind = REQUEUE_STOP
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        signalled: Callable[[], bool],
+        kind: StopKind = REQUEUE_STOP,
+        coming: Callable[[], bool] | None = None,
     ) -> None:
         self.rank, self.world_size, self.kind = rank, world_size, kind
+        self._coming = coming  # a prompt kind's: whether the loop is on its way to wait in due() (the thread asks)
+        self._held_since: float | None = None
         self._requested, self._at, self._posted, self._known_key = (
             kind.key + name for name in ("requested", "at", "posted", "known")
         )
@@ -147,6 +163,8 @@ class StopAgreement:
             # A loop waiting at the end of its step can stop right there (under a prompt kind: a SIGTERM that
             # reached the data loader workers too leaves no batch to fetch); else the next step's end.
             here = self.kind.prompt and self._waiting
+            if not here and self._hold():
+                return added
             self._raise_to(self._finished + (0 if here else 1), store, self._at)
             if store.add(self._posted, 1) >= self.world_size:
                 store.set(self._known_key, "1")
@@ -156,6 +174,15 @@ class StopAgreement:
             self.state = AgreementState.KNOWN
             self._known.set()
         return added
+
+    def _hold(self) -> bool:
+        """Whether the thread holds its post now: its loop is on its way to wait (for :data:`HOLD` seconds at most)."""
+        if self._coming is None or not self.kind.prompt:
+            return False
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+        return now - self._held_since < HOLD and self._coming()
 
     @staticmethod
     def _raise_to(step: int, store: Store, key: str = AT) -> None:

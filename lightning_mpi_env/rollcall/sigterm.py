@@ -40,7 +40,10 @@ class SigtermStop:
         """Called by the handler after it noted the signal (in the main thread, where Python runs handlers)."""
         self.stopped = False
         """Whether this rank reached the agreed step (and stops there)."""
-        self.agreement = StopAgreement(rank=rank, world_size=world_size, signalled=self.noted, kind=SIGTERM_STOP)
+        self._between = False  # whether the loop is between two steps (set by wait_between_steps)
+        self.agreement = StopAgreement(
+            rank=rank, world_size=world_size, signalled=self.noted, kind=SIGTERM_STOP, coming=self.coming
+        )
         self._handler: Any = None  # the handler :meth:`install` put in, and the one it replaced
         self._replaced: Any = None
         self._child_handler: _ChildEnds | None = None  # the SIGCHLD handler :meth:`watch_workers` put in
@@ -71,9 +74,17 @@ class SigtermStop:
         A signal noted after the loop's check at the step's end found no stop to run in its handler: ``stop`` runs
         here, at once, where it would otherwise wait for a batch that may never come.
         """
-        self.between_steps = stop
+        self.between_steps, self._between = stop, stop is not None
         if stop is not None and self.noted() and not self.stopped:
             self.stop_between_steps()
+
+    def coming(self) -> bool:
+        """Whether the loop, between two steps, is on its way to wait for the agreement there (asked by the thread).
+
+        So it is where the signal came to this process: noted, or a loader worker it ended is not reaped yet (its
+        ``SIGCHLD`` handler runs the stop). The thread holds this rank's post for it (``agreement.HOLD``).
+        """
+        return self._between and (self.noted() or child_ended_by_sigterm())
 
     def noted(self) -> bool:
         """Whether a ``SIGTERM`` came to this process."""

@@ -182,3 +182,69 @@ def test_under_a_prompt_kind_a_loop_waiting_at_the_end_of_its_step_stops_right_t
         answers += [agreement.due(7, wait=HANG), agreement.due(8, wait=HANG)]
     assert agreement.stop_at == expected
     assert answers == ([True] if waiting else [False, True])
+
+
+def _sigterm_agreement(rank: int, coming) -> StopAgreement:
+    from lightning_mpi_env.rollcall.agreement import SIGTERM_STOP
+
+    return StopAgreement(rank=rank, world_size=2, signalled=lambda: rank == 0, kind=SIGTERM_STOP, coming=coming)
+
+
+def test_a_thread_holds_its_post_while_its_loop_is_on_its_way_to_wait_between_steps(store_port):
+    # The scheduler's SIGTERM ended both ranks' loader workers while both waited for batch 5, which never comes. Rank
+    # 1's thread sees rank 0's request before rank 1's main thread ran its handler. Posting 5 would send both ranks to
+    # fetch batch 5 (torch then raises "DataLoader worker ... exited unexpectedly"); it holds its post, and both stop
+    # after step 4.
+    ranks = [_sigterm_agreement(0, coming=lambda: True), _sigterm_agreement(1, coming=lambda: True)]
+    clients = [_client(store_port), _client(store_port)]
+    answers: dict[int, bool] = {}
+
+    def wait_at(rank: int) -> threading.Thread:  # the handler's stop: the loop waits at the end of step 4
+        loop = threading.Thread(target=lambda: answers.__setitem__(rank, ranks[rank].due(4, wait=HANG)))
+        loop.start()
+        assert _wait_for(lambda: ranks[rank]._waiting)
+        return loop
+
+    loops = [wait_at(0)]
+    ranks[0].poll(clients[0], events=0)  # announces and posts 4
+    ranks[0]._finished = 4  # rank 1's loop finished step 4 and has not come to wait yet
+    ranks[1]._finished = 4
+    ranks[1].poll(clients[1], events=1)
+    assert ranks[1].state is AgreementState.IDLE  # held: nothing posted
+    assert not clients[1].check(["lightning_mpi_env/sigterm/known"])
+    loops.append(wait_at(1))
+    ranks[1].poll(clients[1], events=1)  # posts 4, the last post: the step is known
+    ranks[0].poll(clients[0], events=1)
+    for loop in loops:
+        loop.join(HANG)
+    assert [agreement.stop_at for agreement in ranks] == [4, 4]
+    assert answers == {0: True, 1: True}
+
+
+def test_a_held_post_is_made_after_hold_seconds_as_the_next_step(store_port, monkeypatch):
+    # The loop never came (its main thread blocked in a collective): after HOLD the thread posts as without a hold.
+    from lightning_mpi_env.rollcall import agreement as module
+
+    agreement = _sigterm_agreement(1, coming=lambda: True)
+    agreement._finished = 4
+    _client(store_port).set("lightning_mpi_env/sigterm/requested", "0")
+    agreement.poll(_client(store_port), events=1)
+    assert agreement.state is AgreementState.IDLE
+    monkeypatch.setattr(module, "HOLD", 0.0)
+    agreement.poll(_client(store_port), events=1)
+    assert agreement.state is AgreementState.POSTED
+    assert int(_client(store_port).get("lightning_mpi_env/sigterm/at")) == 5
+
+
+@pytest.mark.parametrize("kind", ["requeue", "sigterm-not-coming"])
+def test_only_a_prompt_kind_s_loop_on_its_way_holds_the_post(store_port, kind):
+    from lightning_mpi_env.rollcall.agreement import REQUEUE_STOP, SIGTERM_STOP
+
+    stop = REQUEUE_STOP if kind == "requeue" else SIGTERM_STOP
+    coming = kind == "requeue"  # the requeue's kind is never prompt: a loop on its way changes nothing
+    agreement = StopAgreement(rank=1, world_size=2, signalled=lambda: False, kind=stop, coming=lambda: coming)
+    agreement._finished = 4
+    _client(store_port).set(stop.key + "requested", "0")
+    agreement.poll(_client(store_port), events=1)
+    assert agreement.state is AgreementState.POSTED
+    assert int(_client(store_port).get(stop.key + "at")) == 5

@@ -121,3 +121,22 @@ def test_it_goes_in_only_over_a_python_handler_once_and_comes_out_as_it_went_in(
     stop.note()  # the signal came: let_workers_end's handler follows, not this one
     assert not stop.watch_workers()
     assert signal.getsignal(signal.SIGCHLD) is torchs
+
+
+def test_the_loop_is_on_its_way_to_wait_only_between_steps_with_the_signal_in_hand(torch_like_handler):
+    # The watchdog's thread asks it before posting this rank's step (the agreement's hold).
+    stop = SigtermStop(rank=0, world_size=2)
+    assert not stop.coming()
+    stop.wait_between_steps(lambda: None)  # the loop waits for its next batch
+    assert not stop.coming()  # no signal here: nothing will make the loop wait
+    process = child()
+    process.terminate()  # a loader worker ended by the scheduler's SIGTERM, not reaped yet
+    wait_for(child_ended_by_sigterm)
+    assert stop.coming()
+    stop.wait_between_steps(None)  # the batch came: the loop is at a step
+    assert not stop.coming()
+    assert process.wait(LIMIT) == -signal.SIGTERM
+    stop.wait_between_steps(lambda: None)
+    assert not stop.coming()
+    stop.note()  # its own SIGTERM, noted by its handler
+    assert stop.coming()
