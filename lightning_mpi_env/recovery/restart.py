@@ -55,6 +55,7 @@ from lightning_mpi_env.recovery.replacement import (
     spare_nodes,
     wait_for_replacement,
 )
+from lightning_mpi_env.recovery.transition import Transition, watched
 from lightning_mpi_env.recovery.worlds import Relaunch, World, first, successor
 from lightning_mpi_env.rollcall.claims import Claim
 from lightning_mpi_env.rollcall.deadline import Deadline
@@ -188,10 +189,15 @@ def restartable(
     group = Group(store, backend, timeout)
     rank_0 = None  # where rank 0 runs, read once it has said so (its store may freeze with it)
     requests = Deadline("lightning-mpi-env-store-request")  # a frozen rank 0 would hold a request without end
+    watch: Transition | None = None  # a survivor's, from the agreement to the next group
     try:
         while True:
             before = open_sockets()
-            group.open(world, rank)  # every rank posted where it runs before
+            with watched(watch):
+                group.open(world, rank)  # every rank posted where it runs before
+            if watch is not None:  # the next group is open: rank 0 answered
+                watch.stop()
+                watch = None
             if recovered:
                 recovered["opened"] = time.time()
             rank_0 = rank_0 or (posted_task(store, 0) if rank else None)
@@ -225,22 +231,26 @@ def restartable(
                     store, world, rank, settle=settle, timeout=timeout, requests=requests, store_lost=ending_0
                 )
                 recovered["agreed"] = time.time()
-                launch_ranks = [world.launch_ranks[number] for number in lost]
-                end_here(store, layout, environ, launch_ranks)
-                if lost and rank == 0:  # a frozen process among them would hold the launcher's step
-                    lost_nodes.update({launch_rank: task_node(store, launch_rank) for launch_rank in launch_ranks})
-                    endings.append(end_lost(store, layout, environ, launch_ranks))
-                if lost and generation.unkept is not None:
-                    raise _no_state(world, lost, generation.unkept) from error
-                avoided = set(lost_nodes.values())
-                spares = _spares(store, layout, environ, world, rank, lost, shrink=shrink, avoided=avoided)
-                before_loss = world
-                world, rank = _next(world, rank, lost, error, shrink=shrink, spares=len(spares))
-                if spares:
-                    address = (main_address, store.port)
-                    started = [] if rank else replace_lost(store, layout, environ, before_loss, world, spares, address)
-                    replacements += started
-                    await_replacements(store, world, spares, settings.rendezvous_timeout, started)
+                watch = Transition(store, world, rank, timeout=timeout, store_lost=ending_0).start() if rank else None
+                with watched(watch):
+                    launch_ranks = [world.launch_ranks[number] for number in lost]
+                    end_here(store, layout, environ, launch_ranks)
+                    if lost and rank == 0:  # a frozen process among them would hold the launcher's step
+                        lost_nodes.update({launch_rank: task_node(store, launch_rank) for launch_rank in launch_ranks})
+                        endings.append(end_lost(store, layout, environ, launch_ranks))
+                    if lost and generation.unkept is not None:
+                        raise _no_state(world, lost, generation.unkept) from error
+                    avoided = set(lost_nodes.values())
+                    spares = _spares(store, layout, environ, world, rank, lost, shrink=shrink, avoided=avoided)
+                    before_loss = world
+                    world, rank = _next(world, rank, lost, error, shrink=shrink, spares=len(spares))
+                    if spares:
+                        address = (main_address, store.port)
+                        started = (
+                            [] if rank else replace_lost(store, layout, environ, before_loss, world, spares, address)
+                        )
+                        replacements += started
+                        await_replacements(store, world, spares, settings.rendezvous_timeout, started)
                 kept = generation.kept
                 continue
             else:  # an error here is not main's: nothing to recover from
@@ -263,6 +273,8 @@ def restartable(
                 world, {number: task_node(store, world.launch_ranks[number]) for number in frozen}, timeout
             )
     finally:
+        if watch is not None:
+            watch.stop()
         group.close()
         not_inherited(None)
         if watcher is not None:

@@ -109,6 +109,11 @@ def parser() -> argparse.ArgumentParser:
     )
     arguments.add_argument("--swallow", action="store_true", help="each step's error is caught, and the loop goes on")
     arguments.add_argument("--replacement-fails-once", help="a file: only the replacement that makes it exits 3 first")
+    arguments.add_argument(
+        "--replacement-freezes-rank-0",
+        action="store_true",
+        help="the replacement stops (SIGSTOP) rank 0's process as it starts: rank 0 freezes while the survivors wait",
+    )
     return arguments
 
 
@@ -118,6 +123,10 @@ def start_as_replacement(args: argparse.Namespace) -> None:
         return
     if args.replacement_fails_once is not None and first_time(args.replacement_fails_once):
         raise SystemExit(3)
+    if args.replacement_freezes_rank_0:  # the simulated nodes share this machine's processes
+        (rank_0,) = args.out.glob("started-0-*")
+        os.kill(int(rank_0.name.rsplit("-", 1)[1]), signal.SIGSTOP)
+        (args.out / "froze-rank-0").touch()
     time.sleep(args.replacement_start)
 
 

@@ -392,6 +392,32 @@ def test_losing_rank_0_ends_every_process_and_run_starts_the_job_again(
     check_relaunched_afresh(records)
 
 
+@pytest.mark.slurm
+def test_a_rank_0_frozen_while_the_survivors_wait_for_a_replacement_is_ended_and_the_step_ends(
+    slurm_cluster_with_spare: SlurmCluster, tmp_path: Path
+):
+    # A second fault on the way to generation 2: rank 2 was killed, and as its replacement starts on node3, rank 0
+    # freezes. The survivors wait for the replacement in rank 0's store, which answers nothing: each gives up after
+    # the stall timeout, rank 1 (on rank 0's node) ends it, and every process ends, for `run` to start the job again.
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [*SRUN, "--ntasks=4", sys.executable, str(JOB), "--out", str(out), "--steps", str(STEPS)]
+    command += ["--fault-rank", "2", "--fault-step", str(FAULT_STEP), "--replacement-freezes-rank-0"]
+    done = slurm_cluster_with_spare.run(
+        ["salloc", "--no-kill", "-N3", "--ntasks-per-node=2", *command],
+        timeout=TIMEOUT,
+        env={"LIGHTNING_MPI_ENV_STALL_TIMEOUT": str(FROZEN_GROUP_TIMEOUT)},
+    )
+    output = done.stdout + done.stderr
+    assert (out / "froze-rank-0").exists(), output[-4000:]
+    assert done.returncode != 0, output[-4000:]
+    said = "of generation 1 lost rank 0's store on the way to generation 2: it answered no request for"
+    assert {f"rank {rank} {said}" in output for rank in (1, 3)} == {True}, output[-4000:]
+    assert output.count("; ending rank 0's process") == 1, output[-4000:]
+    assert "Aborted" not in output, output[-4000:]  # no request left inside torch as a survivor's interpreter exits
+    assert not list(out.glob("rank-*.json")), output[-4000:]  # no rank finished
+
+
 def check_relaunched_afresh(records: dict[int, dict]) -> None:
     """Each rank's record is the relaunch's: one generation from the start, and the weights of a job with no fault."""
     expected = expected_weights([4] * STEPS)
