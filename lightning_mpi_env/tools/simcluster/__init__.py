@@ -291,7 +291,7 @@ class SimulatedCluster:
         this process's stdout and stderr as it comes.
 
         Raises:
-            subprocess.TimeoutExpired: After the job was stopped, with the output so far.
+            JobTimeout: After the job was stopped, with the output so far (a ``subprocess.TimeoutExpired``).
         """
         argv = self.mpirun(command, np=np, map_by=map_by, export=export, mpirun_args=mpirun_args)
         pipe = subprocess.PIPE if capture else None
@@ -300,11 +300,22 @@ class SimulatedCluster:
                 stdout, stderr = process.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
                 so_far, errors_so_far = _stop(process)
-                raise subprocess.TimeoutExpired(argv, timeout or 0.0, output=so_far, stderr=errors_so_far) from None
+                raise JobTimeout(argv, timeout or 0.0, output=so_far, stderr=errors_so_far) from None
             except BaseException:  # Ctrl-C here: the job must not outlive its caller
                 _stop(process)
                 raise
         return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+class JobTimeout(subprocess.TimeoutExpired):
+    """A job ran past its time limit; the message ends with its last output (a plain one names only the command)."""
+
+    def __str__(self) -> str:
+        said = [
+            part.decode(errors="replace") if isinstance(part, bytes) else part or ""
+            for part in (self.output, self.stderr)
+        ]
+        return f"{super().__str__()}\n--- its output, last 4000 characters:\n{''.join(said)[-4000:]}"
 
 
 def _stop(process: subprocess.Popen[str]) -> tuple[str | None, str | None]:
