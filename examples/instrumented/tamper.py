@@ -68,7 +68,11 @@ def block_here(place: str) -> None:
         return
     rank = wanted.split(":")[0]
     print(f"BLOCK: rank {rank} blocks in {place} pid={os.getpid()} time={time.time()!r}\n", end="", flush=True)
-    time.sleep(3600)
+    parent, deadline = os.getppid(), time.monotonic() + 3600
+    while time.monotonic() < deadline:
+        if os.getppid() != parent:  # a loader worker whose rank's process ended: no one waits for it any more
+            raise SystemExit(1)
+        time.sleep(0.5)
 
 
 def launcher_rank() -> int:
