@@ -12,7 +12,8 @@ file system hangs: the launcher waits for it too), ``--stall S:HOW`` makes it st
 long, then goes on), through the instrumented jobs' ``INSTRUMENTED_STALL`` variable. ``--block PLACE`` makes it
 block, alive, where a job calls ``block_here(PLACE)`` (``INSTRUMENTED_BLOCK``): ``loader``, each item its data
 loaders read (with workers, in the worker), so its first batch never comes; ``setup``, before a Fabric job sets up
-its model: before its first step, while the others wait for it in a collective.
+its model: before its first step, while the others wait for it in a collective; ``validation``, in a Trainer job's
+validation step after the sanity check, while the others wait for it after their validation.
 ``INSTRUMENTED_START_GATE=DIR:COUNT`` makes the instrumented jobs wait, just before they start training, until COUNT
 processes have reached that point (each leaves a file in DIR): a test of the rendezvous then measures the rendezvous,
 not how unevenly 4 imports of torch and Lightning share 2 busy cores (up to 23 s apart in CI).
@@ -127,7 +128,7 @@ def main():
     fault.add_argument("--exit", action="store_true")
     fault.add_argument("--never-start", action="store_true", help="sleep, alive, instead of starting the command")
     fault.add_argument("--stall", help="STEP:block, STEP:freeze or STEP:SECONDS")
-    fault.add_argument("--block", choices=["loader", "setup"], help="block for good at block_here(PLACE)")
+    fault.add_argument("--block", choices=["loader", "setup", "validation"], help="block for good at block_here(PLACE)")
     parser.add_argument("--torch-env", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()

@@ -167,6 +167,8 @@ def main():
             return loader()
 
         def validation_step(self, batch, batch_index):
+            if not self.trainer.sanity_checking:
+                block_here("validation")  # tamper.py --block validation: this rank's validation never ends
             if batch_index == 0:
                 print(f"VALIDATE rank={self.global_rank} for {args.slow_eval} s\n", end="", flush=True)
                 time.sleep(args.slow_eval)

@@ -27,7 +27,7 @@ from lightning_mpi_env.lightning.periodic import FitProgress
 from lightning_mpi_env.lightning.requeue import checkpoint_and_requeue, refuse_another_jobs_resume
 from lightning_mpi_env.recovery.trainer_state import FitPosition, keep_at_failure, note
 from lightning_mpi_env.rollcall.sigterm import SIGTERM_STATUS
-from lightning_mpi_env.rollcall.stall import BEFORE_THE_FIRST_STEP
+from lightning_mpi_env.rollcall.stall import BEFORE_THE_FIRST_STEP, IN_VALIDATION, PAST_VALIDATION
 
 _CLASSES: dict[str, type] = {}
 
@@ -107,8 +107,13 @@ def callback_class(package: str) -> type:
             """
             _mark(trainer, BEFORE_THE_FIRST_STEP)
 
+        def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+            """Progress: a validation after a step started (every rank validates at the same steps)."""
+            if not trainer.sanity_checking:
+                _mark(trainer, IN_VALIDATION)
+
         def on_validation_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
-            """Progress before the first step: a sanity check batch came (no mark in validation after it).
+            """Progress before the first step: a sanity check batch came (a later validation's batches are no marks).
 
             Every rank runs as many sanity check batches; a rank whose batch never comes is behind the others, which
             wait in the next collective (the step's, the metrics' sync, the training data's length check).
@@ -118,9 +123,26 @@ def callback_class(package: str) -> type:
             _watch_worker_ends(trainer)
 
         def on_validation_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
-            """Progress before the first step: a sanity check batch ran (a rank stuck in its step is behind)."""
+            """Progress before the first step: a sanity check batch ran (a rank stuck in its step is behind).
+
+            After it, work that is no mark: ranks may have uneven validation batches, and one still validating while
+            the others wait for it is working, not stalled.
+            """
             if trainer.sanity_checking:
                 _mark(trainer, BEFORE_THE_FIRST_STEP)
+            else:
+                environment = _environment(trainer)
+                if environment is not None:
+                    environment.mark_busy()
+
+        def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            """Progress: this rank's validation batches are done; before the metrics' sync and the module's hook.
+
+            A rank stuck in validation is behind the others, which wait in a collective after it (the sync,
+            ``ModelCheckpoint``'s barrier, the next step).
+            """
+            if not trainer.sanity_checking:
+                _mark(trainer, PAST_VALIDATION)
 
         def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
             """Progress before the first step: the sanity check ended (a rank stuck at its end is behind)."""

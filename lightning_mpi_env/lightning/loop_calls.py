@@ -60,6 +60,11 @@ class LoopCalls:
         if self._watchdog is not None:
             self._watchdog.mark(step, phase)
 
+    def mark_busy(self) -> None:
+        """Tell the stall watchdog this rank did work that is no mark (a validation batch): one addition, no I/O."""
+        if self._watchdog is not None:
+            self._watchdog.busy()
+
     def progress(self, step: int) -> None:
         """For a Fabric loop with the plugin (not ``"ddp_mpi"``): call right before each ``fabric.backward()``."""
         self.mark_progress(step, 2)

@@ -4,8 +4,10 @@ Two rules, either is a stall (:func:`find_stall`): no progress anywhere for the 
 level (some rank got further and waits in the next collective; work slow for everyone leaves them level), or one
 rank's heartbeat silent for the timeout while the others' go on, whatever the loop marks. Marks come before the first
 step too (:data:`BEFORE_THE_FIRST_STEP`), between the collectives of setup and the sanity check, so that a rank stuck
-there is behind the others waiting in the next one. A rank behind whose heartbeat stopped too is *frozen*; else
-*alive*, its main thread's place shown.
+there is behind the others waiting in the next one; and at a validation's start and end, which every rank reaches as
+often, so that a rank stuck in validation is behind the others waiting after it. A validation batch is no mark (ranks
+may have uneven batches) but counts as progress (``busy``): a rank still validating while the others wait is working.
+A rank behind whose heartbeat stopped too is *frozen*; else *alive*, its main thread's place shown.
 """
 
 from __future__ import annotations
@@ -25,12 +27,17 @@ PHASES: tuple[str, ...] = (
     "in backward",
     "past backward",
     "before its first step",
+    "in validation",
+    "past validation",
 )
 """Where in a step a rank is, by its last mark: after a step (loading the next batch), after the step started,
-before backward, after backward; or where the loop marks its way to the first step (setup, the sanity check)."""
+before backward, after backward; where the loop marks its way to the first step (setup, the sanity check); after a
+validation started after a step, and after its last batch (the others wait for it in the next collective)."""
 
 BEFORE_THE_FIRST_STEP = PHASES.index("before its first step")
 """The phase of a mark before the first training step: every rank makes the same marks there, in the same order."""
+IN_VALIDATION = PHASES.index("in validation")
+PAST_VALIDATION = PHASES.index("past validation")
 
 
 def interval_for(timeout: float, world_size: int) -> float:
@@ -54,7 +61,8 @@ def observe(seen: dict[int, Seen], reports: Sequence[Report], now: float) -> Non
         if before is None:
             seen[report.rank] = Seen(report, now, now)
             continue
-        progress_since = now if report.progress != before.report.progress else before.progress_since
+        moved = (report.progress, report.busy) != (before.report.progress, before.report.busy)
+        progress_since = now if moved else before.progress_since
         beat_since = now if report.beat != before.report.beat else before.beat_since
         seen[report.rank] = Seen(report, progress_since, beat_since)
 

@@ -26,7 +26,7 @@ MAX_COUNT = (1 << 63) - 1
 MAX_RANKS = 1 << 24
 """The largest world size believed."""
 MAX_WORK = 86400.0  # the most seconds of work a step believed
-PHASE_COUNT = 5
+PHASE_COUNT = 7
 """Phases a watchdog report may name (:data:`lightning_mpi_env.rollcall.stall.PHASES`)."""
 
 TRUST_HINT = (
@@ -336,6 +336,8 @@ class Report:
     """The median seconds of this rank's own work a step over its last steps (:mod:`~.rollcall.stragglers`)."""
     worked: int = 0
     """The steps whose work it measured so far."""
+    busy: int = 0
+    """Work done that is no mark (validation batches so far): progress, though ranks need not do as much."""
 
     def to_json(self) -> str:
         """The report as stored."""
@@ -363,6 +365,7 @@ def report_of(rank: int | None) -> Callable[[object], Report]:
             left=_flag(fields.get("left", False), "left"),
             work=_finite(fields.get("work", 0.0), "work", 0.0, MAX_WORK),
             worked=_integer(fields.get("worked", 0), "worked"),
+            busy=_integer(fields.get("busy", 0), "busy"),
         )
 
     return parse

@@ -117,7 +117,7 @@ class Watchdog:
         self._reported_at: float | None = None  # when rank 0 reported the stall now going on (soft timeout)
         self._connect, self._exit, self._clock, self._sleep = connect, exit, clock, sleep
         self._request_timeout = max(5.0, 2 * self.interval)
-        self._progress, self._step, self._phase, self._beat = 0, 0, 0, 0
+        self._progress, self._step, self._phase, self._beat, self._busy = 0, 0, 0, 0, 0
         watched = bool(timeout and straggler_window and straggler_factor)
         self.work = WorkTimes(straggler_window) if watched else None
         """This rank's work a step (``None``: no straggler watch)."""
@@ -157,6 +157,10 @@ class Watchdog:
         self._step, self._phase = step, phase
         self._progress += 1
 
+    def busy(self) -> None:
+        """Work done that is no mark (a validation batch): progress for the stall rule, not a mark to be level on."""
+        self._busy += 1
+
     def stop(self) -> None:
         """Stop the thread (at teardown, or at exit), and wait for its store requests in flight to return.
 
@@ -179,7 +183,7 @@ class Watchdog:
         where = main_thread_place()
         work, worked = (0.0, 0) if self.work is None else (self.work.median(), self.work.count)
         marks = (self._progress, self._step, self._phase, self._beat)
-        return Report(self.rank, self.host, *marks, where, left, work, worked)
+        return Report(self.rank, self.host, *marks, where, left, work, worked, self._busy)
 
     def _guarded(self) -> None:
         """The thread: :meth:`_run`, and any exception that would end it silently, named on stderr."""

@@ -27,15 +27,19 @@ class RecordingEnvironment(MPIClusterEnvironment):
     def __init__(self) -> None:
         super().__init__(ONE_RANK, roll_call=False, auto_requeue=False)
         self.marks: list[tuple[int, str]] = []
+        self.busy = 0
 
     def mark_progress(self, step: int, phase: int) -> None:
         self.marks.append((step, PHASES[phase]))
 
+    def mark_busy(self) -> None:
+        self.busy += 1
 
-def _fit(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, sanity_steps: int) -> tuple[list[tuple[int, str]], int]:
+
+def _fit(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, sanity_steps: int) -> tuple[list[tuple[int, str]], int, int]:
     """Fit 2 steps on one CPU, the sanity check's ``sanity_steps`` batches first; a validation after the epoch.
 
-    Returns the marks, and how many validation steps ran.
+    Returns the marks, how many validation steps ran, and how much work that is no mark was told.
     """
     validated: list[int] = []
     pl = pytest.importorskip("lightning.pytorch")
@@ -77,7 +81,7 @@ def _fit(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, sanity_steps: int) -> t
         default_root_dir=str(tmp_path),
     )
     trainer.fit(Model())
-    return environment.marks, len(validated)
+    return environment.marks, len(validated), environment.busy
 
 
 BEFORE = PHASES[BEFORE_THE_FIRST_STEP]
@@ -90,18 +94,23 @@ STEPS = [
     (1, "in backward"),
     (1, "past backward"),
     (2, "between steps"),
+    (2, "in validation"),
+    (2, "past validation"),
 ]
 
 
 def test_a_fit_marks_its_setup_and_each_sanity_check_batch_before_the_first_step(monkeypatch, tmp_path):
     # The fit's start (past DDP's first broadcast), each sanity check batch's start and end, the sanity check's end;
-    # then the steps. The validation after the epoch marks nothing: its batches are no progress of the loop.
-    marks, validated = _fit(monkeypatch, tmp_path, sanity_steps=2)
+    # then the steps. The validation after the epoch marks its start and the end of its batches, which every rank
+    # reaches as often; each of its batches is work that is no mark (ranks may have uneven validation batches).
+    marks, validated, busy = _fit(monkeypatch, tmp_path, sanity_steps=2)
     assert validated == 2 + 3  # the sanity check's 2 batches, then the epoch's validation of 3
     assert marks == [(0, BEFORE)] * 6 + STEPS
+    assert busy == 3
 
 
 def test_a_fit_without_a_sanity_check_marks_its_start_then_its_steps(monkeypatch, tmp_path):
-    marks, validated = _fit(monkeypatch, tmp_path, sanity_steps=0)
+    marks, validated, busy = _fit(monkeypatch, tmp_path, sanity_steps=0)
     assert validated == 3
     assert marks == [(0, BEFORE), *STEPS]
+    assert busy == 3

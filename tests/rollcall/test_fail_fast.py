@@ -361,6 +361,35 @@ def test_a_rank_blocked_before_its_first_step_is_named(cluster, path, tmp_path):
     print(f"FIGURE {path}, timeout {STALL_TIMEOUT} s: rank 3 named {named_after:.1f} s after it blocked")
 
 
+@pytest.mark.mpi
+def test_a_rank_blocked_in_validation_is_named(cluster, tmp_path):
+    # The Trainer as users write it; rank 3's validation step after the first epoch blocks (a data loader worker or
+    # file system that hangs in validation). Ranks 0-2 end their validation batches and wait for it in
+    # ModelCheckpoint's barrier. Each rank marks its validation's start and the end of its batches, so rank 3 is
+    # behind: every rank names it at step 4 (64 samples, 4 ranks, batches of 4), in validation.
+    options = ["--workers", "2", "--validate", "--root-dir", str(tmp_path)]
+    tampered = [str(TAMPER), "--rank", "3", "--block", "validation", "--", sys.executable]
+    state = tmp_path / "state"
+    job = _run(
+        cluster,
+        [*tampered, *_command("trainer-ddp_mpi", *options)],
+        LIGHTNING_MPI_ENV_STALL_TIMEOUT=str(STALL_TIMEOUT),
+        LIGHTNING_MPI_ENV_STATE_DIR=str(state),
+    )
+    assert job.returncode != 0, job.tail()
+    assert "DONE rank=" not in job.text, job.tail()
+    assert any(line.startswith("BLOCK: rank 3 blocks in validation ") for _, _, line in job.lines), job.tail()
+    shown = [line for _, _, line in job.lines if line.startswith("StallError: rank ")]
+    assert shown, job.tail()
+    for line in shown:
+        assert f": Rank 3 stalled: no rank made progress for {STALL_TIMEOUT} s while ranks 0-2 wait for it " in line
+        assert " wait for it at step 4. " in line, job.tail()
+        assert "rank 3 on 127.0.0.3 at step 4 (in validation), alive, main thread at " in line, job.tail()
+        assert "tamper.py:" in line, job.tail()  # where its main thread sleeps, in block_here()
+    (record,) = read_records(str(state))
+    assert (record.kind, record.ranks, record.hosts, record.step) == (FailureKind.STALLED, (3,), ("127.0.0.3",), 4)
+
+
 FABRIC_FREEZE = JOBS / "fabric_freeze.py"
 
 

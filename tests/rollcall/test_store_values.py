@@ -41,7 +41,7 @@ def test_good_values_round_trip():
     assert read("k", UNEVEN_CLAIM.to_json(), claim_of(1)) == UNEVEN_CLAIM
     assert read("k", "[0, 2, 1, 3, null]", node_of(UNEVEN_CLAIM)) == (NodeAssignment(0, 2, 1, 3), None)  # 3 + 1
     assert read("k", REPORT.to_json(), report_of(2)) == REPORT
-    measured = dataclasses.replace(REPORT, work=0.125, worked=40)
+    measured = dataclasses.replace(REPORT, work=0.125, worked=40, busy=7)
     assert read("k", measured.to_json(), report_of(2)) == measured
     assert read("k", '{"summary": "met", "notes": ["a"]}', roll_call_verdict).notes == ("a",)
     assert read("k", '{"problem": "p", "hint": "h", "value": null}', roll_call_verdict).error().problem == "p"
@@ -120,7 +120,7 @@ MALFORMED = {
         json.dumps({**json.loads(REPORT.to_json()), "step": 1.5}),
         "step is 1.5, not an integer",
     ),
-    "report unknown phase": (report_of(2), json.dumps({**json.loads(REPORT.to_json()), "phase": 5}), "phase=5"),
+    "report unknown phase": (report_of(2), json.dumps({**json.loads(REPORT.to_json()), "phase": 7}), "phase=7"),
     "report left not a flag": (
         report_of(2),
         json.dumps({**json.loads(REPORT.to_json()), "left": "yes"}),
@@ -132,6 +132,7 @@ MALFORMED = {
         json.dumps({**json.loads(REPORT.to_json()), "work": 1e9}),
         "work=1000000000.0 is outside 0..86400",
     ),
+    "report busy not a count": (report_of(2), json.dumps({**json.loads(REPORT.to_json()), "busy": -1}), "busy=-1"),
     "report worked not a count": (
         report_of(2),
         json.dumps({**json.loads(REPORT.to_json()), "worked": "20"}),

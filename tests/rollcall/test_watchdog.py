@@ -16,7 +16,15 @@ import pytest
 
 from lightning_mpi_env.core.errors import StallError
 from lightning_mpi_env.core.records import FailureKind, FailureRecorder
-from lightning_mpi_env.rollcall.stall import BEFORE_THE_FIRST_STEP, Seen, find_stall, interval_for, judge, observe
+from lightning_mpi_env.rollcall.stall import (
+    BEFORE_THE_FIRST_STEP,
+    PHASES,
+    Seen,
+    find_stall,
+    interval_for,
+    judge,
+    observe,
+)
 from lightning_mpi_env.rollcall.stall_verdict import KEY
 from lightning_mpi_env.rollcall.store_values import Report, read, report_of
 from lightning_mpi_env.rollcall.watchdog import Watchdog, main_thread_place
@@ -105,6 +113,40 @@ def test_any_progress_anywhere_restarts_the_clock():
     assert find_stall(seen, now=30.0, timeout=20, frozen_after=3, world_size=2) is None
     assert find_stall(seen, now=35.0, timeout=20, frozen_after=30, world_size=2) is not None
     assert seen[1].beat_since == 15.0
+
+
+def validating(rank: int, phase: str, busy: int = 0, beat: int = 1) -> Report:
+    """Rank ``rank``'s report at step 8 after 32 marks of training, then ``phase`` of the validation after it."""
+    marks = 32 + PHASES.index(phase) - PHASES.index("in validation") + 1
+    return Report(rank, f"node{rank // 2}", marks, 8, PHASES.index(phase), beat, "eval.py:3 in step", busy=busy)
+
+
+def test_a_rank_stuck_in_validation_is_behind_the_others_waiting_after_it():
+    # Ranks 0-2 ended their validation batches and wait in the next collective (ModelCheckpoint's barrier, say);
+    # rank 3 never got past its first validation batch (a data loader worker that hangs).
+    seen = {rank: Seen(validating(rank, "past validation", busy=4), 0.0, 99.0) for rank in range(3)}
+    seen[3] = Seen(validating(3, "in validation"), 0.0, 99.0)
+    stall = find_stall(seen, now=100.0, timeout=20, frozen_after=3, world_size=4)
+    assert stall is not None
+    assert stall.problem.startswith(
+        "Rank 3 stalled: no rank made progress for 20 s while ranks 0-2 wait for it at step 8."
+    )
+    assert "rank 3 on node1 at step 8 (in validation), alive, main thread at eval.py:3 in step" in stall.problem
+
+
+def test_validation_batches_are_progress_though_ranks_need_not_do_as_many():
+    # Rank 3 validates more batches than the others (or more slowly), longer than the timeout after they ended: each
+    # of its batches is progress, so it is not stalled; once its batches stop coming, it is.
+    seen: dict[int, Seen] = {}
+    for busy, now in enumerate([0.0, 15.0, 30.0, 45.0]):
+        waiting = [validating(rank, "past validation", busy=4, beat=busy) for rank in range(3)]
+        observe(seen, [*waiting, validating(3, "in validation", busy=busy, beat=busy)], now=now)
+        assert find_stall(seen, now=now + 5, timeout=20, frozen_after=30, world_size=4) is None
+    waiting = [validating(rank, "past validation", busy=4, beat=9) for rank in range(3)]
+    observe(seen, [*waiting, validating(3, "in validation", busy=3, beat=9)], now=60.0)
+    stall = find_stall(seen, now=65.0, timeout=20, frozen_after=30, world_size=4)
+    assert stall is not None
+    assert stall.problem.startswith("Rank 3 stalled: no rank made progress for 20 s")
 
 
 def test_ranks_that_never_reported_are_behind():
