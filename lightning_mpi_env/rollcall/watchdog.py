@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -199,16 +200,16 @@ class Watchdog:
     def _run(self) -> None:
         from torch.distributed import DistError
 
-        try:
-            store = self._connect(self._request_timeout)
-        except DistError:
-            return  # the job is ending already
         seen: dict[int, Seen] = {}
         started = self._clock()
         silent_since: float | None = None
+        store: TCPStore | None = None
         while not self._stopped.is_set():  # the first report at once: a rank may freeze within its first interval
             try:
-                verdict = self._requests.run(lambda: self._exchange(store, seen, started), self._request_timeout)
+                if store is None:  # a connection that timed out (rank 0 loaded or frozen) is tried again, as a request
+                    store = self._requests.run(lambda: self._connect(self._request_timeout), self._request_timeout)
+                exchange = functools.partial(self._exchange, store, seen, started)
+                verdict = self._requests.run(exchange, self._request_timeout)
                 if verdict is not None:
                     self._conclude(*verdict, ends_step=self.rank == 0)
                     return
@@ -229,7 +230,7 @@ class Watchdog:
                     self._conclude(silent, time.time(), ends_step=self.stand_in)
                     return
             self._stopped.wait(self.interval)
-        if self.timeout:
+        if self.timeout and store is not None:
             self._leave(store)
 
     def _leave(self, store: TCPStore) -> None:

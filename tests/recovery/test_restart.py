@@ -244,10 +244,13 @@ def test_under_mpirun_a_frozen_rank_0_ends_the_job(cluster: SimulatedCluster, tm
         mpirun_args=["--with-ft", "ulfm"] if ulfm else [],
     )
     output = done.stdout + done.stderr
+    (tmp_path / "output.txt").write_text(output)  # the whole of it, where the tail below is not enough
     assert done.returncode != 0, output[-4000:]
     said = {rank for rank in (1, 2, 3) if f"rank {rank} of generation 1 could not learn which ranks are lost" in output}
     # Rank 1 says why before it ends rank 0; plain mpirun may end the others before they say it.
-    assert (said == {1, 2, 3}) if ulfm else (1 in said), output[-4000:]
+    assert (said == {1, 2, 3}) if ulfm else (1 in said), (
+        f"said: {sorted(said)}; {tmp_path}/output.txt\n{output[-4000:]}"
+    )
     assert "Aborted" not in output or not ulfm, output[-4000:]  # plain mpirun may end a survivor as it exits
     assert output.count("; ending rank 0's process") == 1, output[-4000:]
     assert read_records(out) == {}, output[-4000:]  # no rank finished

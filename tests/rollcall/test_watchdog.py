@@ -292,6 +292,40 @@ class _Clock:
         return self.reported(dogs, until)  # rank 0 began a judge at the last step; it ended when it reported again
 
 
+def test_a_first_connection_that_times_out_is_tried_again_and_the_rank_reports():
+    # Rank 0's store does not take the thread's first connection within its timeout (a loaded rank 0: here, a port
+    # bound but not listening, so each attempt is refused until the client gives up). The thread tries again at its
+    # next interval, as after a request that timed out, and reports once the store answers; before, it ended there,
+    # and the rank went unwatched.
+    import socket
+
+    import torch.distributed as dist
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))  # no listen(): a connection is refused, and no other process takes the port
+    port = holder.getsockname()[1]
+    calls: list[float] = []
+
+    def connect(seconds: float):
+        calls.append(seconds)
+        return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=seconds))
+
+    exits: list[int] = []
+    dog = Watchdog(connect, rank=0, world_size=1, host="node0", timeout=60.0, exit=exits.append).start()
+    try:
+        assert _wait_for(lambda: len(calls) >= 2, HANG), calls  # the first attempt timed out; the second runs
+        holder.close()
+        server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+        assert _wait_for(lambda: server.check([KEY + "0"]), HANG), calls
+        report = read_report(server.get(KEY + "0"))
+        assert (report.rank, report.host) == (0, "node0")
+        assert dog.verdict is None
+        assert exits == []
+    finally:
+        dog.stop()
+        holder.close()
+
+
 def test_a_healthy_job_that_pauses_level_never_trips(store_port):
     exits: list[tuple[int, int]] = []
     clock = _Clock(store_port)
