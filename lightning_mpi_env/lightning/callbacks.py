@@ -131,9 +131,7 @@ def callback_class(package: str) -> type:
             if trainer.sanity_checking:
                 _mark(trainer, BEFORE_THE_FIRST_STEP)
             else:
-                environment = _environment(trainer)
-                if environment is not None:
-                    environment.mark_busy()
+                _busy(trainer)
 
         def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
             """Progress: this rank's validation batches are done; before the metrics' sync and the module's hook.
@@ -250,6 +248,12 @@ def _stop_on_sigterm(trainer: Any, environment: MPIClusterEnvironment, exception
     if stop is not None:
         stop.say(int(trainer.global_step))
     raise exception(SIGTERM_STATUS)
+
+
+def _busy(trainer: Any) -> None:
+    environment = _environment(trainer)
+    if environment is not None:
+        environment.mark_busy()
 
 
 def _between_steps(trainer: Any, stop: Any) -> None:
