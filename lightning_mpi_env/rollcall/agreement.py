@@ -12,7 +12,8 @@ per step:
    the loop already waits at its end, or between that step and the next (its handler waits there: ``sigterm.py``).
    A thread whose loop is between two steps with the signal in hand (its handler is on the way) holds its post until
    the loop waits, for at most :data:`HOLD` seconds: posting the next step would send every rank to fetch a batch
-   from data loader workers the signal ended. The store keeps the highest post (``compare_set``).
+   from data loader workers the signal ended. Between steps without it, it holds for :data:`GRACE` seconds first: a
+   scheduler signals every rank, one node a moment after another. The store keeps the highest post (``compare_set``).
 3. When the last rank has posted, the highest post is the step every rank stops at.
 
 Why no rank has passed that step: the loop checks ``seen`` after each step, and the thread sets it *before* reading
@@ -48,6 +49,11 @@ KNOWN = KEY + "known"
 HOLD = 15.0
 """Seconds a thread holds its post for its loop on the way to wait (a quarter of the least wait in ``due``, 60 s): a
 main thread blocked in C code (a collective, a loader's 5 s poll) runs its handler late."""
+
+GRACE = 5.0
+"""Seconds of :data:`HOLD` a thread holds its post while its loop is between steps and the signal has not come to this
+rank: the scheduler's signal to this rank's processes may come a moment after another rank's (its workers' ends take
+a busy node a while), and a signal to one rank alone costs the others no more than this."""
 
 
 @dataclass(frozen=True)
@@ -90,9 +96,11 @@ class StopAgreement:
         signalled: Callable[[], bool],
         kind: StopKind = REQUEUE_STOP,
         coming: Callable[[], bool] | None = None,
+        between: Callable[[], bool] | None = None,
     ) -> None:
         self.rank, self.world_size, self.kind = rank, world_size, kind
         self._coming = coming  # a prompt kind's: whether the loop is on its way to wait in due() (the thread asks)
+        self._between = between  # a prompt kind's: whether the loop is between two steps (the thread asks)
         self._held_since: float | None = None
         self._requested, self._at, self._posted, self._known_key = (
             kind.key + name for name in ("requested", "at", "posted", "known")
@@ -177,13 +185,20 @@ class StopAgreement:
         return added
 
     def _hold(self) -> bool:
-        """Whether the thread holds its post now: its loop is on its way to wait (for :data:`HOLD` seconds at most)."""
+        """Whether the thread holds its post now, for :data:`HOLD` seconds at most.
+
+        While its loop is on its way to wait; or, for :data:`GRACE` seconds, between steps where the signal may still
+        come to this rank.
+        """
         if self._coming is None or not self.kind.prompt:
             return False
         now = time.monotonic()
         if self._held_since is None:
             self._held_since = now
-        return now - self._held_since < HOLD and self._coming()
+        held = now - self._held_since
+        if held >= HOLD:
+            return False
+        return self._coming() or (held < GRACE and self._between is not None and self._between())
 
     @staticmethod
     def _raise_to(step: int, store: Store, key: str = AT) -> None:

@@ -42,7 +42,12 @@ class SigtermStop:
         """Whether this rank reached the agreed step (and stops there)."""
         self._between = False  # whether the loop is between two steps (set by wait_between_steps)
         self.agreement = StopAgreement(
-            rank=rank, world_size=world_size, signalled=self.noted, kind=SIGTERM_STOP, coming=self.coming
+            rank=rank,
+            world_size=world_size,
+            signalled=self.noted,
+            kind=SIGTERM_STOP,
+            coming=self.coming,
+            between=self.is_between_steps,
         )
         self._handler: Any = None  # the handler :meth:`install` put in, and the one it replaced
         self._replaced: Any = None
@@ -85,6 +90,10 @@ class SigtermStop:
         ``SIGCHLD`` handler runs the stop). The thread holds this rank's post for it (``agreement.HOLD``).
         """
         return self._between and (self.noted() or child_ended_by_sigterm())
+
+    def is_between_steps(self) -> bool:
+        """Whether the loop is between two steps (asked by the thread: where a signal may still come, it waits)."""
+        return self._between
 
     def noted(self) -> bool:
         """Whether a ``SIGTERM`` came to this process."""

@@ -184,18 +184,23 @@ def test_under_a_prompt_kind_a_loop_waiting_at_the_end_of_its_step_stops_right_t
     assert answers == ([True] if waiting else [False, True])
 
 
-def _sigterm_agreement(rank: int, coming) -> StopAgreement:
+def _sigterm_agreement(rank: int, coming, between=None) -> StopAgreement:
     from lightning_mpi_env.rollcall.agreement import SIGTERM_STOP
 
-    return StopAgreement(rank=rank, world_size=2, signalled=lambda: rank == 0, kind=SIGTERM_STOP, coming=coming)
+    return StopAgreement(
+        rank=rank, world_size=2, signalled=lambda: rank == 0, kind=SIGTERM_STOP, coming=coming, between=between
+    )
 
 
-def test_a_thread_holds_its_post_while_its_loop_is_on_its_way_to_wait_between_steps(store_port):
+@pytest.mark.parametrize("late", [False, True], ids=["signal-in-hand", "signal-a-moment-later"])
+def test_a_thread_holds_its_post_while_its_loop_is_between_steps_where_the_signal_came_or_may_come(store_port, late):
     # The scheduler's SIGTERM ended both ranks' loader workers while both waited for batch 5, which never comes. Rank
-    # 1's thread sees rank 0's request before rank 1's main thread ran its handler. Posting 5 would send both ranks to
-    # fetch batch 5 (torch then raises "DataLoader worker ... exited unexpectedly"); it holds its post, and both stop
-    # after step 4.
-    ranks = [_sigterm_agreement(0, coming=lambda: True), _sigterm_agreement(1, coming=lambda: True)]
+    # 1's thread sees rank 0's request before rank 1's main thread ran its handler, or (late) before the signal reached
+    # rank 1 at all: the scheduler signals one node a moment after another. Posting 5 would send both ranks to fetch
+    # batch 5 (torch then raises "DataLoader worker ... exited unexpectedly"); it holds its post, and both stop after
+    # step 4.
+    came = threading.Event()
+    ranks = [_sigterm_agreement(0, coming=lambda: True), _sigterm_agreement(1, came.is_set, between=lambda: True)]
     clients = [_client(store_port), _client(store_port)]
     answers: dict[int, bool] = {}
 
@@ -209,9 +214,15 @@ def test_a_thread_holds_its_post_while_its_loop_is_on_its_way_to_wait_between_st
     ranks[0].poll(clients[0], events=0)  # announces and posts 4
     ranks[0]._finished = 4  # rank 1's loop finished step 4 and has not come to wait yet
     ranks[1]._finished = 4
+    if not late:
+        came.set()
     ranks[1].poll(clients[1], events=1)
     assert ranks[1].state is AgreementState.IDLE  # held: nothing posted
     assert not clients[1].check(["lightning_mpi_env/sigterm/known"])
+    if late:
+        came.set()  # rank 1's own signal: its handler is on the way
+        ranks[1].poll(clients[1], events=1)
+        assert ranks[1].state is AgreementState.IDLE  # held for the loop to wait
     loops.append(wait_at(1))
     ranks[1].poll(clients[1], events=1)  # posts 4, the last post: the step is known
     ranks[0].poll(clients[0], events=1)
@@ -231,6 +242,23 @@ def test_a_held_post_is_made_after_hold_seconds_as_the_next_step(store_port, mon
     agreement.poll(_client(store_port), events=1)
     assert agreement.state is AgreementState.IDLE
     monkeypatch.setattr(module, "HOLD", 0.0)
+    agreement.poll(_client(store_port), events=1)
+    assert agreement.state is AgreementState.POSTED
+    assert int(_client(store_port).get("lightning_mpi_env/sigterm/at")) == 5
+
+
+@pytest.mark.parametrize("between", [True, False], ids=["between-steps", "in-a-step"])
+def test_a_signal_to_one_rank_alone_holds_another_between_steps_for_the_grace_only(store_port, monkeypatch, between):
+    # ``kill -TERM`` of rank 0 only: rank 1 posts the next step once the grace is over, or at once where its loop is
+    # inside a step (the step's end asks again).
+    from lightning_mpi_env.rollcall import agreement as module
+
+    agreement = _sigterm_agreement(1, coming=lambda: False, between=lambda: between)
+    agreement._finished = 4
+    _client(store_port).set("lightning_mpi_env/sigterm/requested", "0")
+    agreement.poll(_client(store_port), events=1)
+    assert agreement.state is (AgreementState.IDLE if between else AgreementState.POSTED)
+    monkeypatch.setattr(module, "GRACE", 0.0)
     agreement.poll(_client(store_port), events=1)
     assert agreement.state is AgreementState.POSTED
     assert int(_client(store_port).get("lightning_mpi_env/sigterm/at")) == 5

@@ -127,7 +127,9 @@ def test_the_loop_is_on_its_way_to_wait_only_between_steps_with_the_signal_in_ha
     # The watchdog's thread asks it before posting this rank's step (the agreement's hold).
     stop = SigtermStop(rank=0, world_size=2)
     assert not stop.coming()
+    assert not stop.is_between_steps()
     stop.wait_between_steps(lambda: None)  # the loop waits for its next batch
+    assert stop.is_between_steps()
     assert not stop.coming()  # no signal here: nothing will make the loop wait
     process = child()
     process.terminate()  # a loader worker ended by the scheduler's SIGTERM, not reaped yet
@@ -135,6 +137,7 @@ def test_the_loop_is_on_its_way_to_wait_only_between_steps_with_the_signal_in_ha
     assert stop.coming()
     stop.wait_between_steps(None)  # the batch came: the loop is at a step
     assert not stop.coming()
+    assert not stop.is_between_steps()
     assert process.wait(LIMIT) == -signal.SIGTERM
     stop.wait_between_steps(lambda: None)
     assert not stop.coming()
