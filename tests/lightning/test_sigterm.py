@@ -13,6 +13,7 @@ workers first and each rank once they ended.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -22,12 +23,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from lightning_mpi_env.rollcall.agreement import SIGTERM_STOP
 from lightning_mpi_env.rollcall.sigterm import SIGTERM_STATUS
+from lightning_mpi_env.rollcall.stall_verdict import KEY as WATCHDOG_KEY
 from lightning_mpi_env.tools.simcluster import SimulatedCluster, processes_with
+from tests.clusters.hydra import free_port
 from tests.conftest import INSTRUMENTED, TRAINER_JOB
 
 FABRIC_JOB = INSTRUMENTED / "fabric_job.py"
@@ -99,6 +104,33 @@ def workers_first(*ranks: int, variable: str) -> Callable[[str], None]:
     return send
 
 
+def one_node_after_the_other(port: int, variable: str) -> Callable[[str], None]:
+    """As :func:`workers_first` to rank 0's processes; to rank 1's once rank 1's watchdog thread saw rank 0's stop.
+
+    The scheduler signals one node a moment after another. The test reads rank 0's store on ``port``: rank 0's request
+    is there, and rank 1's thread wrote two reports since (an interval's report, then its look at the request).
+    """
+    first, second = workers_first(0, variable=variable), workers_first(1, variable=variable)
+
+    def send(output: str) -> None:
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.2", port, is_master=False, timeout=timedelta(seconds=HANG_LIMIT))
+        first(output)
+        report = f"{WATCHDOG_KEY}1"
+        deadline = time.monotonic() + HANG_LIMIT
+        while not store.check([f"{SIGTERM_STOP.key}requested"]):
+            assert time.monotonic() < deadline, f"no rank asked to stop:\n{output[-3000:]}"
+            time.sleep(0.01)
+        beat = json.loads(store.get(report))["beat"]
+        while json.loads(store.get(report))["beat"] < beat + 2:
+            assert time.monotonic() < deadline, f"rank 1's watchdog stopped reporting:\n{output[-3000:]}"
+            time.sleep(0.01)
+        second(output)
+
+    return send
+
+
 def assert_stopped_together(status: int, output: str, *, every_line: bool = True) -> None:
     """Status 143, each rank's one line naming the same step, and no traceback anywhere.
 
@@ -123,11 +155,13 @@ def run_under_mpirun(
     send: Callable[[str], None],
     started: str | None = None,
     count: int = 1,
+    port: int | None = None,
 ) -> tuple[int, str]:
     """Run ``job`` on 2 simulated nodes, one rank each; once both train, ``send(output)`` sends the signals.
 
     A Trainer notes the signal from its first step on; Fabric under ``"ddp_mpi"`` from its first ``backward``.
-    ``started``, ``count``: instead, once each rank printed a line starting so ``count`` times.
+    ``started``, ``count``: instead, once each rank printed a line starting so ``count`` times. ``port``: the job's
+    ``MASTER_PORT`` (else derived from the launch).
     """
     cluster = SimulatedCluster(tmp_path)
     tag = f"sigterm-{uuid.uuid4().hex[:10]}"
@@ -136,6 +170,8 @@ def run_under_mpirun(
     if job == TRAINER_JOB:
         command += ["--root-dir", str(tmp_path / "root")]
     export = {"MASTER_ADDR": "127.0.0.2", "OMP_NUM_THREADS": "1"}
+    if port is not None:
+        export["MASTER_PORT"] = str(port)
     process = subprocess.Popen(
         cluster.mpirun(command, np=2, map_by="node", export=export),
         stdout=subprocess.PIPE,
@@ -219,6 +255,17 @@ VALIDATING = (*WAITING, "--load-seconds", "0.25", "--samples", "48")
 def test_sigterm_while_every_rank_waits_for_its_next_batch_stops_every_rank_at_one_step(tmp_path, args, started, count):
     send = workers_first(0, 1, variable="OMPI_COMM_WORLD_RANK")
     status, output = run_under_mpirun(tmp_path, TRAINER_JOB, args, "ddp_mpi", send, started, count)
+    assert_stopped_together(status, output, every_line=False)
+    assert "exited unexpectedly" not in output, output[-4000:]
+
+
+@pytest.mark.mpi
+def test_sigterm_that_reaches_one_rank_a_moment_after_another_while_both_wait_for_a_batch_stops_both(tmp_path):
+    # Rank 1's thread sees rank 0's stop before the signal reached rank 1; it waits for it, for a while, instead of
+    # sending both ranks to fetch batch 5 from ended workers ("DataLoader worker (pid(s) N) exited unexpectedly").
+    port = free_port()
+    send = one_node_after_the_other(port, variable="OMPI_COMM_WORLD_RANK")
+    status, output = run_under_mpirun(tmp_path, TRAINER_JOB, STALLED, "ddp_mpi", send, "STEP_END rank=", 4, port)
     assert_stopped_together(status, output, every_line=False)
     assert "exited unexpectedly" not in output, output[-4000:]
 
