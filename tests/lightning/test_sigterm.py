@@ -39,6 +39,8 @@ FABRIC_JOB = INSTRUMENTED / "fabric_job.py"
 HANG_LIMIT = 240  # one run of a Lightning job of two ranks on two (maybe busy) cores: only a hang takes longer
 SLURM_TIMEOUT = 300
 STOPPED = re.compile(r"lightning-mpi-env: SIGTERM: rank (\d+) stops after step (\d+)")
+RAISED = re.compile(r"^(?:\[rank\d+\]: )?(?:\w+\.)*\w*(?:Error|Exception)\b.*$", re.MULTILINE)
+"""A line naming an exception a rank raised (with the rank's prefix where torch's elastic launch put one)."""
 
 # A job as users write it (data loader workers, validation, a ModelCheckpoint), long enough that the signal comes
 # while most of its steps are still to run: 400 samples, 2 ranks, batch 4, 0.3 s a step.
@@ -136,10 +138,13 @@ def assert_stopped_together(status: int, output: str, *, every_line: bool = True
 
     Not ``every_line``: mpirun ends the other ranks once the first exits 143, maybe before they said so.
     """
-    # Each rank's own lines before the tail: a failure in a long run shows both ranks' side of the stop.
+    # Each rank's own lines before the tail, and every exception raised (a chained one's cause first): a failure in a
+    # long run shows both ranks' side of the stop.
     said = "\n".join(line for line in output.splitlines() if not line.lstrip().startswith(("File ", "[rank", "^")))
-    assert status == SIGTERM_STATUS, f"{said[-6000:]}\n--- the output's end ---\n{output[-3000:]}"
-    assert "Traceback" not in output, f"{said[-6000:]}\n--- the output's end ---\n{output[-3000:]}"
+    raised = "\n".join(dict.fromkeys(found[:400] for found in RAISED.findall(output)))
+    shown = f"{said[-6000:]}\n--- raised ---\n{raised[-3000:]}\n--- the output's end ---\n{output[-3000:]}"
+    assert status == SIGTERM_STATUS, shown
+    assert "Traceback" not in output, shown
     stops = [(int(rank), int(step)) for rank, step in STOPPED.findall(output)]
     ranks = sorted(rank for rank, _ in stops)
     assert ranks == [0, 1] if every_line else ranks in ([0], [1], [0, 1]), output[-4000:]
