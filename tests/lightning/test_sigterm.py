@@ -121,13 +121,16 @@ def one_node_after_the_other(port: int, variable: str) -> Callable[[str], None]:
         first(output)
         report = f"{WATCHDOG_KEY}1"
         deadline = time.monotonic() + HANG_LIMIT
-        while not store.check([f"{SIGTERM_STOP.key}requested"]):
-            assert time.monotonic() < deadline, f"no rank asked to stop:\n{output[-3000:]}"
-            time.sleep(0.01)
-        beat = json.loads(store.get(report))["beat"]
-        while json.loads(store.get(report))["beat"] < beat + 2:
-            assert time.monotonic() < deadline, f"rank 1's watchdog stopped reporting:\n{output[-3000:]}"
-            time.sleep(0.01)
+        try:
+            while not store.check([f"{SIGTERM_STOP.key}requested"]):
+                assert time.monotonic() < deadline, f"no rank asked to stop:\n{output[-3000:]}"
+                time.sleep(0.01)
+            beat = json.loads(store.get(report))["beat"]
+            while json.loads(store.get(report))["beat"] < beat + 2:
+                assert time.monotonic() < deadline, f"rank 1's watchdog stopped reporting:\n{output[-3000:]}"
+                time.sleep(0.01)
+        except dist.DistError:  # rank 0 ended, and its store with it: mpirun ends the job, the status tells why
+            return
         second(output)
 
     return send
