@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lightning_mpi_env.core.errors import RendezvousError, StallError
+from lightning_mpi_env.rollcall.stall_verdict import say
 from lightning_mpi_env.rollcall.store_values import read
 from lightning_mpi_env.rollcall.store_values import step as parse_step
 
@@ -196,9 +197,14 @@ class StopAgreement:
         if self._held_since is None:
             self._held_since = now
         held = now - self._held_since
-        if held >= HOLD:
-            return False
-        return self._coming() or (held < GRACE and self._between is not None and self._between())
+        if held < HOLD:
+            return self._coming() or (held < GRACE and self._between is not None and self._between())
+        if self._coming():  # the loop never came: the next fetch is likely to fail on the ended workers
+            say(
+                f"lightning-mpi-env: SIGTERM: rank {self.rank}'s loop did not come to stop within {HOLD:g} s (its main "
+                "thread is held elsewhere, as in a collective): every rank stops after its next step"
+            )
+        return False
 
     @staticmethod
     def _raise_to(step: int, store: Store, key: str = AT) -> None:

@@ -232,8 +232,9 @@ def test_a_thread_holds_its_post_while_its_loop_is_between_steps_where_the_signa
     assert answers == {0: True, 1: True}
 
 
-def test_a_held_post_is_made_after_hold_seconds_as_the_next_step(store_port, monkeypatch):
-    # The loop never came (its main thread blocked in a collective): after HOLD the thread posts as without a hold.
+def test_a_held_post_is_made_after_hold_seconds_as_the_next_step(store_port, monkeypatch, capsys):
+    # The loop never came (its main thread blocked in a collective): after HOLD the thread posts as without a hold,
+    # and says so (the next fetch may fail on workers the signal ended).
     from lightning_mpi_env.rollcall import agreement as module
 
     agreement = _sigterm_agreement(1, coming=lambda: True)
@@ -241,14 +242,18 @@ def test_a_held_post_is_made_after_hold_seconds_as_the_next_step(store_port, mon
     _client(store_port).set("lightning_mpi_env/sigterm/requested", "0")
     agreement.poll(_client(store_port), events=1)
     assert agreement.state is AgreementState.IDLE
+    assert capsys.readouterr().err == ""
     monkeypatch.setattr(module, "HOLD", 0.0)
     agreement.poll(_client(store_port), events=1)
     assert agreement.state is AgreementState.POSTED
     assert int(_client(store_port).get("lightning_mpi_env/sigterm/at")) == 5
+    assert "rank 1's loop did not come to stop within 0 s" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("between", [True, False], ids=["between-steps", "in-a-step"])
-def test_a_signal_to_one_rank_alone_holds_another_between_steps_for_the_grace_only(store_port, monkeypatch, between):
+def test_a_signal_to_one_rank_alone_holds_another_between_steps_for_the_grace_only(
+    store_port, monkeypatch, capsys, between
+):
     # ``kill -TERM`` of rank 0 only: rank 1 posts the next step once the grace is over, or at once where its loop is
     # inside a step (the step's end asks again).
     from lightning_mpi_env.rollcall import agreement as module
@@ -262,6 +267,7 @@ def test_a_signal_to_one_rank_alone_holds_another_between_steps_for_the_grace_on
     agreement.poll(_client(store_port), events=1)
     assert agreement.state is AgreementState.POSTED
     assert int(_client(store_port).get("lightning_mpi_env/sigterm/at")) == 5
+    assert "did not come" not in capsys.readouterr().err  # a signal to one rank alone is no trouble: nothing said
 
 
 @pytest.mark.parametrize("kind", ["requeue", "sigterm-not-coming"])
