@@ -45,3 +45,22 @@ def test_a_sitecustomize_later_on_the_path_still_runs(tmp_path: Path):
     (tmp_path / "sitecustomize.py").write_text("print('the distribution\\'s own ran')\n")
     out = _python("import gc; print(gc.get_threshold())", pythonpath=os.pathsep.join([str(LEAN_SITE), str(tmp_path)]))
     assert out.splitlines() == ["the distribution's own ran", "(100000, 50, 100)"]
+
+
+def test_below_python_3_12_each_fork_first_waits_out_a_thread_making_its_thread_state():
+    # sys._current_frames() takes and releases the thread-state lock; its audit event shows it ran before the fork,
+    # after every before-fork hook the program registered.
+    out = _python(
+        """
+        import os, sys
+        sys.addaudithook(lambda event, args: event == "sys._current_frames" and print("lock taken", flush=True))
+        os.register_at_fork(before=lambda: print("program's hook", flush=True))
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print("forked")
+        """
+    )
+    taken = ["lock taken"] if sys.version_info < (3, 12) else []
+    assert out.splitlines() == ["program's hook", *taken, "forked"]
