@@ -31,7 +31,11 @@ class StoreProcess:
         self.port = int(self.process.stdout.readline())  # it listens
 
     def freeze(self) -> None:
+        """Stop the server and return once it has stopped: a signal sent is not yet a signal taken, and a server
+        still running reads the next request, which then waits inside it rather than unread on its port."""
         os.kill(self.process.pid, signal.SIGSTOP)
+        _, status = os.waitpid(self.process.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), status
 
 
 @pytest.fixture
