@@ -51,7 +51,8 @@ SLURM = {
 
 @pytest.fixture
 def store() -> dist.TCPStore:
-    return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=5), wait_for_workers=False)
+    # The timeout bounds the server's own client's connection too: only a hang may reach it on a busy machine.
+    return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
 
 
 def post(store: dist.TCPStore, nodes: list[str]) -> None:
