@@ -15,8 +15,8 @@ from lightning_mpi_env.rollcall.verdict import serve_verdict
 def no_exit_handler_left() -> Iterator[None]:
     """Remove the exit handlers that a failed roll call run in the test's own process registers.
 
-    Rank 0's serves the verdict for at least 3 s at exit and holds the store's server until then: left in place,
-    a test worker keeps every such server to its end and then waits for each in turn at its exit.
+    Rank 0's handler serves the verdict for at least 3 s at exit and holds the store's server until then: left in
+    place, a test worker keeps every such server to its end and then waits for each in turn at its exit.
     """
     yield
     atexit.unregister(serve_verdict)
