@@ -173,7 +173,13 @@ class SigtermStop:
 
 
 class _ChildEnds:
-    """The ``SIGCHLD`` handler of :meth:`SigtermStop.watch_workers`, chained to ``previous`` (torch's)."""
+    """The ``SIGCHLD`` handler of :meth:`SigtermStop.watch_workers`, chained to ``previous`` (torch's).
+
+    Python runs a handler between two bytecodes of the main thread, its own handlers' too: a worker's end may run it
+    again inside itself, and ``signal.signal`` (``on_note`` swapping handlers) first runs the ones pending, this one
+    among them. So once the signal is noted, by whichever call, no worker's end goes to torch's; and where torch's,
+    looking after this one did, names a worker that ended by ``SIGTERM`` meanwhile, that is the signal as well.
+    """
 
     def __init__(self, stop: SigtermStop, previous: Callable[[int, FrameType | None], Any]) -> None:
         self.stop = stop
@@ -181,11 +187,19 @@ class _ChildEnds:
         self.owner = os.getpid()
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() == self.owner and not self.stop.noted() and child_ended_by_sigterm():
+        if os.getpid() != self.owner:
+            self.previous(signum, frame)
+            return
+        if not self.stop.noted() and not child_ended_by_sigterm():
+            try:
+                self.previous(signum, frame)
+                return
+            except RuntimeError:  # torch's "DataLoader worker (pid N) is killed by signal"
+                if not (self.stop.noted() or child_ended_by_sigterm()):
+                    raise
+        if not self.stop.noted():
             self.stop.note()  # its on_note lets the other workers end too
             self.stop.stop_between_steps()
-            return
-        self.previous(signum, frame)
 
 
 def child_ended_by_sigterm() -> bool:

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -25,6 +27,32 @@ def torch_like_handler():
     signal.signal(signal.SIGCHLD, lambda signum, frame: calls.append(signum))
     yield calls
     signal.signal(signal.SIGCHLD, before)
+
+
+@pytest.fixture
+def torchs_check():
+    """A ``SIGCHLD`` handler that raises as torch's does for a worker a signal ended (not reaped yet); calls counted."""
+    before = signal.getsignal(signal.SIGCHLD)
+    calls: list[int] = []
+
+    def check(signum, frame):
+        calls.append(signum)
+        if child_ended_by_sigterm():
+            raise RuntimeError("DataLoader worker (pid N) is killed by signal: Terminated.")
+
+    signal.signal(signal.SIGCHLD, check)
+    yield calls
+    signal.signal(signal.SIGCHLD, before)
+
+
+@contextmanager
+def sigchld_held() -> Iterator[None]:
+    """``SIGCHLD`` blocked inside, so that its handler runs as the block ends (``pthread_sigmask`` runs the pending)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
 
 
 def child() -> subprocess.Popen[bytes]:
@@ -68,6 +96,47 @@ def test_between_steps_a_worker_s_end_runs_the_loop_s_stop_in_the_handler_once(t
     stop.stop_between_steps()
     assert decided == [True]
     assert process.wait(LIMIT) == -signal.SIGTERM
+    stop.unwatch_workers()
+
+
+def test_once_the_signal_is_noted_no_worker_s_end_reaches_torchs_handler(torchs_check):
+    # As when the rank's SIGTERM handler noted it, or a call of this handler run inside another: on_note's
+    # signal.signal first runs the handlers pending, this one among them, before it swaps it for its own.
+    stop = SigtermStop(rank=0, world_size=2)
+    assert stop.watch_workers()
+    stop.note()
+    worker = child()
+    with sigchld_held():
+        worker.terminate()
+        wait_for(child_ended_by_sigterm)
+    assert torchs_check == []  # torch's would have raised "is killed by signal: Terminated" in this main thread
+    assert worker.wait(LIMIT) == -signal.SIGTERM
+    stop.unwatch_workers()
+
+
+def test_a_worker_ended_by_sigterm_after_this_handler_looked_and_before_torchs_did_is_the_signal(torchs_check):
+    stop = SigtermStop(rank=0, world_size=2)
+    worker = child()
+    calls = torchs_check
+
+    def later(signum, frame):  # torch's handler, run once a worker ended meanwhile
+        if not calls:
+            worker.terminate()
+            wait_for(child_ended_by_sigterm)
+        check(signum, frame)
+
+    check = signal.getsignal(signal.SIGCHLD)
+    signal.signal(signal.SIGCHLD, later)
+    assert stop.watch_workers()
+    decided: list[bool] = []
+    stop.between_steps = lambda: decided.append(stop.noted())
+    other = child()
+    with sigchld_held():
+        other.communicate(b"", timeout=LIMIT)  # status 0: this handler finds no end by SIGTERM, torch's then does
+    assert calls  # torch's looked, and raised: this handler took it as the signal
+    assert stop.noted()
+    assert decided == [True]
+    assert worker.wait(LIMIT) == -signal.SIGTERM
     stop.unwatch_workers()
 
 
