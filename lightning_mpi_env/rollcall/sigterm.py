@@ -29,6 +29,9 @@ from lightning_mpi_env.rollcall.agreement import SIGTERM_STOP, StopAgreement
 SIGTERM_STATUS = 128 + signal.SIGTERM.value
 """The exit status of every rank stopped by ``SIGTERM`` (the shell's status for a process the signal ended)."""
 
+WORKER_FAILED = "DataLoader worker (pid"
+"""How torch's ``SIGCHLD`` handler's error starts ("... is killed by signal", "... exited unexpectedly")."""
+
 
 class SigtermStop:
     """This rank's part: the signals noted, the agreement the watchdog's thread advances, and the loop's question."""
@@ -194,8 +197,8 @@ class _ChildEnds:
             try:
                 self.previous(signum, frame)
                 return
-            except RuntimeError:  # torch's "DataLoader worker (pid N) is killed by signal"
-                if not (self.stop.noted() or child_ended_by_sigterm()):
+            except RuntimeError as error:  # the loop's stop, run by a call inside, raises its own: never taken
+                if not str(error).startswith(WORKER_FAILED) or not (self.stop.noted() or child_ended_by_sigterm()):
                     raise
         if not self.stop.noted():
             self.stop.note()  # its on_note lets the other workers end too

@@ -140,6 +140,32 @@ def test_a_worker_ended_by_sigterm_after_this_handler_looked_and_before_torchs_d
     stop.unwatch_workers()
 
 
+def test_the_loop_s_stop_run_inside_torchs_handler_raises_its_own_error(torchs_check):
+    # The stop's StallError, or a collective's error, from a call of this handler run inside torch's: never taken for
+    # torch's, though the signal is noted by then.
+    stop = SigtermStop(rank=0, world_size=2)
+    worker = child()
+
+    def later(signum, frame):  # torch's handler, entered before a worker's end ran this one inside it
+        worker.terminate()
+        wait_for(child_ended_by_sigterm)
+        check(signum, frame)
+
+    def stop_fails() -> None:
+        raise RuntimeError("the stop's own error")
+
+    check = signal.getsignal(signal.SIGCHLD)
+    signal.signal(signal.SIGCHLD, later)
+    assert stop.watch_workers()
+    stop.between_steps = stop_fails
+    other = child()
+    with pytest.raises(RuntimeError, match="the stop's own error"), sigchld_held():
+        other.communicate(b"", timeout=LIMIT)
+    assert stop.noted()
+    assert worker.wait(LIMIT) == -signal.SIGTERM
+    stop.unwatch_workers()
+
+
 def test_a_signal_noted_before_the_loop_is_between_steps_runs_its_stop_as_it_gets_there():
     # The handler ran after the loop's check at the step's end and before the loop set its stop: nothing to run then.
     stop = SigtermStop(rank=0, world_size=2)
