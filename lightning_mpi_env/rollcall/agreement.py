@@ -11,15 +11,17 @@ per step:
    certainly reach: the last step its loop finished, plus one; under a ``prompt`` kind, the last step itself where
    the loop already waits at its end, or between that step and the next (its handler waits there: ``sigterm.py``).
    A thread whose loop is between two steps with the signal in hand (its handler is on the way) holds its post until
-   the loop waits, for at most :data:`HOLD` seconds: posting the next step would send every rank to fetch a batch
-   from data loader workers the signal ended. Between steps without it, it holds for :data:`GRACE` seconds first: a
-   scheduler signals every rank, one node a moment after another. The store keeps the highest post (``compare_set``).
+   the loop waits, for at most :data:`HOLD` seconds, then posts that step all the same: posting the next step would
+   send every rank to fetch a batch from data loader workers the signal ended. Between steps without it, it holds
+   for :data:`GRACE` seconds first: a scheduler signals every rank, one node a moment after another. The store keeps
+   the highest post (``compare_set``).
 3. When the last rank has posted, the highest post is the step every rank stops at.
 
 Why no rank has passed that step: the loop checks ``seen`` after each step, and the thread sets it *before* reading
 the loop's step; so a loop that finished its step ``n`` either was seen at ``n - 1`` (post ``n``) or sees ``seen``
 at ``n`` and waits there for the agreed step, which is at least its own post. A held post is made the same way,
-only later. The posts come from the threads, not from the loops, so a rank waiting there holds another rank's loop
+only later; a loop between steps with the signal in hand runs its handler, and the stop, before any further step.
+The posts come from the threads, not from the loops, so a rank waiting there holds another rank's loop
 only where that rank's thread holds its post (at most :data:`HOLD`). The wait is bounded by the slowest thread's
 interval, plus :data:`HOLD` where a thread holds its post.
 """
@@ -172,10 +174,10 @@ class StopAgreement:
             self._seen.set()  # first: the loop checks it after reading ... see the module docstring
             # A loop waiting at the end of its step can stop right there (under a prompt kind: a SIGTERM that
             # reached the data loader workers too leaves no batch to fetch); else the next step's end.
-            here = self.kind.prompt and self._waiting
-            if not here and self._hold():
+            post = self._post()
+            if post is None:
                 return added
-            self._raise_to(self._finished + (0 if here else 1), store, self._at)
+            self._raise_to(post, store, self._at)
             if store.add(self._posted, 1) >= self.world_size:
                 store.set(self._known_key, "1")
             self.state = AgreementState.POSTED
@@ -185,26 +187,34 @@ class StopAgreement:
             self._known.set()
         return added
 
-    def _hold(self) -> bool:
-        """Whether the thread holds its post now, for :data:`HOLD` seconds at most.
+    def _post(self) -> int | None:
+        """The step this thread posts now, or ``None`` while it holds its post (for :data:`HOLD` seconds at most).
 
-        While its loop is on its way to wait; or, for :data:`GRACE` seconds, between steps where the signal may still
-        come to this rank.
+        It holds while its loop is on its way to wait; or, for :data:`GRACE` seconds, between steps where the signal
+        may still come to this rank. A loop still on its way after :data:`HOLD` is held in C code with the signal in
+        hand (a collective between two steps, as Lightning's own broadcast before each batch): its handler runs the
+        stop as soon as it gets back, before any further step, so it stops at the step it finished, as the others do.
+        The next step would send every rank to fetch a batch from workers the signal ended.
         """
+        if self.kind.prompt and self._waiting:  # the loop waits at the end of its step
+            return self._finished
         if self._coming is None or not self.kind.prompt:
-            return False
+            return self._finished + 1
         now = time.monotonic()
         if self._held_since is None:
             self._held_since = now
         held = now - self._held_since
-        if held < HOLD:
-            return self._coming() or (held < GRACE and self._between is not None and self._between())
-        if self._coming():  # the loop never came: the next fetch is likely to fail on the ended workers
-            say(
-                f"lightning-mpi-env: SIGTERM: rank {self.rank}'s loop did not come to stop within {HOLD:g} s (its main "
-                "thread is held elsewhere, as in a collective): every rank stops after its next step"
-            )
-        return False
+        coming = self._coming()
+        if held < HOLD and (coming or (held < GRACE and self._between is not None and self._between())):
+            return None
+        if not coming:
+            return self._finished + 1
+        say(
+            f"lightning-mpi-env: SIGTERM: rank {self.rank}'s loop did not come to stop within {HOLD:g} s (its main "
+            f"thread is held elsewhere, as in a collective): every rank stops after step {self._finished}, this one as "
+            "soon as its main thread is back"
+        )
+        return self._finished
 
     @staticmethod
     def _raise_to(step: int, store: Store, key: str = AT) -> None:

@@ -89,10 +89,18 @@ class SigtermStop:
     def coming(self) -> bool:
         """Whether the loop, between two steps, is on its way to wait for the agreement there (asked by the thread).
 
-        So it is where the signal came to this process: noted, or a loader worker it ended is not reaped yet (its
-        ``SIGCHLD`` handler runs the stop). The thread holds this rank's post for it (``agreement.HOLD``).
+        So it is where the signal came to this process: noted, or a loader worker it ended is not reaped yet and the
+        ``SIGCHLD`` handler in place is :meth:`watch_workers`'s (it runs the stop). The thread holds this rank's post
+        for it (``agreement.HOLD``), then posts this step all the same: the loop stops there before any further step.
         """
-        return self._between and (self.noted() or child_ended_by_sigterm())
+        if not self._between:
+            return False
+        return self.noted() or (self._watching() and child_ended_by_sigterm())
+
+    def _watching(self) -> bool:
+        """Whether :meth:`watch_workers`'s handler is the one in place (asked from any thread)."""
+        handler = self._child_handler
+        return handler is not None and signal.getsignal(signal.SIGCHLD) is handler
 
     def is_between_steps(self) -> bool:
         """Whether the loop is between two steps (asked by the thread: where a signal may still come, it waits)."""

@@ -9,8 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
@@ -43,16 +41,6 @@ def torchs_check():
     signal.signal(signal.SIGCHLD, check)
     yield calls
     signal.signal(signal.SIGCHLD, before)
-
-
-@contextmanager
-def sigchld_held() -> Iterator[None]:
-    """``SIGCHLD`` blocked inside, so that its handler runs as the block ends (``pthread_sigmask`` runs the pending)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
 
 
 def child() -> subprocess.Popen[bytes]:
@@ -106,9 +94,9 @@ def test_once_the_signal_is_noted_no_worker_s_end_reaches_torchs_handler(torchs_
     assert stop.watch_workers()
     stop.note()
     worker = child()
-    with sigchld_held():
-        worker.terminate()
-        wait_for(child_ended_by_sigterm)
+    worker.terminate()
+    wait_for(child_ended_by_sigterm)
+    signal.getsignal(signal.SIGCHLD)(signal.SIGCHLD, None)  # as Python runs it for the pending signal, now
     assert torchs_check == []  # torch's would have raised "is killed by signal: Terminated" in this main thread
     assert worker.wait(LIMIT) == -signal.SIGTERM
     stop.unwatch_workers()
@@ -131,8 +119,8 @@ def test_a_worker_ended_by_sigterm_after_this_handler_looked_and_before_torchs_d
     decided: list[bool] = []
     stop.between_steps = lambda: decided.append(stop.noted())
     other = child()
-    with sigchld_held():
-        other.communicate(b"", timeout=LIMIT)  # status 0: this handler finds no end by SIGTERM, torch's then does
+    other.communicate(b"", timeout=LIMIT)  # status 0: this handler finds no end by SIGTERM, torch's then does
+    wait_for(stop.noted)
     assert calls  # torch's looked, and raised: this handler took it as the signal
     assert stop.noted()
     assert decided == [True]
@@ -159,8 +147,13 @@ def test_the_loop_s_stop_run_inside_torchs_handler_raises_its_own_error(torchs_c
     assert stop.watch_workers()
     stop.between_steps = stop_fails
     other = child()
-    with pytest.raises(RuntimeError, match="the stop's own error"), sigchld_held():
+
+    def end_and_wait() -> None:  # the error comes with the note, in the same handler's call
         other.communicate(b"", timeout=LIMIT)
+        wait_for(stop.noted)
+
+    with pytest.raises(RuntimeError, match="the stop's own error"):
+        end_and_wait()
     assert stop.noted()
     assert worker.wait(LIMIT) == -signal.SIGTERM
     stop.unwatch_workers()
@@ -228,8 +221,12 @@ def test_the_loop_is_on_its_way_to_wait_only_between_steps_with_the_signal_in_ha
     assert not stop.coming()  # no signal here: nothing will make the loop wait
     process = child()
     process.terminate()  # a loader worker ended by the scheduler's SIGTERM, not reaped yet
-    wait_for(child_ended_by_sigterm)
-    assert stop.coming()
+    wait_for(lambda: torch_like_handler)  # its SIGCHLD went to the handler in place, torch's
+    assert child_ended_by_sigterm()
+    assert not stop.coming()  # no handler of this package in place: nothing would run the stop
+    assert stop.watch_workers()
+    assert stop.coming()  # its handler would (the signal it ran for is gone: it does not run now)
+    stop.unwatch_workers()
     stop.wait_between_steps(None)  # the batch came: the loop is at a step
     assert not stop.coming()
     assert not stop.is_between_steps()
