@@ -21,9 +21,9 @@ Why no rank has passed that step: the loop checks ``seen`` after each step, and 
 the loop's step; so a loop that finished its step ``n`` either was seen at ``n - 1`` (post ``n``) or sees ``seen``
 at ``n`` and waits there for the agreed step, which is at least its own post. A held post is made the same way,
 only later; a loop between steps with the signal in hand runs its handler, and the stop, before any further step.
-The posts come from the threads, not from the loops, so a rank waiting there holds another rank's loop
-only where that rank's thread holds its post (at most :data:`HOLD`). The wait is bounded by the slowest thread's
-interval, plus :data:`HOLD` where a thread holds its post.
+The posts come from the threads, not from the loops, so a rank waiting there holds another rank's loop only where
+that rank's thread holds its post (at most :data:`HOLD`). The wait is bounded by the slowest thread's interval, plus
+:data:`HOLD` where a thread holds its post.
 """
 
 from __future__ import annotations
